@@ -1,0 +1,89 @@
+# pdkit: one Makefile for developers and CI. `make check` is exactly what .ci/run runs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SGLANG_VENV := .venv-sglang
+SMG_VENV := .venv-smg
+ROUTER_VENV := .venv-sglang-router
+SGLANG_VERSION := 0.5.23
+TORCH_VERSION := 2.13.0
+# Small pure dependencies that SGLang's argument parser imports (see reference section 8).
+SGLANG_PARSER_DEPS := msgspec psutil numpy orjson pybase64 requests packaging pillow starlette \
+	pydantic pyzmq aiohttp fastapi uvicorn uvloop setproctitle
+
+export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
+export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
+export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
+
+.PHONY: help venv test test-unit check lint typecheck catalog up down bench-lb bench-sim bench-status clean
+
+help:
+	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
+	@echo "make down        stop it"
+	@echo "make test        the whole test suite (what CI runs)"
+	@echo "make check       lint + types + tests, exactly as .ci/run"
+	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
+	@echo "make bench-lb | bench-sim | bench-status"
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.stamp
+
+$(SGLANG_VENV)/.stamp:
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q torch==$(TORCH_VERSION)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(SGLANG_VENV)/bin/pip install -q $(SGLANG_PARSER_DEPS)
+	touch $@
+
+$(SMG_VENV)/.stamp:
+	$(PYTHON) -m venv $(SMG_VENV)
+	$(SMG_VENV)/bin/pip install -q smg==1.13.0
+	touch $@
+
+$(ROUTER_VENV)/.stamp:
+	$(PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/pip install -q sglang-router==0.3.2
+	touch $@
+
+deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp
+
+lint: $(VENV)/.stamp
+	$(VENV)/bin/ruff check kit tests tools
+	$(VENV)/bin/ruff format --check kit tests tools
+
+typecheck: $(VENV)/.stamp
+	$(VENV)/bin/mypy
+
+test: deps
+	$(VENV)/bin/pytest -q -ra
+
+test-unit: $(VENV)/.stamp
+	$(VENV)/bin/pytest -q -m "not e2e and not sglang"
+
+check: lint typecheck test
+
+catalog: $(SGLANG_VENV)/.stamp
+	$(SGLANG_VENV)/bin/python tools/gen_catalog.py --out kit/sglang/catalogs/$(SGLANG_VERSION).json
+
+up: $(VENV)/.stamp
+	$(VENV)/bin/pdkit up topologies/local.yaml
+
+down: $(VENV)/.stamp
+	$(VENV)/bin/pdkit down topologies/local.yaml
+
+bench-lb: $(VENV)/.stamp $(SMG_VENV)/.stamp $(ROUTER_VENV)/.stamp
+	$(PY) -m tools.bench_lb
+
+bench-sim: $(VENV)/.stamp
+	$(PY) -m tools.bench_sim
+
+bench-status: $(VENV)/.stamp
+	$(PY) -m tools.bench_status
+
+clean:
+	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) .pytest_cache .mypy_cache .ruff_cache

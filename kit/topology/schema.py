@@ -1,0 +1,249 @@
+"""The topology schema: shape only. Meaning (GPUs, ports, agreement between roles) is checked
+in `validate.py`; this module only says which keys exist and what type each value has.
+
+Every model is frozen and rejects unknown keys. Field descriptions are the user documentation:
+`pdkit schema` prints them as JSON Schema and the README's topology reference is generated
+from them (tools/gen_readme_reference.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kit.topology import ports
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+
+ArgScalar = str | int | float | bool
+ArgValue = ArgScalar | list[ArgScalar] | None
+"""A value in `args:`. `true` renders a bare flag, `false` and `null` render nothing, a list
+renders the flag once followed by each item."""
+
+Engine = Literal["sglang", "sim"]
+TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
+RouterKind = Literal["pdkit", "smg"]
+ServiceManager = Literal["systemd", "supervisord"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(Strict):
+    """The model every prefill and decode instance serves."""
+
+    path: str = Field(
+        description="Hugging Face repo id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a path "
+        "that exists on every host. Rendered as --model-path.",
+        min_length=1,
+    )
+    served_name: str | None = Field(
+        None, description="Name clients use in the `model` field; default: the path."
+    )
+    revision: str | None = Field(None, description="Git revision of the HF repo (--revision).")
+    trust_remote_code: bool = Field(False, description="Pass --trust-remote-code.")
+
+    @property
+    def name(self) -> str:
+        """The name clients send in requests."""
+        return self.served_name or self.path
+
+
+class SSH(Strict):
+    """How Ansible reaches a host over SSH."""
+
+    user: str = Field("root", description="SSH user; needs sudo for provisioning.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    key: str | None = Field(None, description="Private key file on the control machine.")
+
+
+class Host(Strict):
+    """A machine pdkit deploys to."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Short unique name, used everywhere.")
+    address: str = Field(
+        min_length=1,
+        description="Address the other hosts and the control machine reach this host at. "
+        "Workers bind it and the transfer engine advertises it.",
+    )
+    connection: Literal["ssh", "local"] = Field(
+        "ssh", description="`local` runs Ansible on the control machine itself, without SSH."
+    )
+    ssh: SSH = Field(default_factory=SSH, description="SSH settings (connection: ssh).")
+    gpus: int = Field(ge=0, description="Number of GPUs (emulated ones for engine sim).")
+    gpu_type: str | None = Field(
+        None, description="GPU model, e.g. H100-SXM, A100-80G. The sim engine times itself by it."
+    )
+    rdma_devices: tuple[str, ...] = Field(
+        (), description="RDMA devices (names under /sys/class/infiniband), e.g. [mlx5_0, mlx5_1]."
+    )
+    gpu_nics: dict[int, str] = Field(
+        default_factory=dict,
+        description="GPU index -> RDMA device, for hosts with one NIC per GPU (or per GPU pair). "
+        "Rendered as the per-GPU JSON map of --disaggregation-ib-device.",
+    )
+    service_manager: ServiceManager = Field(
+        "systemd", description="What runs pdkit's processes: systemd, or supervisord where "
+        "there is no systemd (containers, the local default, test hosts)."
+    )
+    root: str = Field(
+        "/",
+        description="Root prefix for everything pdkit installs and writes on this host "
+        "(several emulated hosts can share one machine with different roots).",
+    )
+
+
+class RoleDefaults(Strict):
+    """Settings shared by prefill and decode; a role's own `args`/`env` win key by key."""
+
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict,
+        description="Extra SGLang launch_server flags, without leading dashes "
+        "(chunked-prefill-size: 8192). Checked against SGLang's parser for the pinned version.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+
+
+class Role(RoleDefaults):
+    """The prefill or the decode instances."""
+
+    count: int = Field(1, ge=1, description="Number of instances.")
+    tp: int = Field(1, ge=1, description="Tensor parallel size per instance (--tp-size).")
+    dp: int = Field(1, ge=1, description="Data parallel size (--dp-size).")
+    dp_attention: bool = Field(
+        False, description="DP attention (--enable-dp-attention): dp ranks share the tp GPUs."
+    )
+    ep: int = Field(1, ge=1, description="Expert parallel size (--ep-size).")
+    pp: int = Field(1, ge=1, description="Pipeline parallel size (--pp-size).")
+    hosts: tuple[str, ...] = Field(
+        (), description="Pin the instances to these hosts (in order); default: any host."
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535,
+        description=f"First HTTP port on each host (next instance on the same host: +1). "
+        f"Default: prefill {ports.PREFILL_HTTP}, decode {ports.DECODE_HTTP}.",
+    )
+    bootstrap_port: int | None = Field(
+        None, ge=1, le=65535,
+        description=f"Prefill only: first bootstrap port on each host (+1 per instance). "
+        f"Default {ports.BOOTSTRAP}.",
+    )
+    dist_init_port: int | None = Field(
+        None, ge=1, le=65535,
+        description=f"Multi-node instances: first --dist-init-addr port on the rank-0 host "
+        f"(+{ports.DIST_INIT_STRIDE} per instance). Default: prefill {ports.PREFILL_DIST_INIT}, "
+        f"decode {ports.DECODE_DIST_INIT}.",
+    )
+    bind: str | None = Field(
+        None,
+        description="Address the server binds (--host). Default: the host's address. "
+        "A prefill must bind a routable address when a decode runs on another host.",
+    )
+
+    @property
+    def gpus_per_instance(self) -> int:
+        """GPUs one instance uses across all its nodes."""
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+
+
+class Transfer(Strict):
+    """How KV moves from prefill to decode."""
+
+    backend: TransferBackend = Field(
+        "mooncake",
+        description="mooncake (RDMA), mooncake_tcp (Mooncake over TCP, no RDMA needed) or nixl.",
+    )
+    ib_devices: Literal["per_gpu", "host"] | tuple[str, ...] | None = Field(
+        None,
+        description="RDMA devices for the transfer engine. `per_gpu`: each host's gpu_nics map; "
+        "`host`: all of the host's rdma_devices; a list: these devices on every host. "
+        "Default: per_gpu where a host has gpu_nics, else host.",
+    )
+    gid_index: int | None = Field(
+        None, ge=0, description="RoCE GID index (MC_GID_INDEX); a wrong one fails transfers."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra Mooncake variables (MC_*), set on every worker."
+    )
+
+
+class Router(Strict):
+    """The load balancer in front of the workers."""
+
+    kind: RouterKind = Field("pdkit", description="pdkit (pdkit's PD load balancer) or smg.")
+    host: str | None = Field(None, description="Host name to run on; default: the first host.")
+    port: int = Field(ports.ROUTER, ge=1, le=65535, description="Client-facing port.")
+    bind: str = Field("0.0.0.0", description="Address the router binds.")
+    metrics_port: int = Field(
+        ports.ROUTER_METRICS, ge=1, le=65535,
+        description="smg only: Prometheus port (pdkit serves /metrics on `port`).",
+    )
+    prefill_policy: str | None = Field(
+        None, description="Prefill selection policy; default: prefix_affinity (pdkit), "
+        "smg's default (smg)."
+    )
+    decode_policy: str | None = Field(
+        None, description="Decode selection policy; default: least_inflight (pdkit), smg's default."
+    )
+    api_key_env: str | None = Field(
+        None, description="Name of an environment variable on the control machine holding the "
+        "API key clients must send. Never put the key itself in the topology."
+    )
+    api_key_file: str | None = Field(
+        None, description="File on the control machine holding the API key."
+    )
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict, description="Extra router flags, without leading dashes."
+    )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Router:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set only one of api_key_env and api_key_file")
+        return self
+
+
+class SLO(Strict):
+    """Service level objective, used by status and bench."""
+
+    ttft_ms: float = Field(400.0, gt=0, description="Time to first token target (ms).")
+    tpot_ms: float = Field(40.0, gt=0, description="Time per output token target (ms).")
+    attainment: float = Field(
+        0.9, gt=0, le=1, description="Share of requests that must meet both targets."
+    )
+
+
+class Topology(Strict):
+    """One PD deployment: model, hosts, prefill and decode instances, transfer and router."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Deployment name (state, service names).")
+    engine: Engine = Field(
+        "sglang", description="sglang (real workers) or sim (pdkit's emulated worker, no GPU)."
+    )
+    sglang_version: str = Field(
+        "0.5.23", description="SGLang version the hosts run; its flag catalog checks `args`."
+    )
+    model: Model
+    hosts: Annotated[tuple[Host, ...], Field(min_length=1)]
+    defaults: RoleDefaults = Field(default_factory=RoleDefaults)
+    prefill: Role = Field(default_factory=Role)
+    decode: Role = Field(default_factory=Role)
+    transfer: Transfer = Field(default_factory=Transfer)
+    router: Router = Field(default_factory=Router)
+    slo: SLO = Field(default_factory=SLO)
+
+    def host(self, name: str) -> Host:
+        """The host called `name` (KeyError if none)."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    @property
+    def router_host(self) -> str:
+        return self.router.host or self.hosts[0].name
+
+
+ROLE_NAMES = ("prefill", "decode")

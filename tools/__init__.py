@@ -1,0 +1,1 @@
+"""Developer tools and benchmarks (not part of the installed package)."""
