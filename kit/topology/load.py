@@ -19,28 +19,31 @@ from kit.errors import Problem, TopologyError
 from kit.topology.schema import Topology
 
 Position = tuple[int, int]
+KEY_ALIASES = {
+    "tp_size": "tp",
+    "dp_size": "dp",
+    "pp_size": "pp",
+    "ep_size": "ep",
+    "enable_dp_attention": "dp_attention",
+    "instances": "count",
+    "replicas": "count",
+    "num_gpus": "gpus",
+    "ip": "address",
+    "api_key": "api_key_env",
+}
+"""Names users bring from SGLang's flags or other tools -> the topology key to suggest."""
 KeyPath = tuple[str | int, ...]
 
 
-def load_topology(path: str | Path) -> Topology:
-    """Read, shape-check and semantically validate the topology at `path`.
-
-    Raises `TopologyError` listing every problem found.
-    """
-    from kit.topology.validate import validate  # noqa: PLC0415 (validate imports this module)
-
+def read_topology_text(path: str | Path) -> str:
+    """The file's text, or a `TopologyError` that says why it cannot be read."""
     file = Path(path)
     try:
-        text = file.read_text()
+        return file.read_text()
     except OSError as exc:
         raise TopologyError(
             [Problem((), f"cannot read the file ({exc.strerror}).", "check the path.", str(file))]
         ) from exc
-    topology, positions = parse_topology(text, str(file))
-    problems = validate(topology)
-    if problems:
-        raise TopologyError([locate(p, positions, str(file)) for p in problems])
-    return topology
 
 
 def parse_topology(text: str, file: str = "<topology>") -> tuple[Topology, dict[KeyPath, Position]]:
@@ -61,7 +64,11 @@ def parse_topology(text: str, file: str = "<topology>") -> tuple[Topology, dict[
         raise TopologyError([problem]) from exc
     if not isinstance(data, dict):
         raise TopologyError(
-            [Problem((), "the file must hold a mapping (name:, model:, hosts:, ...).", "", file, 1, 1)]
+            [
+                Problem(
+                    (), "the file must hold a mapping (name:, model:, hosts:, ...).", "", file, 1, 1
+                )
+            ]
         )
     positions: dict[KeyPath, Position] = {}
     if node is not None:
@@ -114,9 +121,10 @@ def _problem_from_pydantic(err: Any, data: dict[str, Any]) -> Problem:
     if kind == "extra_forbidden":
         unknown = str(loc[-1])
         known = _known_keys(loc[:-1], data)
-        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+        words = known + [alias for alias, key in KEY_ALIASES.items() if key in known]
+        close = difflib.get_close_matches(unknown, words, n=1, cutoff=0.6)
         fix = (
-            f"Instead of '{unknown}', did you mean '{close[0]}'?"
+            f"Instead of '{unknown}', did you mean '{KEY_ALIASES.get(close[0], close[0])}'?"
             if close
             else f"remove it; known keys here: {', '.join(sorted(known))}."
         )
@@ -170,7 +178,8 @@ def _unwrap(annotation: Any) -> Any:
             annotation = typing.get_args(annotation)[0]
         elif origin in (tuple, list) or origin is types.UnionType or origin is typing.Union:
             models = [
-                a for a in typing.get_args(annotation)
+                a
+                for a in typing.get_args(annotation)
                 if isinstance(a, type) and issubclass(a, BaseModel)
             ]
             if not models:

@@ -85,8 +85,9 @@ class Host(Strict):
         "Rendered as the per-GPU JSON map of --disaggregation-ib-device.",
     )
     service_manager: ServiceManager = Field(
-        "systemd", description="What runs pdkit's processes: systemd, or supervisord where "
-        "there is no systemd (containers, the local default, test hosts)."
+        "systemd",
+        description="What runs pdkit's processes: systemd, or supervisord where "
+        "there is no systemd (containers, the local default, test hosts).",
     )
     root: str = Field(
         "/",
@@ -121,17 +122,23 @@ class Role(RoleDefaults):
         (), description="Pin the instances to these hosts (in order); default: any host."
     )
     port: int | None = Field(
-        None, ge=1, le=65535,
+        None,
+        ge=1,
+        le=65535,
         description=f"First HTTP port on each host (next instance on the same host: +1). "
         f"Default: prefill {ports.PREFILL_HTTP}, decode {ports.DECODE_HTTP}.",
     )
     bootstrap_port: int | None = Field(
-        None, ge=1, le=65535,
+        None,
+        ge=1,
+        le=65535,
         description=f"Prefill only: first bootstrap port on each host (+1 per instance). "
         f"Default {ports.BOOTSTRAP}.",
     )
     dist_init_port: int | None = Field(
-        None, ge=1, le=65535,
+        None,
+        ge=1,
+        le=65535,
         description=f"Multi-node instances: first --dist-init-addr port on the rank-0 host "
         f"(+{ports.DIST_INIT_STRIDE} per instance). Default: prefill {ports.PREFILL_DIST_INIT}, "
         f"decode {ports.DECODE_DIST_INIT}.",
@@ -177,19 +184,23 @@ class Router(Strict):
     port: int = Field(ports.ROUTER, ge=1, le=65535, description="Client-facing port.")
     bind: str = Field("0.0.0.0", description="Address the router binds.")
     metrics_port: int = Field(
-        ports.ROUTER_METRICS, ge=1, le=65535,
+        ports.ROUTER_METRICS,
+        ge=1,
+        le=65535,
         description="smg only: Prometheus port (pdkit serves /metrics on `port`).",
     )
     prefill_policy: str | None = Field(
-        None, description="Prefill selection policy; default: prefix_affinity (pdkit), "
-        "smg's default (smg)."
+        None,
+        description="Prefill selection policy; default: prefix_affinity (pdkit), "
+        "smg's default (smg).",
     )
     decode_policy: str | None = Field(
         None, description="Decode selection policy; default: least_inflight (pdkit), smg's default."
     )
     api_key_env: str | None = Field(
-        None, description="Name of an environment variable on the control machine holding the "
-        "API key clients must send. Never put the key itself in the topology."
+        None,
+        description="Name of an environment variable on the control machine holding the "
+        "API key clients must send. Never put the key itself in the topology.",
     )
     api_key_file: str | None = Field(
         None, description="File on the control machine holding the API key."

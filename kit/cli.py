@@ -1,0 +1,130 @@
+"""The `pdkit` command line: thin. Each command builds the object it needs and calls the layer
+below; `PdkitError` is caught once here and printed without a traceback (`--debug` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from kit.errors import PdkitError
+
+app = typer.Typer(
+    name="pdkit",
+    help=(
+        "Deploy SGLang with prefill/decode disaggregation on bare-metal GPU hosts.\n\n"
+        "Examples:\n\n"
+        "  pdkit validate topologies/local.yaml\n\n"
+        "  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
+        "  pdkit up topologies/local.yaml\n\n"
+        "  pdkit status topologies/local.yaml --watch"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_state = {"debug": False}
+
+TopologyArg = Annotated[
+    Path, typer.Argument(help="Topology YAML file.", metavar="TOPOLOGY", show_default=False)
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit validate topologies/local.yaml\n\n"
+    "Exit status 0 when the topology can be deployed, 1 with every problem listed otherwise."
+)
+def validate(topology: TopologyArg) -> None:
+    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
+    from kit.sglang.resolve import resolve  # noqa: PLC0415 (keep `pdkit --help` fast)
+
+    plan = resolve(topology)
+    prefill, decode = plan.role("prefill"), plan.role("decode")
+    out.print(
+        f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
+        f"{len({w.host for w in plan.workers})} host(s), {len(plan.workers)} worker process(es), "
+        f"router {plan.router.kind} at {plan.router.url}"
+    )
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
+    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'"
+)
+def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
+    """Show the exact launch command of every process, per host (or the Plan as JSON)."""
+    from kit.sglang.resolve import resolve  # noqa: PLC0415
+    from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
+
+    plan = resolve(topology)
+    if as_json:
+        print(plan.model_dump_json(indent=2))
+    else:
+        sys.stdout.write(plan_to_shell(plan))
+
+
+@app.command(epilog="Example:\n\n  pdkit schema > topology.schema.json")
+def schema() -> None:
+    """Print the JSON Schema of the topology file (for editors and linters)."""
+    from kit.topology.schema import Topology  # noqa: PLC0415
+
+    print(json.dumps(Topology.model_json_schema(), indent=2, sort_keys=True))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    epilog="Examples:\n\n"
+    "  pdkit lb --prefill http://10.0.0.1:30000 8998 --decode http://10.0.0.2:30001 --port 8000\n\n"
+    "  pdkit lb --topology topologies/local.yaml\n\n"
+    "  pdkit lb --help   (every option)",
+)
+def lb(
+    ctx: typer.Context,
+    topology: Annotated[
+        Path | None,
+        typer.Option("--topology", help="Take workers, policies and port from this topology."),
+    ] = None,
+) -> None:
+    """Run pdkit's PD load balancer in the foreground (options as `python -m kit.lb`)."""
+    from kit.lb import main as lb_main  # noqa: PLC0415
+
+    argv = list(ctx.args)
+    if topology is not None:
+        from kit.sglang.resolve import resolve  # noqa: PLC0415
+
+        router = resolve(topology).router
+        if router.kind != "pdkit":
+            raise PdkitError(
+                f"{topology}: router.kind is {router.kind}; `pdkit lb` runs pdkit's router. "
+                "To fix: set router.kind: pdkit, or run that router instead."
+            )
+        argv = [*router.command.args, *argv]
+    raise typer.Exit(lb_main(argv))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except PdkitError as exc:
+        if _state["debug"]:
+            raise
+        err.print(str(exc), markup=False)
+        sys.exit(1)

@@ -1,0 +1,170 @@
+"""SGLang-specific checks: user flags against SGLang's parser catalog for the pinned version,
+flags pdkit owns, settings prefill and decode must agree on, and parallelism the transfer
+backend cannot map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kit.errors import Problem
+from kit.sglang.catalog import Catalog
+from kit.sglang.render import PDKIT_DEFAULT_ARGS, normalize_flag, role_args
+from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
+
+OWNED_FLAGS: dict[str, str] = {
+    "model-path": "model.path",
+    "served-model-name": "model.served_name",
+    "revision": "model.revision",
+    "trust-remote-code": "model.trust_remote_code",
+    "tokenizer-path": "model.path",
+    "host": "<role>.bind",
+    "port": "<role>.port",
+    "disaggregation-mode": "the role section (prefill: or decode:)",
+    "disaggregation-bootstrap-port": "prefill.bootstrap_port",
+    "disaggregation-transfer-backend": "transfer.backend",
+    "disaggregation-ib-device": "transfer.ib_devices or the hosts' gpu_nics",
+    "tp-size": "<role>.tp",
+    "dp-size": "<role>.dp",
+    "pp-size": "<role>.pp",
+    "ep-size": "<role>.ep",
+    "enable-dp-attention": "<role>.dp_attention",
+    "nnodes": "the hosts' GPU counts (pdkit spans hosts when an instance needs it)",
+    "node-rank": "placement (pdkit assigns node ranks)",
+    "dist-init-addr": "<role>.dist_init_port",
+    "base-gpu-id": "placement (pdkit assigns GPUs)",
+    "api-key": "router.api_key_env (workers are reached only through the router)",
+    "admin-api-key": "router.api_key_env",
+}
+"""Flags pdkit sets from the topology -> the key to set instead."""
+
+AGREED_FLAGS = (
+    "page-size",
+    "kv-cache-dtype",
+    "disaggregation-decode-allocation-policy",
+    "disaggregation-enable-kv-checksum",
+)
+"""Must be equal on prefill and decode, else the first request fails at KV transfer."""
+
+
+def check(topology: Topology, catalog: Catalog) -> list[Problem]:
+    """Every SGLang-level problem of the topology."""
+    problems = list(_flags(topology, catalog))
+    problems += _agreement(topology, catalog)
+    problems += _parallelism(topology)
+    return problems
+
+
+def _flags(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
+    scopes: list[tuple[str, dict[str, ArgValue]]] = [("defaults", topology.defaults.args)]
+    scopes += [(role, getattr(topology, role).args) for role in ROLE_NAMES]
+    for scope, args in scopes:
+        for key, value in args.items():
+            yield from _flag(catalog, scope, key, value)
+
+
+def _flag(catalog: Catalog, scope: str, key: str, value: ArgValue) -> Iterator[Problem]:
+    path = (scope, "args", key)
+    name = normalize_flag(key)
+    spec = catalog.lookup(name)
+    owner = OWNED_FLAGS.get(name) or (OWNED_FLAGS.get(normalize_flag(spec.flag)) if spec else None)
+    if owner:
+        role = scope if scope != "defaults" else "prefill/decode"
+        yield Problem(
+            path,
+            f"--{name} is set by pdkit.",
+            f"set {owner.replace('<role>', role)} instead, and remove it from args.",
+        )
+        return
+    if spec is None:
+        close = catalog.suggest(name)
+        hint = (
+            f"did you mean {close}?" if close else "check `python -m sglang.launch_server --help`."
+        )
+        yield Problem(path, f"--{name} is not a flag of SGLang {catalog.version}.", hint)
+        return
+    if value is None:
+        return
+    error = catalog.check_value(spec, value)
+    if error:
+        yield Problem(path, f"{spec.flag} {error}.", "fix the value.")
+
+
+def effective(topology: Topology, catalog: Catalog, role: str, flag: str) -> object:
+    """The value a role ends up with for `flag`: its args, else SGLang's default."""
+    args = role_args(topology, role)
+    if flag in args:
+        return args[flag]
+    spec = catalog.lookup(flag)
+    return spec.default if spec else None
+
+
+def _agreement(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
+    for flag in AGREED_FLAGS:
+        prefill = effective(topology, catalog, "prefill", flag)
+        decode = effective(topology, catalog, "decode", flag)
+        if _same(prefill, decode):
+            continue
+        where = "decode" if flag in {normalize_flag(k) for k in topology.decode.args} else "prefill"
+        yield Problem(
+            (where, "args", flag),
+            f"prefill has --{flag} {_show(prefill)} but decode has {_show(decode)}; "
+            "KV transfer fails on the first request when they differ.",
+            f"set {flag} once under defaults.args so both roles share it.",
+        )
+
+
+def _same(a: object, b: object) -> bool:
+    return _show(a) == _show(b)
+
+
+def _show(value: object) -> str:
+    if value is None or value is False:
+        return "unset"
+    if value is True:
+        return "on"
+    return str(value)
+
+
+def _parallelism(topology: Topology) -> Iterator[Problem]:
+    """Prefill/decode parallelism the transfer backend cannot map (SGLang 0.5.23)."""
+    prefill: Role = topology.prefill
+    decode: Role = topology.decode
+    p_attn = prefill.tp // (prefill.dp if prefill.dp_attention else 1)
+    d_attn = decode.tp // (decode.dp if decode.dp_attention else 1)
+    for role, spec in (("prefill", prefill), ("decode", decode)):
+        if spec.dp_attention and spec.tp % spec.dp:
+            yield Problem(
+                (role, "dp"),
+                f"with dp_attention, tp ({spec.tp}) must be a multiple of dp ({spec.dp}).",
+                "pick dp dividing tp.",
+            )
+        if spec.ep > 1 and spec.tp % spec.ep:
+            yield Problem(
+                (role, "ep"), f"ep ({spec.ep}) must divide tp ({spec.tp}).", "pick ep dividing tp."
+            )
+    if max(p_attn, d_attn) % min(p_attn, d_attn):
+        yield Problem(
+            ("decode", "tp"),
+            f"prefill attention-TP {p_attn} and decode attention-TP {d_attn} do not "
+            "divide one another, so the KV heads of one side cannot be split across "
+            "the other's ranks.",
+            "make one attention-TP size a multiple of the other.",
+        )
+    if decode.pp > 1:
+        yield Problem(
+            ("decode", "pp"),
+            "SGLang 0.5.23 does not run pipeline parallelism on "
+            "decode instances in disaggregation mode.",
+            "set decode.pp: 1.",
+        )
+    if topology.transfer.backend == "nixl" and p_attn != d_attn:
+        yield Problem(
+            ("transfer", "backend"),
+            f"the nixl backend needs equal attention-TP on both roles (prefill {p_attn},"
+            f" decode {d_attn}).",
+            "use mooncake, or equal tp on both roles.",
+        )
+
+
+__all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "PDKIT_DEFAULT_ARGS", "check", "effective"]

@@ -1,0 +1,269 @@
+"""Topology + placement -> Plan: the argv and environment of every process. Pure: no I/O, no
+clock, no randomness; the same topology always renders byte-identical output.
+
+Flag rendering: pdkit's own flags first in a fixed order, then the user's `args` sorted by
+name; `_` -> `-`; `true` -> bare flag; `false`/`null` -> nothing; a list -> flag then items.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kit.topology.place import InstancePlacement, Node, place
+from kit.topology.plan import (
+    Command,
+    HostPlan,
+    ModelPlan,
+    Plan,
+    RouterProcess,
+    WorkerProcess,
+)
+from kit.topology.schema import ArgValue, Host, Role, Topology
+
+SGLANG_MODULE = "sglang.launch_server"
+SIM_MODULE = "kit.sim"
+LB_MODULE = "kit.lb"
+SMG_EXECUTABLE = "smg"
+ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
+"""The variable that holds the router's client API key on the router host (env file 0600)."""
+
+PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
+"""Flags pdkit adds unless the topology sets them: status reads /metrics."""
+
+DEFAULT_POLICIES = {
+    "pdkit": {"prefill": "prefix_affinity", "decode": "least_inflight"},
+    "smg": {"prefill": "cache_aware", "decode": "round_robin"},
+}
+
+
+def normalize_flag(name: str) -> str:
+    """'chunked_prefill_size', '--chunked-prefill-size' -> 'chunked-prefill-size'."""
+    return name.lstrip("-").replace("_", "-")
+
+
+def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
+    """The user's args for a role: pdkit defaults < defaults.args < role.args, normalized."""
+    spec: Role = getattr(topology, role)
+    merged: dict[str, ArgValue] = {}
+    for source in (PDKIT_DEFAULT_ARGS, topology.defaults.args, spec.args):
+        for key, value in source.items():
+            merged[normalize_flag(key)] = value
+    return merged
+
+
+def render_args(args: dict[str, ArgValue]) -> list[str]:
+    """Sorted flags; see the module docstring for the value rules."""
+    out: list[str] = []
+    for key in sorted(args):
+        value = args[key]
+        if value is None or value is False:
+            continue
+        flag = f"--{key}"
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *(_scalar(v) for v in value)]
+        else:
+            out += [flag, _scalar(value)]
+    return out
+
+
+def _scalar(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def ib_device(topology: Topology, host: Host, gpus: tuple[int, ...]) -> str | None:
+    """The --disaggregation-ib-device value for a process using `gpus` on `host`, or None."""
+    transfer = topology.transfer
+    if transfer.backend != "mooncake":
+        return None
+    if isinstance(transfer.ib_devices, tuple):
+        return ",".join(transfer.ib_devices)
+    per_gpu = transfer.ib_devices == "per_gpu" or (
+        transfer.ib_devices is None and bool(host.gpu_nics)
+    )
+    if per_gpu:
+        mapping = {str(g): host.gpu_nics[g] for g in gpus if g in host.gpu_nics}
+        return json.dumps(mapping, separators=(",", ":")) if mapping else None
+    return ",".join(host.rdma_devices) or None
+
+
+def worker_env(topology: Topology, role: str, host: Host) -> dict[str, str]:
+    spec: Role = getattr(topology, role)
+    env: dict[str, str] = {}
+    if topology.engine == "sim" and host.gpu_type:
+        env["PDKIT_SIM_GPU"] = host.gpu_type
+    # The address the transfer engine advertises to its peers.
+    env["SGLANG_HOST_IP"] = host.address
+    if topology.transfer.gid_index is not None:
+        env["MC_GID_INDEX"] = str(topology.transfer.gid_index)
+    env.update(topology.transfer.env)
+    env.update(topology.defaults.env)
+    env.update(spec.env)
+    return dict(sorted(env.items()))
+
+
+def worker_args(
+    topology: Topology, p: InstancePlacement, node: Node, device: str | None
+) -> list[str]:
+    spec: Role = getattr(topology, p.role)
+    host = topology.host(node.host)
+    model = topology.model
+    args = ["--model-path", model.path]
+    if model.served_name:
+        args += ["--served-model-name", model.served_name]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += ["--host", spec.bind or host.address, "--port", str(p.http_port)]
+    args += ["--disaggregation-mode", p.role]
+    if p.bootstrap_port is not None:
+        args += ["--disaggregation-bootstrap-port", str(p.bootstrap_port)]
+    args += ["--disaggregation-transfer-backend", topology.transfer.backend]
+    if device:
+        args += ["--disaggregation-ib-device", device]
+    args += ["--tp-size", str(spec.tp)]
+    if spec.dp > 1:
+        args += ["--dp-size", str(spec.dp)]
+    if spec.dp_attention:
+        args.append("--enable-dp-attention")
+    if spec.ep > 1:
+        args += ["--ep-size", str(spec.ep)]
+    if spec.pp > 1:
+        args += ["--pp-size", str(spec.pp)]
+    if p.nnodes > 1:
+        rank0 = topology.host(p.nodes[0].host)
+        args += ["--dist-init-addr", f"{_url_host(rank0.address)}:{p.dist_init_port}"]
+        args += ["--nnodes", str(p.nnodes), "--node-rank", str(node.rank)]
+    if node.gpus and node.gpus[0] != 0:
+        args += ["--base-gpu-id", str(node.gpus[0])]
+    return args + render_args(role_args(topology, p.role))
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def build_workers(topology: Topology, placements: list[InstancePlacement]) -> list[WorkerProcess]:
+    module = SIM_MODULE if topology.engine == "sim" else SGLANG_MODULE
+    workers = []
+    for p in placements:
+        spec: Role = getattr(topology, p.role)
+        for node in p.nodes:
+            host = topology.host(node.host)
+            device = ib_device(topology, host, node.gpus)
+            name = p.name if p.nnodes == 1 else f"{p.name}-node{node.rank}"
+            workers.append(
+                WorkerProcess(
+                    name=name,
+                    role=p.role,
+                    instance=p.index,
+                    node_rank=node.rank,
+                    nnodes=p.nnodes,
+                    host=host.name,
+                    address=host.address,
+                    bind=spec.bind or host.address,
+                    gpus=node.gpus,
+                    http_port=p.http_port,
+                    bootstrap_port=p.bootstrap_port,
+                    dist_init_addr=(
+                        f"{_url_host(topology.host(p.nodes[0].host).address)}:{p.dist_init_port}"
+                        if p.nnodes > 1
+                        else None
+                    ),
+                    ib_device=device,
+                    command=Command(
+                        module=module, args=tuple(worker_args(topology, p, node, device))
+                    ),
+                    env=worker_env(topology, p.role, host),
+                )
+            )
+    return workers
+
+
+def build_router(topology: Topology, workers: list[WorkerProcess]) -> RouterProcess:
+    router = topology.router
+    host = topology.host(topology.router_host)
+    policies = {
+        role: getattr(router, f"{role}_policy") or DEFAULT_POLICIES[router.kind][role]
+        for role in ("prefill", "decode")
+    }
+    worker_args_: list[str] = []
+    for w in workers:
+        if not w.serves_http:
+            continue
+        if w.role == "prefill":
+            worker_args_ += ["--prefill", w.url, str(w.bootstrap_port)]
+        else:
+            worker_args_ += ["--decode", w.url]
+    common = ["--host", router.bind, "--port", str(router.port)]
+    common += ["--prefill-policy", policies["prefill"], "--decode-policy", policies["decode"]]
+    extra = render_args({normalize_flag(k): v for k, v in router.args.items()})
+    has_key = bool(router.api_key_env or router.api_key_file)
+    if router.kind == "pdkit":
+        command = Command(module=LB_MODULE, args=tuple(worker_args_ + common + extra))
+        metrics_port = None
+    else:
+        metrics = ["--prometheus-host", router.bind, "--prometheus-port", str(router.metrics_port)]
+        command = Command(
+            executable=SMG_EXECUTABLE,
+            args=tuple(["launch", "--pd-disaggregation", *worker_args_, *common, *metrics, *extra]),
+            secret_args=(("--api-key", ROUTER_API_KEY_ENV),) if has_key else (),
+        )
+        metrics_port = router.metrics_port
+    return RouterProcess(
+        kind=router.kind,
+        host=host.name,
+        address=host.address,
+        bind=router.bind,
+        port=router.port,
+        metrics_port=metrics_port,
+        prefill_policy=policies["prefill"],
+        decode_policy=policies["decode"],
+        api_key_env=router.api_key_env,
+        api_key_file=router.api_key_file,
+        command=command,
+        env={},
+    )
+
+
+def build_plan(topology: Topology) -> Plan:
+    """Render a validated topology into its Plan (call only after validation passed)."""
+    placements, problems = place(topology)
+    if problems:  # validation runs first; this guards misuse of the API
+        raise ValueError(f"topology does not place: {problems[0]}")
+    workers = build_workers(topology, placements)
+    model = topology.model
+    return Plan(
+        name=topology.name,
+        engine=topology.engine,
+        sglang_version=topology.sglang_version,
+        model=ModelPlan(
+            path=model.path,
+            served_name=model.name,
+            revision=model.revision,
+            trust_remote_code=model.trust_remote_code,
+        ),
+        transfer_backend=topology.transfer.backend,
+        hosts=tuple(
+            HostPlan(
+                name=h.name,
+                address=h.address,
+                connection=h.connection,
+                ssh_user=h.ssh.user,
+                ssh_port=h.ssh.port,
+                ssh_key=h.ssh.key,
+                gpus=h.gpus,
+                gpu_type=h.gpu_type,
+                service_manager=h.service_manager,
+                root=h.root,
+            )
+            for h in topology.hosts
+        ),
+        workers=tuple(workers),
+        router=build_router(topology, workers),
+        slo=topology.slo,
+    )

@@ -1,0 +1,41 @@
+"""The one way from a topology file to a Plan: load, check everything, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.errors import Problem, TopologyError
+from kit.sglang.catalog import load_catalog
+from kit.sglang.check import check
+from kit.sglang.render import build_plan
+from kit.topology.load import locate, parse_topology, read_topology_text
+from kit.topology.plan import Plan
+from kit.topology.schema import Topology
+from kit.topology.validate import validate
+
+
+def check_topology(path: str | Path) -> Topology:
+    """Load and check the topology at `path`; raise `TopologyError` with every problem."""
+    file = str(path)
+    topology, positions = parse_topology(read_topology_text(path), file)
+    problems: list[Problem] = validate(topology)
+    try:
+        catalog = load_catalog(topology.sglang_version)
+    except Exception as exc:  # unknown version: one problem, placed on the key
+        problems.append(
+            Problem(
+                ("sglang_version",),
+                str(exc).split(" To fix: ")[0].rstrip("."),
+                "use a version pdkit ships a flag catalog for.",
+            )
+        )
+    else:
+        problems += check(topology, catalog)
+    if problems:
+        raise TopologyError([locate(p, positions, file) for p in problems])
+    return topology
+
+
+def resolve(path: str | Path) -> Plan:
+    """The Plan of the topology at `path` (raises `TopologyError` when it has problems)."""
+    return build_plan(check_topology(path))

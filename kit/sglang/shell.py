@@ -1,0 +1,66 @@
+"""A Plan as shell lines a person can read and paste, grouped by host."""
+
+from __future__ import annotations
+
+import shlex
+
+from kit.topology.plan import Command, Plan, RouterProcess, WorkerProcess
+
+
+def command_lines(command: Command, env: dict[str, str], python: str = "python") -> list[str]:
+    """One flag (with its values) per line, joined by backslash continuations."""
+    argv = command.argv(python)
+    head_len = 3 if command.module else 1
+    head = " ".join(shlex.quote(a) for a in argv[:head_len])
+    env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    groups: list[list[str]] = []
+    for arg in argv[head_len:]:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    lines = [f"{env_part} {head}" if env_part else head]
+    lines += ["  " + " ".join(shlex.quote(a) for a in group) for group in groups]
+    for flag, env_name in command.secret_args:
+        lines.append(f'  {flag} "${env_name}"')
+    return [line + " \\" for line in lines[:-1]] + [lines[-1]]
+
+
+def _worker_comment(w: WorkerProcess) -> str:
+    parts = [f"GPUs {','.join(map(str, w.gpus))}" if w.gpus else "no GPU", f"HTTP :{w.http_port}"]
+    if w.bootstrap_port is not None:
+        parts.append(f"bootstrap :{w.bootstrap_port}")
+    if w.nnodes > 1:
+        parts.append(f"node {w.node_rank} of {w.nnodes}, dist-init {w.dist_init_addr}")
+    return f"# {w.name} ({w.role}): {', '.join(parts)}"
+
+
+def _router_comment(r: RouterProcess) -> str:
+    extra = f", metrics :{r.metrics_port}" if r.metrics_port else ""
+    key = ""
+    if r.api_key_env or r.api_key_file:
+        key = f", API key from {r.api_key_env or r.api_key_file}"
+    return (
+        f"# router ({r.kind}): :{r.port}{extra}, policies prefill={r.prefill_policy} "
+        f"decode={r.decode_policy}{key}"
+    )
+
+
+def plan_to_shell(plan: Plan) -> str:
+    """Every process of the plan, per host, as paste-able shell."""
+    out = [
+        f"# pdkit plan '{plan.name}': engine {plan.engine}, SGLang {plan.sglang_version}, "
+        f"model {plan.model.path}, transfer {plan.transfer_backend}"
+    ]
+    for host in plan.hosts:
+        workers = plan.on_host(host.name)
+        has_router = plan.router.host == host.name
+        if not workers and not has_router:
+            continue
+        out += ["", f"## host {host.name} ({host.address})"]
+        for w in workers:
+            out += [_worker_comment(w), *command_lines(w.command, w.env)]
+        if has_router:
+            r = plan.router
+            out += [_router_comment(r), *command_lines(r.command, r.env)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,158 @@
+"""Placement: instances -> hosts, GPUs and ports. Pure and deterministic.
+
+Rules (documented in the README):
+- Prefill instances are placed first, then decode, each in index order.
+- An instance that fits on one host takes the lowest free GPUs of the first host (in `hosts:`
+  order, or in the role's `hosts:` pin order, starting at instance index mod len(pins)) with
+  enough free GPUs.
+- An instance larger than its hosts spans `nnodes = gpus_per_instance / gpus_per_host` whole,
+  unused hosts of equal GPU count; every node gets the same ports, rank 0 serves HTTP.
+- Per host, instance k of a role gets port base + k (HTTP, bootstrap) and
+  dist-init base + k * DIST_INIT_STRIDE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit.errors import Problem
+from kit.topology import ports
+from kit.topology.schema import ROLE_NAMES, Host, Role, Topology
+
+
+@dataclass(frozen=True)
+class Node:
+    """One process of an instance: its host and GPUs."""
+
+    host: str
+    rank: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    role: str
+    index: int
+    nodes: tuple[Node, ...]
+    http_port: int
+    bootstrap_port: int | None
+    dist_init_port: int | None
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+@dataclass
+class _HostState:
+    host: Host
+    next_gpu: int = 0
+    next_port: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return self.host.gpus - self.next_gpu
+
+
+def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
+    """(HTTP base, bootstrap base, dist-init base) for a role, defaults applied."""
+    spec: Role = getattr(topology, role)
+    http = spec.port or (ports.PREFILL_HTTP if role == "prefill" else ports.DECODE_HTTP)
+    bootstrap = spec.bootstrap_port or ports.BOOTSTRAP
+    dist_init = spec.dist_init_port or (
+        ports.PREFILL_DIST_INIT if role == "prefill" else ports.DECODE_DIST_INIT
+    )
+    return http, bootstrap, dist_init
+
+
+def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
+    """Assign every instance to hosts, GPUs and ports; problems say what does not fit."""
+    states = {h.name: _HostState(h) for h in topology.hosts}
+    placements: list[InstancePlacement] = []
+    problems: list[Problem] = []
+    for role in ROLE_NAMES:
+        spec: Role = getattr(topology, role)
+        pins = [name for name in spec.hosts if name in states]
+        candidates = pins or [h.name for h in topology.hosts]
+        if not candidates:
+            continue  # unknown pins are reported by validate
+        for index in range(spec.count):
+            start = index % len(candidates) if pins else 0
+            order = candidates[start:] + candidates[:start]
+            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order])
+            if nodes is None:
+                problems.append(_no_fit(topology, role, index, spec, [states[n] for n in order]))
+                continue
+            placements.append(_assign_ports(topology, role, index, nodes, states))
+    return placements, problems
+
+
+def _fit(need: int, hosts: list[_HostState]) -> tuple[Node, ...] | None:
+    for state in hosts:
+        if state.free >= need:
+            gpus = tuple(range(state.next_gpu, state.next_gpu + need))
+            state.next_gpu += need
+            return (Node(state.host.name, 0, gpus),)
+    # Larger than any single host: span whole, untouched hosts of one GPU count.
+    sizes = {s.host.gpus for s in hosts if s.host.gpus > 0}
+    for size in sorted(sizes, reverse=True):
+        if need <= size or need % size:
+            continue
+        empty = [s for s in hosts if s.host.gpus == size and s.next_gpu == 0]
+        nnodes = need // size
+        if len(empty) >= nnodes:
+            chosen = empty[:nnodes]
+            for state in chosen:
+                state.next_gpu = size
+            return tuple(
+                Node(s.host.name, rank, tuple(range(size))) for rank, s in enumerate(chosen)
+            )
+    return None
+
+
+def _no_fit(
+    topology: Topology, role: str, index: int, spec: Role, hosts: list[_HostState]
+) -> Problem:
+    need = spec.gpus_per_instance
+    free = ", ".join(f"{s.host.name}: {s.free} of {s.host.gpus}" for s in hosts)
+    biggest = max((s.host.gpus for s in hosts), default=0)
+    if biggest and need > biggest and need % biggest:
+        why = (
+            f"{role} instance {index} needs {need} GPUs (tp {spec.tp} x pp {spec.pp}"
+            f"{'' if spec.dp_attention else f' x dp {spec.dp}'}), more than one host has, and "
+            f"{need} is not a multiple of the {biggest} GPUs per host, so it cannot span hosts."
+        )
+    else:
+        why = (
+            f"{role} instance {index} needs {need} GPUs "
+            f"(tp {spec.tp} x pp {spec.pp}{'' if spec.dp_attention else f' x dp {spec.dp}'}); "
+            f"free GPUs per host after earlier instances: {free}."
+        )
+    fix = f"add hosts or GPUs, lower {role}.count, or lower {role}.tp/pp/dp."
+    return Problem((role,), why, fix)
+
+
+def _assign_ports(
+    topology: Topology,
+    role: str,
+    index: int,
+    nodes: tuple[Node, ...],
+    states: dict[str, _HostState],
+) -> InstancePlacement:
+    http_base, bootstrap_base, dist_base = role_ports(topology, role)
+
+    def take(kind: str, base: int, step: int = 1) -> int:
+        # Every node of a multi-node instance gets the same port: the highest next one.
+        port = max(states[n.host].next_port.get(kind, base) for n in nodes)
+        for node in nodes:
+            states[node.host].next_port[kind] = port + step
+        return port
+
+    http_port = take(f"{role}-http", http_base)
+    bootstrap = take("bootstrap", bootstrap_base) if role == "prefill" else None
+    dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if len(nodes) > 1 else None
+    return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init)

@@ -1,0 +1,264 @@
+"""Checks of meaning that need no SGLang knowledge: references between keys, GPUs, ports,
+addresses and RDMA devices. Each check returns problems; `validate` runs them all.
+
+SGLang-specific checks (flags, values, backend compatibility) live in `kit.sglang.check`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from collections.abc import Iterator
+
+from kit.errors import Problem
+from kit.topology import ports
+from kit.topology.place import InstancePlacement, place
+from kit.topology.schema import ROLE_NAMES, Role, Topology
+
+PDKIT_POLICIES = {
+    "prefill": ("prefix_affinity", "least_inflight", "round_robin", "random"),
+    "decode": ("least_inflight", "round_robin", "random"),
+}
+SMG_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "power_of_two",
+    "prefix_hash",
+    "consistent_hashing",
+)
+
+
+def validate(topology: Topology) -> list[Problem]:
+    """Every problem in the topology (empty when it can be deployed)."""
+    problems = [*_references(topology), *_nics(topology), *_router(topology)]
+    placements, placement_problems = place(topology)
+    problems += placement_problems
+    if not placement_problems:
+        problems += _port_collisions(topology, placements)
+        problems += _addresses(topology, placements)
+        problems += _rdma_coverage(topology, placements)
+    return problems
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _references(topology: Topology) -> Iterator[Problem]:
+    names = [h.name for h in topology.hosts]
+    for name, count in Counter(names).items():
+        if count > 1:
+            index = names.index(name, names.index(name) + 1)
+            yield Problem(
+                ("hosts", index, "name"),
+                f"host name '{name}' is used twice.",
+                "give every host a unique name.",
+            )
+    for role in ROLE_NAMES:
+        spec: Role = getattr(topology, role)
+        for i, pin in enumerate(spec.hosts):
+            if pin not in names:
+                yield Problem(
+                    (role, "hosts", i),
+                    f"no host named '{pin}'.",
+                    f"use one of: {', '.join(names)}.",
+                )
+    if topology.decode.bootstrap_port is not None:
+        yield Problem(
+            ("decode", "bootstrap_port"),
+            "decode instances run no bootstrap server.",
+            "remove decode.bootstrap_port; set prefill.bootstrap_port instead.",
+        )
+
+
+def _nics(topology: Topology) -> Iterator[Problem]:
+    for i, host in enumerate(topology.hosts):
+        for gpu, device in host.gpu_nics.items():
+            if not 0 <= gpu < host.gpus:
+                yield Problem(
+                    ("hosts", i, "gpu_nics", gpu),
+                    f"GPU {gpu} does not exist on {host.name} ({host.gpus} GPUs).",
+                    f"use GPU indices 0..{host.gpus - 1}.",
+                )
+            elif host.rdma_devices and device not in host.rdma_devices:
+                yield Problem(
+                    ("hosts", i, "gpu_nics", gpu),
+                    f"'{device}' is not in {host.name}'s rdma_devices.",
+                    f"add it to rdma_devices or use one of {', '.join(host.rdma_devices)}.",
+                )
+
+
+def _router(topology: Topology) -> Iterator[Problem]:
+    router = topology.router
+    names = [h.name for h in topology.hosts]
+    if router.host is not None and router.host not in names:
+        yield Problem(
+            ("router", "host"),
+            f"no host named '{router.host}'.",
+            f"use one of: {', '.join(names)}.",
+        )
+    for role in ROLE_NAMES:
+        policy = getattr(router, f"{role}_policy")
+        allowed = PDKIT_POLICIES[role] if router.kind == "pdkit" else SMG_POLICIES
+        if policy is not None and policy not in allowed:
+            yield Problem(
+                ("router", f"{role}_policy"),
+                f"'{policy}' is not a {role} policy of the {router.kind} router.",
+                f"use one of: {', '.join(allowed)}.",
+            )
+    if router.kind == "pdkit" and router.metrics_port != ports.ROUTER_METRICS:
+        yield Problem(
+            ("router", "metrics_port"),
+            "the pdkit router serves /metrics on its main port.",
+            "remove router.metrics_port (it applies to kind smg only).",
+        )
+
+
+def _port_collisions(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+    """No two listeners share a port on one address (hosts may share an address)."""
+    taken: dict[tuple[str, int], str] = {}
+    problems: list[Problem] = []
+
+    def claim(host_name: str, port: int, what: str, path: tuple[str | int, ...]) -> None:
+        address = topology.host(host_name).address
+        owner = taken.get((address, port))
+        if owner is not None:
+            problems.append(
+                Problem(
+                    path,
+                    f"port {port} on {host_name} is used by both {owner} and {what}.",
+                    "change one of the port bases so that the "
+                    "ranges (base + instance index) do not overlap.",
+                )
+            )
+        else:
+            taken[(address, port)] = what
+        if (
+            topology.transfer.backend != "nixl"
+            and port in ports.MOONCAKE_RPC
+            and not what.startswith("the router")
+        ):
+            problems.append(
+                Problem(
+                    path,
+                    f"port {port} ({what}) lies in the Mooncake transfer "
+                    f"engine's RPC range {ports.MOONCAKE_RPC.start}-"
+                    f"{ports.MOONCAKE_RPC.stop - 1}, where it may be taken at "
+                    "random.",
+                    "choose a port outside that range.",
+                )
+            )
+
+    for p in placements:
+        spec: Role = getattr(topology, p.role)
+        for node in p.nodes:
+            claim(node.host, p.http_port, f"{p.name} (HTTP)", (p.role, "port"))
+            if p.bootstrap_port is not None:
+                claim(
+                    node.host, p.bootstrap_port, f"{p.name} (bootstrap)", (p.role, "bootstrap_port")
+                )
+        if p.dist_init_port is not None:
+            dp = spec.dp if spec.dp_attention else 1
+            for port in ports.dist_init_block(p.dist_init_port, dp):
+                claim(p.nodes[0].host, port, f"{p.name} (dist-init)", (p.role, "dist_init_port"))
+    router = topology.router
+    if router.host is not None and router.host not in {h.name for h in topology.hosts}:
+        yield from problems  # the unknown router host is reported by _router
+        return
+    claim(topology.router_host, router.port, "the router", ("router", "port"))
+    if router.kind == "smg":
+        claim(
+            topology.router_host,
+            router.metrics_port,
+            "the router's metrics",
+            ("router", "metrics_port"),
+        )
+    yield from problems
+
+
+def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+    """Whoever must reach a process on another host needs a routable address to reach."""
+    decode_hosts = {n.host for p in placements if p.role == "decode" for n in p.nodes}
+    router_host = topology.router_host
+    if router_host not in {h.name for h in topology.hosts}:
+        router_host = ""  # reported by _router
+    reported: set[tuple[str, str]] = set()
+    for p in placements:
+        spec: Role = getattr(topology, p.role)
+        for node in p.nodes:
+            host = topology.host(node.host)
+            bind = spec.bind or host.address
+            peers = set()
+            if p.role == "prefill":
+                peers |= decode_hosts - {node.host}
+            if router_host and router_host != node.host and node.rank == 0:
+                peers.add(router_host)
+            if p.nnodes > 1:
+                peers |= {n.host for n in p.nodes} - {node.host}
+            if not peers:
+                continue
+            for what, value, path in (
+                ("binds", bind, (p.role, "bind")),
+                (
+                    "is reached at",
+                    host.address,
+                    ("hosts", _host_index(topology, node.host), "address"),
+                ),
+            ):
+                if is_loopback(value) and (p.role, what) not in reported:
+                    reported.add((p.role, what))
+                    yield Problem(
+                        path,
+                        f"{p.name} on {node.host} {what} {value}, which "
+                        f"{', '.join(sorted(peers))} cannot reach.",
+                        f"use {node.host}'s routable address (or 0.0.0.0 for bind).",
+                    )
+
+
+def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+    """With RDMA (backend mooncake on real GPUs) every GPU in use needs an RDMA device."""
+    transfer = topology.transfer
+    if topology.engine == "sim" or transfer.backend != "mooncake":
+        return
+    if isinstance(transfer.ib_devices, tuple):
+        return
+    seen: set[str] = set()
+    for p in placements:
+        for node in p.nodes:
+            host = topology.host(node.host)
+            if node.host in seen:
+                continue
+            per_gpu = transfer.ib_devices == "per_gpu" or (
+                transfer.ib_devices is None and bool(host.gpu_nics)
+            )
+            index = _host_index(topology, node.host)
+            if per_gpu:
+                missing = [g for g in node.gpus if g not in host.gpu_nics]
+                if missing:
+                    seen.add(node.host)
+                    yield Problem(
+                        ("hosts", index, "gpu_nics"),
+                        f"{p.name} uses GPUs {missing} on {node.host}, which have no "
+                        "RDMA device in gpu_nics.",
+                        "map every GPU to a NIC, or set "
+                        "transfer.backend: mooncake_tcp to move KV over TCP.",
+                    )
+            elif not host.rdma_devices:
+                seen.add(node.host)
+                yield Problem(
+                    ("hosts", index, "rdma_devices"),
+                    f"{node.host} runs {p.name} but lists no RDMA device, and "
+                    "transfer.backend mooncake moves KV over RDMA.",
+                    "list the host's rdma_devices (see `ibv_devices`), or set "
+                    "transfer.backend: mooncake_tcp.",
+                )
+
+
+def _host_index(topology: Topology, name: str) -> int:
+    return [h.name for h in topology.hosts].index(name)

@@ -1,0 +1,93 @@
+# pdkit plan 'deepseek-v3-2p2d': engine sglang, SGLang 0.5.23, model deepseek-ai/DeepSeek-V3, transfer mooncake
+
+## host prefill-0 (10.0.1.10)
+# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 0 of 2, dist-init 10.0.1.10:5000
+SGLANG_HOST_IP=10.0.1.10 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-V3 \
+  --trust-remote-code \
+  --host 10.0.1.10 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  --tp-size 16 \
+  --dp-size 8 \
+  --enable-dp-attention \
+  --dist-init-addr 10.0.1.10:5000 \
+  --nnodes 2 \
+  --node-rank 0 \
+  --enable-metrics \
+  --mem-fraction-static 0.8 \
+  --moe-a2a-backend deepep
+# router (pdkit): :8000, policies prefill=prefix_affinity decode=least_inflight
+python -m kit.lb \
+  --prefill http://10.0.1.10:30000 8998 \
+  --decode http://10.0.1.20:30001 \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --prefill-policy prefix_affinity \
+  --decode-policy least_inflight
+
+## host prefill-1 (10.0.1.11)
+# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 1 of 2, dist-init 10.0.1.10:5000
+SGLANG_HOST_IP=10.0.1.11 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-V3 \
+  --trust-remote-code \
+  --host 10.0.1.11 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  --tp-size 16 \
+  --dp-size 8 \
+  --enable-dp-attention \
+  --dist-init-addr 10.0.1.10:5000 \
+  --nnodes 2 \
+  --node-rank 1 \
+  --enable-metrics \
+  --mem-fraction-static 0.8 \
+  --moe-a2a-backend deepep
+
+## host decode-0 (10.0.1.20)
+# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30001, node 0 of 2, dist-init 10.0.1.20:5000
+SGLANG_HOST_IP=10.0.1.20 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-V3 \
+  --trust-remote-code \
+  --host 10.0.1.20 \
+  --port 30001 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  --tp-size 16 \
+  --dp-size 8 \
+  --enable-dp-attention \
+  --dist-init-addr 10.0.1.20:5000 \
+  --nnodes 2 \
+  --node-rank 0 \
+  --enable-metrics \
+  --max-running-requests 128 \
+  --mem-fraction-static 0.8 \
+  --moe-a2a-backend deepep
+
+## host decode-1 (10.0.1.21)
+# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30001, node 1 of 2, dist-init 10.0.1.20:5000
+SGLANG_HOST_IP=10.0.1.21 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-V3 \
+  --trust-remote-code \
+  --host 10.0.1.21 \
+  --port 30001 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  --tp-size 16 \
+  --dp-size 8 \
+  --enable-dp-attention \
+  --dist-init-addr 10.0.1.20:5000 \
+  --nnodes 2 \
+  --node-rank 1 \
+  --enable-metrics \
+  --max-running-requests 128 \
+  --mem-fraction-static 0.8 \
+  --moe-a2a-backend deepep

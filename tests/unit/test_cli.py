@@ -1,0 +1,82 @@
+"""The CLI as a user runs it: exit codes, every problem listed, help with examples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, TOPOLOGIES, base_topology
+
+
+def pdkit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_validate_accepts_every_example(topology):
+    result = pdkit("validate", str(topology))
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_validate_lists_every_problem_and_exits_1(write_topology):
+    data = base_topology()
+    data["prefill"]["tp_szie"] = 2
+    data["decode"]["args"] = {"page-size": 32, "chunk-prefill-size": 1}
+    data["router"]["port"] = 8998
+    result = pdkit("validate", str(write_topology(data)))
+    assert result.returncode == 1
+    assert result.stderr.startswith("1 problem in the topology:")  # shape errors come first
+    data["prefill"].pop("tp_szie")
+    result = pdkit("validate", str(write_topology(data)))
+    assert result.returncode == 1
+    assert "3 problems in the topology:" in result.stderr
+    for key in ("decode.args.page-size", "decode.args.chunk-prefill-size", "router.port"):
+        assert key in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_render_json_is_the_plan():
+    result = pdkit("render", str(REPO / "topologies" / "local.yaml"), "--json")
+    plan = json.loads(result.stdout)
+    assert [w["name"] for w in plan["workers"]] == ["prefill-0", "prefill-1", "decode-0"]
+    assert plan["workers"][0]["command"]["module"] == "kit.sim"
+    assert (plan["router"]["kind"], plan["router"]["port"]) == ("pdkit", 8000)
+
+
+def test_render_prints_paste_able_lines_per_host():
+    result = pdkit("render", str(REPO / "topologies" / "llama-8b-1p1d.yaml"))
+    assert "## host gpu-node (10.0.0.1)" in result.stdout
+    assert (
+        "python -m sglang.launch_server \\\n  --model-path meta-llama/Llama-3.1-8B-Instruct"
+        in result.stdout
+    )
+
+
+def test_schema_is_json_schema_with_descriptions():
+    schema = json.loads(pdkit("schema").stdout)
+    assert schema["additionalProperties"] is False
+    assert "prefill" in schema["properties"]
+    assert schema["$defs"]["Role"]["properties"]["tp"]["description"]
+
+
+def test_help_has_examples():
+    assert "pdkit validate topologies/local.yaml" in pdkit("--help").stdout
+    for command in ("validate", "render", "schema"):
+        result = pdkit(command, "--help")
+        assert "Example" in result.stdout, command
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = pdkit("--debug", "validate", str(tmp_path / "missing.yaml"))
+    assert "Traceback" in result.stderr

@@ -1,0 +1,140 @@
+"""Rendered commands: golden files, the SGLang docs' flags, determinism, secrets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kit.sglang.resolve import resolve
+from kit.sglang.shell import plan_to_shell
+from tests.conftest import REPO, TOPOLOGIES, base_topology
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+def test_every_example_topology_is_covered():
+    names = {p.stem for p in TOPOLOGIES}
+    assert {"local", "llama-8b-1p1d", "deepseek-v3-2p2d", "qwen3-2p1d-nicmap"} <= names
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_rendered_shell_matches_golden(topology):
+    text = plan_to_shell(resolve(topology))
+    golden = GOLDEN / f"{topology.stem}.sh"
+    if os.environ.get("PDKIT_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), "run PDKIT_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py"
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_rendering_is_byte_identical(topology):
+    assert resolve(topology).model_dump_json() == resolve(topology).model_dump_json()
+
+
+def args_of(plan, name):
+    return " ".join(next(w for w in plan.workers if w.name == name).command.args)
+
+
+def test_docs_one_host_1p1d_flags():
+    plan = resolve(REPO / "topologies" / "llama-8b-1p1d.yaml")
+    prefill, decode = args_of(plan, "prefill-0"), args_of(plan, "decode-0")
+    assert "--port 30000 --disaggregation-mode prefill" in prefill
+    assert "--disaggregation-ib-device mlx5_roce0" in prefill
+    assert "--port 30001 --disaggregation-mode decode" in decode
+    assert "--base-gpu-id 1" in decode
+    router = plan.router.command.args
+    assert " ".join(router).startswith(
+        "--prefill http://10.0.0.1:30000 8998 --decode "
+        "http://10.0.0.1:30001 --host 0.0.0.0 --port 8000"
+    )
+
+
+def test_docs_deepseek_v3_flags():
+    plan = resolve(REPO / "topologies" / "deepseek-v3-2p2d.yaml")
+    assert [w.name for w in plan.workers] == [
+        "prefill-0-node0",
+        "prefill-0-node1",
+        "decode-0-node0",
+        "decode-0-node1",
+    ]
+    for w in plan.workers:
+        args = " ".join(w.command.args)
+        for flag in (
+            "--trust-remote-code",
+            "--tp-size 16",
+            "--dp-size 8",
+            "--enable-dp-attention",
+            "--moe-a2a-backend deepep",
+            "--mem-fraction-static 0.8",
+            "--nnodes 2",
+            f"--node-rank {w.node_rank}",
+            f"--host {w.address}",
+        ):
+            assert flag in args, (w.name, flag)
+    assert "--dist-init-addr 10.0.1.10:5000" in args_of(plan, "prefill-0-node1")
+    assert "--dist-init-addr 10.0.1.20:5000" in args_of(plan, "decode-0-node0")
+    assert "--max-running-requests 128" in args_of(plan, "decode-0-node1")
+    assert "--port 30000" in args_of(plan, "prefill-0-node0")
+    assert "--port 30001" in args_of(plan, "decode-0-node0")
+    # Only rank 0 of each instance is a router target.
+    assert plan.router.command.args.count("--prefill") == 1
+
+
+def test_per_gpu_nic_map_uses_the_instance_gpus():
+    plan = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml")
+    p1 = next(w for w in plan.workers if w.name == "prefill-1")
+    assert p1.gpus == (4, 5, 6, 7)
+    assert p1.ib_device == '{"4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}'
+    assert p1.env["MC_GID_INDEX"] == "3"
+    assert "--base-gpu-id 4" in " ".join(p1.command.args)
+
+
+def test_router_secret_is_referenced_never_inlined():
+    plan = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml")
+    shell = plan.router.command.shell()
+    assert shell.endswith('--api-key "$PDKIT_ROUTER_API_KEY"')
+    assert "PDKIT_API_KEY" not in " ".join(plan.router.command.args)
+
+
+def test_smg_router_gets_every_prefill_bootstrap_port():
+    plan = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml")
+    args = " ".join(plan.router.command.args)
+    assert args.startswith(
+        "launch --pd-disaggregation --prefill http://10.0.2.1:30000 8998 "
+        "--prefill http://10.0.2.1:30001 8999 --decode http://10.0.2.2:30100"
+    )
+    assert "--prometheus-port 29000" in args
+
+
+def test_sim_engine_renders_the_same_argv_as_sglang(write_topology):
+    data = base_topology()
+    sglang = resolve(write_topology(data, "a.yaml"))
+    data["engine"] = "sim"
+    sim = resolve(write_topology(data, "b.yaml"))
+    for real, emulated in zip(sglang.workers, sim.workers, strict=True):
+        assert real.command.module == "sglang.launch_server"
+        assert emulated.command.module == "kit.sim"
+        assert real.command.args == emulated.command.args
+
+
+def test_user_args_render_sorted_with_bool_and_list_rules(write_topology):
+    data = base_topology()
+    data["defaults"] = {
+        "args": {
+            "watchdog-timeout": 600,
+            "enable-metrics": False,
+            "disable-radix-cache": True,
+            "chunked_prefill_size": 4096,
+        }
+    }
+    args = list(resolve(write_topology(data)).workers[0].command.args)
+    tail = args[args.index("--tp-size") + 2 :]
+    assert tail == [
+        "--chunked-prefill-size",
+        "4096",
+        "--disable-radix-cache",
+        "--watchdog-timeout",
+        "600",
+    ]
