@@ -236,14 +236,18 @@ class Topology(Strict):
     sglang_version: str = Field(
         "0.5.23", description="SGLang version the hosts run; its flag catalog checks `args`."
     )
-    model: Model
-    hosts: Annotated[tuple[Host, ...], Field(min_length=1)]
-    defaults: RoleDefaults = Field(default_factory=RoleDefaults)
-    prefill: Role = Field(default_factory=Role)
-    decode: Role = Field(default_factory=Role)
-    transfer: Transfer = Field(default_factory=Transfer)
-    router: Router = Field(default_factory=Router)
-    slo: SLO = Field(default_factory=SLO)
+    model: Model = Field(description="The model served by every instance.")
+    hosts: Annotated[tuple[Host, ...], Field(min_length=1)] = Field(
+        description="The machines, in placement order."
+    )
+    defaults: RoleDefaults = Field(
+        default_factory=RoleDefaults, description="args/env shared by prefill and decode."
+    )
+    prefill: Role = Field(default_factory=Role, description="The prefill instances.")
+    decode: Role = Field(default_factory=Role, description="The decode instances.")
+    transfer: Transfer = Field(default_factory=Transfer, description="How KV moves.")
+    router: Router = Field(default_factory=Router, description="The load balancer.")
+    slo: SLO = Field(default_factory=SLO, description="Latency targets for status and bench.")
 
     def host(self, name: str) -> Host:
         """The host called `name` (KeyError if none)."""
