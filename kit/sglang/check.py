@@ -51,7 +51,7 @@ def check(topology: Topology, catalog: Catalog) -> list[Problem]:
     """Every SGLang-level problem of the topology."""
     problems = list(_flags(topology, catalog))
     problems += _agreement(topology, catalog)
-    problems += _parallelism(topology)
+    problems += _parallelism(topology, catalog)
     return problems
 
 
@@ -126,45 +126,66 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def _parallelism(topology: Topology) -> Iterator[Problem]:
-    """Prefill/decode parallelism the transfer backend cannot map (SGLang 0.5.23)."""
+def _attention_tp(spec: Role) -> int:
+    """SGLang's attention-TP size: tp // attn_dp (runtime_context.py)."""
+    return spec.tp // (spec.dp if spec.dp_attention else 1)
+
+
+def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
+    """Prefill/decode parallelism SGLang 0.5.23's PD transfer cannot map. Its decode checks a
+    prefill only on the first request (disaggregation/common/conn.py) and an uncaught error
+    there takes the decode scheduler down, so pdkit refuses these before launch."""
     prefill: Role = topology.prefill
     decode: Role = topology.decode
-    p_attn = prefill.tp // (prefill.dp if prefill.dp_attention else 1)
-    d_attn = decode.tp // (decode.dp if decode.dp_attention else 1)
     for role, spec in (("prefill", prefill), ("decode", decode)):
         if spec.dp_attention and spec.tp % spec.dp:
             yield Problem(
                 (role, "dp"),
                 f"with dp_attention, tp ({spec.tp}) must be a multiple of dp ({spec.dp}).",
-                "pick dp dividing tp.",
+                "pick a dp that divides tp.",
             )
         if spec.ep > 1 and spec.tp % spec.ep:
             yield Problem(
                 (role, "ep"), f"ep ({spec.ep}) must divide tp ({spec.tp}).", "pick ep dividing tp."
             )
-    if max(p_attn, d_attn) % min(p_attn, d_attn):
+    p_attn, d_attn = _attention_tp(prefill), _attention_tp(decode)
+    if p_attn and d_attn and max(p_attn, d_attn) % min(p_attn, d_attn):
+        # _resolve_rank_mapping divides one size by the other; a remainder leaves ranks unmapped.
         yield Problem(
             ("decode", "tp"),
-            f"prefill attention-TP {p_attn} and decode attention-TP {d_attn} do not "
-            "divide one another, so the KV heads of one side cannot be split across "
-            "the other's ranks.",
-            "make one attention-TP size a multiple of the other.",
+            f"prefill attention-TP {p_attn} and decode attention-TP {d_attn} do not divide one "
+            "another, so the transfer backend cannot map decode ranks to prefill ranks.",
+            "make one attention-TP size (tp, or tp/dp with dp_attention) a multiple of the other.",
         )
-    if decode.pp > 1:
+    if decode.pp not in (1, prefill.pp):
         yield Problem(
             ("decode", "pp"),
-            "SGLang 0.5.23 does not run pipeline parallelism on "
-            "decode instances in disaggregation mode.",
+            f"decode pp ({decode.pp}) must be 1 or equal to prefill pp ({prefill.pp}).",
             "set decode.pp: 1.",
         )
-    if topology.transfer.backend == "nixl" and p_attn != d_attn:
+    decode_cp = effective(topology, catalog, "decode", "attn-cp-size")
+    if decode_cp not in (None, 1, "1"):
         yield Problem(
-            ("transfer", "backend"),
-            f"the nixl backend needs equal attention-TP on both roles (prefill {p_attn},"
-            f" decode {d_attn}).",
-            "use mooncake, or equal tp on both roles.",
+            ("decode", "args", "attn-cp-size"),
+            "decode instances must run attn-cp-size 1 in disaggregation mode.",
+            "remove attn-cp-size from decode args.",
         )
+    policy = effective(topology, catalog, "decode", "disaggregation-decode-allocation-policy")
+    if policy == "prefill_complete":
+        if topology.transfer.backend not in ("mooncake", "mooncake_tcp"):
+            yield Problem(
+                ("transfer", "backend"),
+                "the prefill_complete allocation policy works only with Mooncake.",
+                "use transfer.backend: mooncake, or another allocation policy.",
+            )
+        for role, spec in (("prefill", prefill), ("decode", decode)):
+            if _attention_tp(spec) != 1 or spec.pp != 1:
+                yield Problem(
+                    (role, "tp"),
+                    f"the prefill_complete allocation policy needs attention-TP 1 and pp 1 on "
+                    f"both roles; {role} has attention-TP {_attention_tp(spec)}, pp {spec.pp}.",
+                    "use dp_attention with dp = tp, or the default allocation policy.",
+                )
 
 
 __all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "PDKIT_DEFAULT_ARGS", "check", "effective"]

@@ -129,10 +129,25 @@ def test_tp_sizes_that_do_not_divide_are_refused(write_topology):
     assert "attention-TP 3" in problem.message and "attention-TP 4" in problem.message
 
 
-def test_nixl_needs_equal_tp(write_topology):
+def test_decode_pipeline_parallelism_must_match_prefill_or_be_one(write_topology):
     data = base_topology()
-    data["transfer"]["backend"] = "nixl"
-    assert "nixl" in one_problem(write_topology, data, "transfer.backend").message
+    data["decode"]["pp"] = 2
+    assert (
+        "decode pp (2) must be 1 or equal" in one_problem(write_topology, data, "decode.pp").message
+    )
+
+
+def test_prefill_complete_policy_needs_attention_tp_one(write_topology):
+    data = base_topology()
+    data["defaults"] = {"args": {"disaggregation-decode-allocation-policy": "prefill_complete"}}
+    problem = one_problem(write_topology, data, "decode.tp")
+    assert "prefill_complete" in problem.message and "attention-TP 4" in problem.message
+
+
+def test_heterogeneous_tp_that_divides_is_accepted(write_topology):
+    data = base_topology()
+    data["transfer"]["backend"] = "nixl"  # 2 -> 4 maps: each decode rank reads one prefill rank
+    assert resolve(write_topology(data)).transfer_backend == "nixl"
 
 
 def test_prefill_bound_to_loopback_with_a_remote_decode(write_topology):
