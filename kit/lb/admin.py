@@ -1,0 +1,144 @@
+"""`/workers`: list, add and remove (with drain) workers at run time, behind the admin key.
+
+GET    /workers                       {"workers": [...]} with state, reason, in-flight
+POST   /workers  {"url", "role", "bootstrap_port"?}   201, the new worker (pending until
+                                      its first good health probe)
+DELETE /workers?url=URL[&wait=true]   202 draining (200 once removed when wait=true): no new
+                                      requests; removed when its in-flight requests finish
+                                      or after the drain grace period
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from kit.lb.config import WorkerSpec, normalize_url
+from kit.lb.errors import ApiError, LbConfigError
+from kit.lb.workers import State, Worker, WorkerPool
+
+log = logging.getLogger("kit.lb.admin")
+
+# How often a draining worker's in-flight count is checked (s).
+DRAIN_POLL = 0.05
+
+
+class AdminRoutes:
+    """The /workers handlers; `on_added`/`on_removed` start and stop health probing."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        drain_grace: float,
+        on_added: Callable[[Worker], None],
+        on_removed: Callable[[Worker], Awaitable[None]],
+    ) -> None:
+        self._pool = pool
+        self._drain_grace = drain_grace
+        self._on_added = on_added
+        self._on_removed = on_removed
+        self._drains: dict[str, asyncio.Task[bool]] = {}
+
+    async def close(self) -> None:
+        for task in list(self._drains.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def list_workers(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        return web.json_response({"workers": [w.describe(now) for w in self._pool]})
+
+    async def add(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(
+                400, 'send a JSON object: {"url": ..., "role": ...}', "bad_request"
+            ) from None
+        if not isinstance(body, dict):
+            raise ApiError(400, 'send a JSON object: {"url": ..., "role": ...}', "bad_request")
+        role = body.get("role")
+        if role not in ("prefill", "decode"):
+            raise ApiError(400, "'role' must be prefill or decode", "bad_request", param="role")
+        url = body.get("url")
+        if not isinstance(url, str):
+            raise ApiError(
+                400, "'url' must be a string like http://HOST:PORT", "bad_request", param="url"
+            )
+        try:
+            url = normalize_url(url)
+        except LbConfigError as exc:
+            raise ApiError(400, str(exc), "bad_request", param="url") from None
+        port = body.get("bootstrap_port")
+        if port is not None and (
+            role == "decode"
+            or isinstance(port, bool)
+            or not isinstance(port, int)
+            or not 1 <= port <= 65535
+        ):
+            raise ApiError(
+                400,
+                "'bootstrap_port' is a port number, for prefill workers only",
+                "bad_request",
+                param="bootstrap_port",
+            )
+        if self._pool.get(url) is not None:
+            raise ApiError(409, f"worker {url} is already registered; remove it first", "conflict")
+        worker = self._pool.add(WorkerSpec(url, role, port), time.monotonic())
+        self._on_added(worker)
+        log.info("added %s worker %s (pending its first health probe)", role, url)
+        return web.json_response({"worker": worker.describe(time.monotonic())}, status=201)
+
+    async def remove(self, request: web.Request) -> web.Response:
+        raw = request.query.get("url")
+        if not raw:
+            raise ApiError(
+                400, "give the worker as ?url=http://HOST:PORT", "bad_request", param="url"
+            )
+        try:
+            url = normalize_url(raw)
+        except LbConfigError as exc:
+            raise ApiError(400, str(exc), "bad_request", param="url") from None
+        worker = self._pool.get(url)
+        if worker is None:
+            raise ApiError(404, f"no worker {url} is registered", "not_found")
+        if worker.state is not State.DRAINING:
+            self._pool.drain(worker, time.monotonic())
+            log.info("draining %s worker %s (%d in flight)", worker.role, url, worker.inflight)
+            self._drains[url] = asyncio.create_task(self._drain(worker))
+        wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
+        if not wait:
+            return web.json_response({"worker": worker.describe(time.monotonic())}, status=202)
+        task = self._drains.get(url)
+        clean = await asyncio.shield(task) if task is not None else worker.inflight == 0
+        return web.json_response(self._removed(worker, clean), status=200)
+
+    def _removed(self, worker: Worker, clean: bool) -> dict[str, Any]:
+        return {"removed": worker.url, "drained": clean, "inflight_left": worker.inflight}
+
+    async def _drain(self, worker: Worker) -> bool:
+        """Wait for the worker's in-flight requests, then remove it; True if none were left."""
+        deadline = time.monotonic() + self._drain_grace
+        try:
+            while worker.inflight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(DRAIN_POLL)
+            clean = worker.inflight == 0
+            self._pool.remove(worker.url)
+            await self._on_removed(worker)
+            log.info(
+                "removed %s worker %s%s",
+                worker.role,
+                worker.url,
+                "" if clean else f" with {worker.inflight} requests still in flight",
+            )
+            return clean
+        finally:
+            self._drains.pop(worker.url, None)

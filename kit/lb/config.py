@@ -1,0 +1,436 @@
+"""The load balancer's settings and its command line.
+
+`parse_args(argv, environ)` is the only way an `LbConfig` is built from the outside: it checks
+every option and reads the secrets (API keys come from the environment or a file, never from
+the command line, so they do not show in `ps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from yarl import URL
+
+from kit.lb.errors import LbConfigError
+from kit.topology import ports
+
+Role = Literal["prefill", "decode"]
+
+POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity")
+PREFILL_ONLY_POLICIES = frozenset({"prefix_affinity"})
+DEFAULT_PREFILL_POLICY = "prefix_affinity"
+DEFAULT_DECODE_POLICY = "least_inflight"
+
+API_KEY_ENV = "PDKIT_LB_API_KEY"
+ADMIN_KEY_ENV = "PDKIT_LB_ADMIN_KEY"
+WORKER_KEY_ENV = "PDKIT_LB_WORKER_API_KEY"
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker as configured: base URL (no trailing slash) and, for prefill, its bootstrap port.
+
+    `bootstrap_port` None means "not given": decode then uses its own
+    `--disaggregation-bootstrap-port`.
+    """
+
+    url: str
+    role: Role
+    bootstrap_port: int | None = None
+
+    @property
+    def bootstrap_host(self) -> str:
+        """Host part of the URL as the decode must dial it (IPv6 in brackets)."""
+        host = URL(self.url).raw_host or ""
+        try:
+            if isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address):
+                return f"[{host}]"
+        except ValueError:
+            pass
+        return host
+
+
+@dataclass(frozen=True, slots=True)
+class LbConfig:
+    """Everything the load balancer needs; durations in seconds, sizes in bytes."""
+
+    prefill: tuple[WorkerSpec, ...]
+    decode: tuple[WorkerSpec, ...]
+    host: str = "0.0.0.0"
+    port: int = ports.ROUTER
+    prefill_policy: str = DEFAULT_PREFILL_POLICY
+    decode_policy: str = DEFAULT_DECODE_POLICY
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
+    worker_api_key: str | None = field(default=None, repr=False)
+    # Timeouts per phase (0 disables the one that allows it).
+    connect_timeout: float = 5.0
+    prefill_timeout: float = 600.0
+    idle_timeout: float = 300.0
+    request_timeout: float = 3600.0
+    # Worker health.
+    health_interval: float = 5.0
+    health_timeout: float = 5.0
+    health_path: str = "/health"
+    eject_after: int = 3
+    readmit_after: int = 2
+    eject_backoff: float = 1.0
+    eject_backoff_max: float = 30.0
+    # Requests.
+    retries: int = 2
+    max_body_bytes: int = 64 * MIB
+    drain_grace: float = 30.0
+    prefix_chars: int = 256
+    affinity_load_factor: float = 1.25
+    # Upstream connection pool.
+    max_connections: int = 0
+    upstream_keepalive: float = 4.0
+    access_log: bool = False
+    log_level: str = "info"
+    seed: int | None = None
+
+
+EPILOG = """\
+examples:
+  # one prefill (bootstrap port 8998) and one decode, on this host
+  python -m kit.lb --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30100
+
+  # two prefills, two decodes, explicit policies, clients must send a key
+  export PDKIT_LB_API_KEY=$(cat /etc/pdkit/api-key)
+  python -m kit.lb --prefill http://10.0.0.1:30000 8998 --prefill http://10.0.0.1:30001 8999 \\
+      --decode http://10.0.0.2:30100 --decode http://10.0.0.2:30101 \\
+      --prefill-policy prefix_affinity --decode-policy least_inflight --port 8000
+
+  # from a topology (pdkit renders the same options from the Plan)
+  pdkit lb --topology topologies/local.yaml
+
+keys (never on the command line):
+  PDKIT_LB_API_KEY / --api-key-file        clients send `Authorization: Bearer KEY`
+  PDKIT_LB_ADMIN_KEY / --admin-key-file    enables /workers (add, remove with drain, list)
+  PDKIT_LB_WORKER_API_KEY / --worker-api-key-file   sent to workers started with --api-key
+
+policies: round_robin, random, least_inflight (power of two choices on in-flight requests),
+  prefix_affinity (prefill only: same prompt prefix -> same prefill, bounded by load)
+"""
+
+
+class _WorkerAction(argparse.Action):
+    """`--prefill URL [PORT|none]` and `--decode URL`, repeatable."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        items = [str(v) for v in (values or [])]
+        role: Role = "prefill" if self.dest == "prefill" else "decode"
+        limit = 2 if role == "prefill" else 1
+        if not items or len(items) > limit:
+            usage = "URL [BOOTSTRAP_PORT|none]" if role == "prefill" else "URL"
+            parser.error(f"{option_string} takes {usage}, got {' '.join(items) or 'nothing'}")
+        port: int | None = None
+        if len(items) == 2 and items[1].lower() != "none":
+            try:
+                port = int(items[1])
+            except ValueError:
+                parser.error(
+                    f"{option_string} {items[0]}: bootstrap port {items[1]!r} is not a "
+                    "number; give a port such as 8998, or none"
+                )
+            if not 1 <= port <= 65535:
+                parser.error(f"{option_string} {items[0]}: bootstrap port {port} is out of range")
+        specs = list(getattr(namespace, self.dest) or [])
+        specs.append(WorkerSpec(normalize_url(items[0], parser), role, port))
+        setattr(namespace, self.dest, specs)
+
+
+def normalize_url(raw: str, parser: argparse.ArgumentParser | None = None) -> str:
+    """`http(s)://host:port[/prefix]` without a trailing slash; raises LbConfigError otherwise."""
+    try:
+        url = URL(raw)
+    except ValueError:
+        url = URL()
+    if url.scheme not in ("http", "https") or not url.raw_host:
+        message = f"worker URL {raw!r} must look like http://HOST:PORT"
+        if parser is not None:
+            parser.error(message)
+        raise LbConfigError(message + ". To fix: give the worker's HTTP address.")
+    return str(url).rstrip("/")
+
+
+def _positive(
+    kind: type[float] | type[int], allow_zero: bool = False
+) -> Callable[[str], float | int]:
+    def check(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>= 0' if allow_zero else '> 0'}")
+        return value
+
+    return check
+
+
+def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
+    """The argparse parser; defaults come from `LbConfig`."""
+    d = LbConfig(prefill=(), decode=())
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="pdkit's prefill/decode load balancer for SGLang PD disaggregation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    w = p.add_argument_group("workers")
+    w.add_argument(
+        "--prefill",
+        action=_WorkerAction,
+        nargs="+",
+        metavar="URL [PORT]",
+        default=[],
+        help="prefill worker URL and its bootstrap port (or none); repeat",
+    )
+    w.add_argument(
+        "--decode",
+        action=_WorkerAction,
+        nargs="+",
+        metavar="URL",
+        default=[],
+        help="decode worker URL; repeat",
+    )
+    w.add_argument(
+        "--prefill-policy",
+        choices=POLICIES,
+        default=d.prefill_policy,
+        help=f"prefill selection (default {d.prefill_policy})",
+    )
+    w.add_argument(
+        "--decode-policy",
+        choices=POLICIES,
+        default=d.decode_policy,
+        help=f"decode selection (default {d.decode_policy})",
+    )
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default=d.host, help=f"bind address (default {d.host})")
+    s.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
+    s.add_argument(
+        "--api-key-file", type=Path, help=f"file with the client key (or ${API_KEY_ENV})"
+    )
+    s.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help=f"file with the /workers admin key (or ${ADMIN_KEY_ENV})",
+    )
+    s.add_argument(
+        "--worker-api-key-file",
+        type=Path,
+        help=f"file with the key sent to workers (or ${WORKER_KEY_ENV})",
+    )
+    s.add_argument(
+        "--max-body-mb",
+        type=_positive(float),
+        default=d.max_body_bytes / MIB,
+        help=f"largest request body, MiB (default {d.max_body_bytes // MIB})",
+    )
+    s.add_argument(
+        "--drain-grace",
+        type=_positive(float, True),
+        default=d.drain_grace,
+        help=f"on SIGTERM, seconds to let in-flight requests finish (default {d.drain_grace:g})",
+    )
+    s.add_argument("--access-log", action="store_true", help="log every request (slower)")
+    s.add_argument(
+        "--log-level",
+        default=d.log_level,
+        choices=("debug", "info", "warning", "error"),
+        help="default info",
+    )
+    t = p.add_argument_group("timeouts (seconds; 0 = none where allowed)")
+    t.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=d.connect_timeout,
+        help=f"TCP connect to a worker (default {d.connect_timeout:g})",
+    )
+    t.add_argument(
+        "--prefill-timeout",
+        type=_positive(float, True),
+        default=d.prefill_timeout,
+        help=f"whole prefill leg (default {d.prefill_timeout:g})",
+    )
+    t.add_argument(
+        "--idle-timeout",
+        type=_positive(float, True),
+        default=d.idle_timeout,
+        help=f"longest wait for the next bytes of a decode response (default {d.idle_timeout:g})",
+    )
+    t.add_argument(
+        "--request-timeout",
+        type=_positive(float, True),
+        default=d.request_timeout,
+        help=f"whole request, streams included (default {d.request_timeout:g})",
+    )
+    h = p.add_argument_group("worker health")
+    h.add_argument(
+        "--health-interval",
+        type=_positive(float),
+        default=d.health_interval,
+        help=f"seconds between probes of each worker (default {d.health_interval:g})",
+    )
+    h.add_argument(
+        "--health-timeout",
+        type=_positive(float),
+        default=d.health_timeout,
+        help=f"probe timeout (default {d.health_timeout:g})",
+    )
+    h.add_argument("--health-path", default=d.health_path, help=f"default {d.health_path}")
+    h.add_argument(
+        "--eject-after",
+        type=_positive(int),
+        default=d.eject_after,
+        help=f"consecutive failed probes to eject (default {d.eject_after})",
+    )
+    h.add_argument(
+        "--readmit-after",
+        type=_positive(int),
+        default=d.readmit_after,
+        help=f"consecutive good probes to readmit (default {d.readmit_after})",
+    )
+    h.add_argument(
+        "--eject-backoff",
+        type=_positive(float),
+        default=d.eject_backoff,
+        help=f"first ejection after a connection error, doubling per repeat "
+        f"(default {d.eject_backoff:g})",
+    )
+    h.add_argument(
+        "--eject-backoff-max",
+        type=_positive(float),
+        default=d.eject_backoff_max,
+        help=f"longest such ejection (default {d.eject_backoff_max:g})",
+    )
+    r = p.add_argument_group("routing")
+    r.add_argument(
+        "--retries",
+        type=_positive(int, True),
+        default=d.retries,
+        help=f"retries on other workers when a worker cannot be reached (default {d.retries})",
+    )
+    r.add_argument(
+        "--prefix-chars",
+        type=_positive(int),
+        default=d.prefix_chars,
+        help=f"prompt characters that form the prefix_affinity key "
+        f"(default {d.prefix_chars}; a quarter as many token ids)",
+    )
+    r.add_argument(
+        "--affinity-load-factor",
+        type=_positive(float),
+        default=d.affinity_load_factor,
+        help=f"prefix_affinity leaves a worker above this multiple of the mean "
+        f"in-flight load (default {d.affinity_load_factor:g})",
+    )
+    r.add_argument(
+        "--max-connections",
+        type=_positive(int, True),
+        default=d.max_connections,
+        help="cap on pooled upstream connections (default 0 = no cap)",
+    )
+    r.add_argument(
+        "--upstream-keepalive",
+        type=_positive(float),
+        default=d.upstream_keepalive,
+        help=f"seconds an idle upstream connection is kept; keep it below the "
+        f"workers' own keep-alive (uvicorn: 5) (default {d.upstream_keepalive:g})",
+    )
+    r.add_argument("--seed", type=int, help="seed for random choices and bootstrap rooms (tests)")
+    return p
+
+
+def _read_secret(path: Path | None, env_name: str, environ: Mapping[str, str]) -> str | None:
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise LbConfigError(
+                f"cannot read key file {path}: {exc.strerror}. "
+                "To fix: check the path and its permissions."
+            ) from exc
+        if not text:
+            raise LbConfigError(f"key file {path} is empty. To fix: write the key into it.")
+        return text
+    value = environ.get(env_name, "").strip()
+    return value or None
+
+
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> LbConfig:
+    """Parse and check a command line; argparse exits with status 2 on malformed options."""
+    env = os.environ if environ is None else environ
+    ns = build_parser().parse_args(list(argv) if argv is not None else None)
+    prefill: list[WorkerSpec] = ns.prefill
+    decode: list[WorkerSpec] = ns.decode
+    if not prefill or not decode:
+        raise LbConfigError(
+            "need at least one --prefill URL [BOOTSTRAP_PORT] and one "
+            "--decode URL. To fix: list the workers, or use --topology."
+        )
+    urls = [w.url for w in (*prefill, *decode)]
+    dupes = sorted({u for u in urls if urls.count(u) > 1})
+    if dupes:
+        raise LbConfigError(f"worker listed twice: {', '.join(dupes)}. To fix: list each once.")
+    if ns.decode_policy in PREFILL_ONLY_POLICIES:
+        raise LbConfigError(
+            f"--decode-policy {ns.decode_policy} is for prefill only (decode "
+            "holds no prompt cache). To fix: use least_inflight."
+        )
+    if not 1 <= ns.port <= 65535:
+        raise LbConfigError(f"--port {ns.port} is out of range 1-65535.")
+    if ns.eject_backoff_max < ns.eject_backoff:
+        raise LbConfigError("--eject-backoff-max must be at least --eject-backoff.")
+    if ns.affinity_load_factor < 1.0:
+        raise LbConfigError("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
+    if not ns.health_path.startswith("/"):
+        raise LbConfigError(f"--health-path {ns.health_path!r} must start with '/'.")
+    return LbConfig(
+        prefill=tuple(prefill),
+        decode=tuple(decode),
+        host=ns.host,
+        port=ns.port,
+        prefill_policy=ns.prefill_policy,
+        decode_policy=ns.decode_policy,
+        api_key=_read_secret(ns.api_key_file, API_KEY_ENV, env),
+        admin_key=_read_secret(ns.admin_key_file, ADMIN_KEY_ENV, env),
+        worker_api_key=_read_secret(ns.worker_api_key_file, WORKER_KEY_ENV, env),
+        connect_timeout=ns.connect_timeout,
+        prefill_timeout=ns.prefill_timeout,
+        idle_timeout=ns.idle_timeout,
+        request_timeout=ns.request_timeout,
+        health_interval=ns.health_interval,
+        health_timeout=ns.health_timeout,
+        health_path=ns.health_path,
+        eject_after=ns.eject_after,
+        readmit_after=ns.readmit_after,
+        eject_backoff=ns.eject_backoff,
+        eject_backoff_max=ns.eject_backoff_max,
+        retries=ns.retries,
+        max_body_bytes=int(ns.max_body_mb * MIB),
+        drain_grace=ns.drain_grace,
+        prefix_chars=ns.prefix_chars,
+        affinity_load_factor=ns.affinity_load_factor,
+        max_connections=ns.max_connections,
+        upstream_keepalive=ns.upstream_keepalive,
+        access_log=ns.access_log,
+        log_level=ns.log_level,
+        seed=ns.seed,
+    )

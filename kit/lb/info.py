@@ -1,0 +1,136 @@
+"""Informational routes that ask the workers: /v1/models, /model_info, /server_info, /flush_cache.
+
+`/v1/models` and `/model_info` come from one worker (healthy prefills first, then the others);
+`/server_info` and `/flush_cache` ask every worker concurrently and report each one's answer or
+error, with a status that says whether any (server_info) or all (flush_cache) succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kit.lb.errors import ApiError
+from kit.lb.workers import Worker, WorkerPool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One worker's answer: HTTP status and body, or `error` when there was none."""
+
+    worker: Worker
+    status: int | None
+    body: bytes
+    content_type: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError):
+            return self.body[:500].decode("utf-8", "replace")
+
+    def problem(self) -> str:
+        if self.error is not None:
+            return self.error
+        return f"HTTP {self.status}: {self.body[:300].decode('utf-8', 'replace')}"
+
+
+class InfoRoutes:
+    """Handlers for the informational routes."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        session: aiohttp.ClientSession,
+        timeout: float,
+        headers: dict[str, str],
+    ) -> None:
+        self._pool = pool
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._headers = headers
+
+    async def ask(self, worker: Worker, method: str, path: str) -> Answer:
+        """`method path` on one worker, never raising for network trouble."""
+        try:
+            async with self._session.request(
+                method, worker.url + path, headers=self._headers, timeout=self._timeout
+            ) as resp:
+                body = await resp.read()
+                return Answer(worker, resp.status, body, resp.content_type)
+        except TimeoutError:
+            return Answer(worker, None, b"", "", f"no answer within {self._timeout.total:g} s")
+        except aiohttp.ClientError as exc:
+            return Answer(worker, None, b"", "", f"{type(exc).__name__}: {exc}")
+
+    def _candidates(self) -> list[Worker]:
+        workers = list(self._pool)
+        return sorted(workers, key=lambda w: (not w.routable, w.role != "prefill"))
+
+    async def _first_good(self, path: str) -> web.Response:
+        problems = []
+        for worker in self._candidates():
+            answer = await self.ask(worker, "GET", path)
+            if answer.ok:
+                return web.Response(
+                    body=answer.body,
+                    status=answer.status or 200,
+                    content_type=answer.content_type or "application/json",
+                )
+            problems.append(f"{worker.url}: {answer.problem()}")
+        if not problems:
+            raise ApiError(503, "no worker is configured", "no_worker")
+        raise ApiError(502, f"no worker answered {path}: " + "; ".join(problems), "info_failed")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return await self._first_good("/v1/models")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return await self._first_good("/model_info")
+
+    async def _everyone(self, method: str, path: str) -> list[Answer]:
+        workers = list(self._pool)
+        return list(await asyncio.gather(*(self.ask(w, method, path) for w in workers)))
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """Every worker's /server_info; `internal_states` gathers the decodes' (as SGLang's
+        benchmark scripts expect)."""
+        answers = await self._everyone("GET", "/server_info")
+        out: dict[str, Any] = {"prefill": [], "decode": [], "internal_states": []}
+        for answer in answers:
+            entry: dict[str, Any] = {"url": answer.worker.url, "state": answer.worker.state.value}
+            if answer.ok:
+                info = answer.json()
+                entry["info"] = info
+                if answer.worker.role == "decode" and isinstance(info, dict):
+                    out["internal_states"].extend(info.get("internal_states") or [])
+            else:
+                entry["error"] = answer.problem()
+            out[answer.worker.role].append(entry)
+        status = 200 if any(a.ok for a in answers) else 502
+        return web.json_response(out, status=status)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """POST /flush_cache to every worker; 200 only if all of them flushed."""
+        answers = await self._everyone("POST", "/flush_cache")
+        results = [
+            {
+                "url": a.worker.url,
+                "role": a.worker.role,
+                "ok": a.ok,
+                **({} if a.ok else {"error": a.problem()}),
+            }
+            for a in answers
+        ]
+        ok = bool(answers) and all(a.ok for a in answers)
+        return web.json_response({"flushed": ok, "workers": results}, status=200 if ok else 502)

@@ -1,0 +1,106 @@
+"""The load balancer process: parse the command line, serve, drain on SIGTERM, exit.
+
+Exit status: 0 after a clean stop (SIGTERM or SIGINT), 1 when it cannot run (e.g. the port is
+taken), 2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
+
+from kit.lb.config import LbConfig, parse_args
+from kit.lb.errors import LbConfigError, LbError
+from kit.lb.server import LoadBalancer
+
+log = logging.getLogger("kit.lb")
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+async def serve(
+    config: LbConfig,
+    *,
+    on_ready: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s.
+
+    `on_ready` gets the bound port once listening (useful with `--port 0` in tests).
+    """
+    lb = LoadBalancer(config)
+    runner = web.AppRunner(
+        lb.build_app(),
+        handle_signals=False,
+        access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
+        shutdown_timeout=config.drain_grace,
+        handler_cancellation=True,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise LbError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
+            "To fix: pick a free --port or stop what holds it."
+        ) from exc
+    stop_event = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    port = runner.addresses[0][1] if runner.addresses else config.port
+    log.info(
+        "pdkit lb listening on %s:%d: %d prefill (%s), %d decode (%s)",
+        config.host,
+        port,
+        len(config.prefill),
+        config.prefill_policy,
+        len(config.decode),
+        config.decode_policy,
+    )
+    if on_ready is not None:
+        on_ready(port)
+    try:
+        await stop_event.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        lb.start_drain()
+        log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
+        await runner.cleanup()
+        log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`pdkit lb ARGS` / `python -m kit.lb ARGS`; returns the exit status."""
+    try:
+        config = parse_args(argv)
+    except LbConfigError as exc:
+        print(f"pdkit lb: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(config))
+    except LbError as exc:
+        print(f"pdkit lb: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

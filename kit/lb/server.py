@@ -1,0 +1,395 @@
+"""The load balancer as an aiohttp application: routes, keys, errors, and its shared state.
+
+One `LoadBalancer` owns everything a running instance needs (pool, policies, pooled client
+session, metrics, health monitor); nothing lives in module globals, so tests can run several.
+Every handler is wrapped so that a failure becomes an OpenAI-style JSON error, never a
+traceback: `ApiError` with its own status, anything unexpected as 500 (logged here).
+
+Routes:
+    POST /generate  /v1/completions  /v1/chat/completions     PD dispatch        (API key)
+    GET  /v1/models  /model_info  /server_info                 from the workers   (API key)
+    GET  /health  /liveness                                    liveness           (open)
+    GET  /readiness                                            >= 1 healthy P and D (open)
+    GET  /metrics                                              Prometheus         (open)
+    GET|POST|DELETE /workers,  POST /flush_cache               admin              (admin key)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from kit.lb.admin import AdminRoutes
+from kit.lb.config import LbConfig, Role
+from kit.lb.dispatch import Dispatcher, Exchange
+from kit.lb.errors import ApiError, error_body
+from kit.lb.health import HealthMonitor
+from kit.lb.info import InfoRoutes
+from kit.lb.metrics import CONTENT_TYPE, LbMetrics
+from kit.lb.policies import Policy, make_policy
+from kit.lb.protocol import CHAT, COMPLETIONS, GENERATE, parse_request
+from kit.lb.workers import HealthRules, State, Worker, WorkerPool
+
+log = logging.getLogger("kit.lb")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Status recorded for a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+def _error_response(error: ApiError) -> web.Response:
+    response = web.Response(body=error.body(), status=error.status, content_type="application/json")
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+class LoadBalancer:
+    """One PD load balancer instance; `build_app()` gives its aiohttp application."""
+
+    def __init__(self, config: LbConfig) -> None:
+        self.config = config
+        rules = HealthRules(
+            interval=config.health_interval,
+            eject_after=config.eject_after,
+            readmit_after=config.readmit_after,
+            backoff=config.eject_backoff,
+            backoff_max=config.eject_backoff_max,
+        )
+        self.pool = WorkerPool(rules, listener=self._on_transition)
+        now = time.monotonic()
+        for spec in (*config.prefill, *config.decode):
+            self.pool.add(spec, now)
+        self.metrics = LbMetrics(lambda: self.pool)
+        self.rng = random.Random(config.seed)
+        self.policies: dict[Role, Policy] = {
+            "prefill": make_policy(config.prefill_policy, self.rng, config.affinity_load_factor),
+            "decode": make_policy(config.decode_policy, self.rng, config.affinity_load_factor),
+        }
+        self.draining = False
+        self.inflight = 0
+        self._worker_headers: dict[str, str] = {}
+        if config.worker_api_key:
+            self._worker_headers["Authorization"] = f"Bearer {config.worker_api_key}"
+        self._session: aiohttp.ClientSession | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._monitor: HealthMonitor | None = None
+        self._info: InfoRoutes | None = None
+        self._admin: AdminRoutes | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        """The application; its startup opens the upstream pool and starts health probes."""
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        r = app.router
+        for path in (GENERATE, COMPLETIONS, CHAT):
+            self._add(r, "POST", path, self._pd_handler(path))
+        self._add(r, "GET", "/v1/models", self._keyed(lambda q: self._info_routes().models(q)))
+        for path in ("/model_info", "/get_model_info"):
+            self._add(r, "GET", path, self._keyed(lambda q: self._info_routes().model_info(q)))
+        for path in ("/server_info", "/get_server_info"):
+            self._add(r, "GET", path, self._keyed(lambda q: self._info_routes().server_info(q)))
+        self._add(
+            r,
+            "POST",
+            "/flush_cache",
+            self._admin_only(lambda q: self._info_routes().flush_cache(q)),
+        )
+        for path in ("/health", "/liveness"):
+            self._add(r, "GET", path, self._open(self._health))
+        self._add(r, "GET", "/readiness", self._open(self._readiness))
+        self._add(r, "GET", "/metrics", self._open(self._metrics))
+        admin = {
+            "GET": lambda q: self._admin_routes().list_workers(q),
+            "POST": lambda q: self._admin_routes().add(q),
+            "DELETE": lambda q: self._admin_routes().remove(q),
+        }
+        for method, handler in admin.items():
+            r.add_route(method, "/workers", self._admin_only(handler))
+        r.add_route("*", "/workers", self._open(self._method_not_allowed))
+        r.add_route("*", "/{tail:.*}", self._open(self._not_found))
+        return app
+
+    def _add(self, router: web.UrlDispatcher, method: str, path: str, handler: Handler) -> None:
+        router.add_route(method, path, handler)
+        router.add_route("*", path, self._open(self._method_not_allowed))
+
+    async def _startup(self, app: web.Application) -> None:
+        cfg = self.config
+        connector = aiohttp.TCPConnector(
+            limit=cfg.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=cfg.upstream_keepalive,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        self._dispatcher = Dispatcher(
+            cfg,
+            pool=self.pool,
+            policies=self.policies,
+            session=self._session,
+            metrics=self.metrics,
+            rng=self.rng,
+            on_connection_error=self._on_connection_error,
+        )
+        self._monitor = HealthMonitor(
+            self.pool,
+            self._session,
+            path=cfg.health_path,
+            timeout=cfg.health_timeout,
+            headers=self._worker_headers,
+        )
+        self._info = InfoRoutes(self.pool, self._session, cfg.health_timeout, self._worker_headers)
+        self._admin = AdminRoutes(self.pool, cfg.drain_grace, self._monitor.watch, self._forget)
+        for worker in self.pool:
+            self._monitor.watch(worker)
+
+    async def _cleanup(self, app: web.Application) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+        if self._monitor is not None:
+            await self._monitor.close()
+        if self._dispatcher is not None:
+            await self._dispatcher.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def start_drain(self) -> None:
+        """SIGTERM: /readiness says 503 and new requests are refused; in-flight ones finish."""
+        self.draining = True
+        self.metrics.draining.set(1)
+
+    async def _forget(self, worker: Worker) -> None:
+        if self._monitor is not None:
+            await self._monitor.unwatch(worker.url)
+
+    def _on_transition(self, worker: Worker, old: State, new: State) -> None:
+        if new is State.HEALTHY:
+            log.info(
+                "%s worker %s is healthy%s",
+                worker.role,
+                worker.url,
+                "" if old is State.PENDING else f" again (was {old.value})",
+            )
+        elif new is State.UNHEALTHY:
+            log.warning("%s worker %s is out: %s", worker.role, worker.url, worker.reason)
+
+    def _on_connection_error(self, worker: Worker, detail: str) -> None:
+        backoff = self.pool.record_connection_error(worker, detail, time.monotonic())
+        if backoff is not None and self._monitor is not None:
+            self._monitor.wake(worker)
+
+    def _info_routes(self) -> InfoRoutes:
+        if self._info is None:
+            raise ApiError(503, "the load balancer is starting", "starting")
+        return self._info
+
+    def _admin_routes(self) -> AdminRoutes:
+        if self._admin is None:
+            raise ApiError(503, "the load balancer is starting", "starting")
+        return self._admin
+
+    # -- guards ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_key(request: web.Request, key: str | None, what: str) -> None:
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), key.encode()
+        ):
+            raise ApiError(
+                401, f"missing or wrong {what}: send 'Authorization: Bearer KEY'", "unauthorized"
+            )
+
+    def _wrap(self, handler: Handler, check: Callable[[web.Request], None] | None) -> Handler:
+        metrics = self.metrics
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            started = time.monotonic()
+            status = 500
+            try:
+                if check is not None:
+                    check(request)
+                response = await handler(request)
+                status = response.status
+                return response
+            except ApiError as error:
+                status = error.status
+                metrics.error(error.cause)
+                return _error_response(error)
+            except asyncio.CancelledError:
+                status = CLIENT_CLOSED
+                raise
+            except Exception:
+                log.exception("internal error on %s %s", request.method, request.path)
+                metrics.error("internal")
+                return web.Response(
+                    body=error_body(500, "internal error in pdkit lb (see its log)"),
+                    status=500,
+                    content_type="application/json",
+                )
+            finally:
+                route = request.match_info.route.resource
+                label = route.canonical if route is not None else "other"
+                metrics.request(
+                    label if status != 404 else "other", status, time.monotonic() - started, False
+                )
+
+        return guarded
+
+    def _open(self, handler: Handler) -> Handler:
+        return self._wrap(handler, None)
+
+    def _keyed(self, handler: Handler) -> Handler:
+        key = self.config.api_key
+        return self._wrap(handler, lambda q: self._check_key(q, key, "API key"))
+
+    def _admin_only(self, handler: Handler) -> Handler:
+        key = self.config.admin_key
+
+        def check(request: web.Request) -> None:
+            if key is None:
+                raise ApiError(
+                    403,
+                    "worker administration is off: start the load balancer with "
+                    "PDKIT_LB_ADMIN_KEY or --admin-key-file",
+                    "forbidden",
+                )
+            self._check_key(request, key, "admin key")
+
+        return self._wrap(handler, check)
+
+    # -- PD routes ---------------------------------------------------------------------------
+
+    def _pd_handler(self, path: str) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._serve_pd(request, path)
+
+        return handle
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.max_body_bytes
+            raise ApiError(
+                413,
+                f"the request body is larger than {limit} bytes; raise "
+                "--max-body-mb if such requests are expected",
+                "payload_too_large",
+            ) from None
+
+    async def _serve_pd(self, request: web.Request, path: str) -> web.StreamResponse:
+        started = time.monotonic()
+        self.inflight += 1
+        status = CLIENT_CLOSED
+        stream = False
+        ex: Exchange | None = None
+        try:
+            try:
+                if self.draining:
+                    raise ApiError(503, "the load balancer is shutting down", "draining")
+                self._check_key(request, self.config.api_key, "API key")
+                pd = parse_request(path, await self._read_body(request))
+                stream = pd.stream
+                ex = Exchange(request, pd, started)
+                if self._dispatcher is None:
+                    raise ApiError(503, "the load balancer is starting", "starting")
+                async with asyncio.timeout(self.config.request_timeout or None):
+                    response = await self._dispatcher.dispatch(ex)
+            except TimeoutError:
+                response = await self._fail(
+                    ex,
+                    ApiError(
+                        504,
+                        f"the request took longer than --request-timeout "
+                        f"{self.config.request_timeout:g} s",
+                        "timeout",
+                    ),
+                )
+            except ApiError as error:
+                response = await self._fail(ex, error)
+            except asyncio.CancelledError:
+                self.metrics.error("client_disconnect")
+                raise
+            except Exception:
+                log.exception("internal error on %s", path)
+                response = await self._fail(
+                    ex, ApiError(500, "internal error in pdkit lb (see its log)", "internal")
+                )
+            status = response.status
+            return response
+        finally:
+            self.inflight -= 1
+            if ex is not None:
+                for cause in ex.causes:
+                    self.metrics.error(cause)
+            self.metrics.request(path, status, time.monotonic() - started, stream)
+
+    async def _fail(self, ex: Exchange | None, error: ApiError) -> web.StreamResponse:
+        """Answer with `error`: a JSON error, or an error event if the stream already started."""
+        self.metrics.error(error.cause)
+        if ex is not None and ex.out is not None and ex.relay is not None:
+            try:
+                await ex.relay.fail(error)
+            except Exception:  # the client is gone too; nothing left to tell it
+                log.debug("could not send the error event", exc_info=True)
+            return ex.out
+        response = _error_response(error)
+        if error.cause == "draining":
+            response.force_close()
+        return response
+
+    # -- open routes -------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "draining" if self.draining else "ok"})
+
+    def readiness_report(self) -> tuple[bool, dict[str, object]]:
+        """(ready, report): ready needs one routable prefill and decode and no drain."""
+        now = time.monotonic()
+        counts: dict[str, object] = {}
+        roles: tuple[Role, ...] = ("prefill", "decode")
+        for role in roles:
+            counts[role] = {
+                "healthy": len(self.pool.routable(role)),
+                "total": len(self.pool.role(role)),
+            }
+        ready = (
+            not self.draining
+            and bool(self.pool.routable("prefill"))
+            and bool(self.pool.routable("decode"))
+        )
+        out = [w.describe(now) for w in self.pool if not w.routable]
+        return ready, {"ready": ready, "draining": self.draining, **counts, "out": out}
+
+    async def _readiness(self, request: web.Request) -> web.Response:
+        ready, report = self.readiness_report()
+        return web.json_response(report, status=200 if ready else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics.inflight.set(self.inflight)
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _method_not_allowed(self, request: web.Request) -> web.Response:
+        raise ApiError(
+            405, f"{request.method} is not allowed on {request.path}", "method_not_allowed"
+        )
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        raise ApiError(404, f"no route {request.path}", "not_found")

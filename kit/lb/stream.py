@@ -1,0 +1,148 @@
+"""Relaying a decode worker's SSE stream to the client.
+
+Without logprobs to merge, bytes pass through unchanged; only the cut points are chosen at event
+boundaries (a blank line), so that an error event appended after a failure never lands inside a
+half-written event. With logprobs to merge, each `data:` event is rewritten by a
+`StreamMerger`. Time to first token and inter-token gaps are measured here, at the moment bytes
+are handed to the client.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import Histogram
+
+from kit.lb.errors import ApiError
+from kit.lb.logprobs import StreamMerger
+
+DONE_EVENT = b"data: [DONE]\n\n"
+# A stream that never shows an event boundary is flushed anyway past this many bytes.
+MAX_PENDING = 1024 * 1024
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the stream was being written."""
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What the relay saw: events forwarded, and whether `[DONE]` went out."""
+
+    events: int = 0
+    done_sent: bool = False
+    first_event_at: float | None = None
+
+
+class StreamRelay:
+    """Copies one upstream stream to one client response, measuring token timing."""
+
+    def __init__(
+        self,
+        out: web.StreamResponse,
+        started: float,
+        ttft: Histogram,
+        itl: Histogram,
+        merger: StreamMerger | None = None,
+    ) -> None:
+        self._out = out
+        self._started = started
+        self._ttft = ttft
+        self._itl = itl
+        self._merger = merger
+        self._pending = b""
+        self._last_event_at = 0.0
+        self.stats = StreamStats()
+
+    async def run(self, upstream: aiohttp.ClientResponse, first: bytes) -> None:
+        """Forward `first` and the rest of `upstream` until EOF.
+
+        Upstream read errors propagate (aiohttp.ClientError, TimeoutError): the caller decides
+        which error event ends the stream. A client that went away raises ClientGone.
+        """
+        chunk = first
+        read = upstream.content.readany
+        while chunk:
+            await self.feed(chunk)
+            chunk = await read()
+        await self.flush()
+
+    async def feed(self, chunk: bytes) -> None:
+        """Forward the complete events in `pending + chunk`; keep the incomplete tail."""
+        data = self._pending + chunk if self._pending else chunk
+        cut = data.rfind(b"\n\n")
+        if cut < 0:
+            if len(data) <= MAX_PENDING:
+                self._pending = data
+                return
+            self._pending = b""
+            await self._write(data)
+            return
+        cut += 2
+        if cut == len(data):
+            self._pending = b""
+            await self._write(data)
+        else:
+            self._pending = data[cut:]
+            await self._write(data[:cut])
+
+    async def flush(self) -> None:
+        """Forward whatever is left (a stream that did not end with a blank line)."""
+        if self._pending:
+            data, self._pending = self._pending, b""
+            await self._write(data)
+
+    async def fail(self, error: ApiError) -> None:
+        """End the stream with an error event and `[DONE]` (drops an incomplete tail)."""
+        self._pending = b""
+        if self.stats.done_sent:
+            return
+        self.stats.done_sent = True
+        await self._send(error.event() + DONE_EVENT)
+
+    async def _write(self, data: bytes) -> None:
+        if self._merger is not None:
+            data = merge_events(self._merger, data)
+        events = data.count(b"data:")
+        if events:
+            if b"[DONE]" in data:
+                events -= 1
+                self.stats.done_sent = True
+            if events > 0:
+                self._time(events)
+        await self._send(data)
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            await self._out.write(data)
+        except ConnectionError as exc:
+            raise ClientGone(str(exc)) from exc
+
+    def _time(self, events: int) -> None:
+        now = time.monotonic()
+        stats = self.stats
+        if stats.first_event_at is None:
+            stats.first_event_at = now
+            self._ttft.observe(now - self._started)
+            events -= 1
+        else:
+            self._itl.observe(now - self._last_event_at)
+            events -= 1
+        for _ in range(events):
+            self._itl.observe(0.0)
+        stats.events += events + 1
+        self._last_event_at = now
+
+
+def merge_events(merger: StreamMerger, data: bytes) -> bytes:
+    """Rewrite every `data:` line of complete SSE events with `merger`."""
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload and payload != b"[DONE]":
+                lines[i] = b"data: " + merger.event(payload)
+    return b"\n".join(lines)

@@ -1,0 +1,213 @@
+"""Workers, their health state machine, and the pool the policies choose from.
+
+A worker is routable only when `healthy`. The transitions, all driven through `WorkerPool` so
+that the routable lists stay current:
+
+    pending ──first good probe──▶ healthy ──`eject_after` failed probes──▶ unhealthy
+       ▲                            │  ▲                                      │
+       │                            │  └──────`readmit_after` good probes─────┘
+       │                            └──connection error: out for a backoff──▶ unhealthy
+    (added)                     any ──admin remove──▶ draining ──in-flight 0──▶ (removed)
+
+Times are `time.monotonic()` seconds, passed in so the rules are testable without a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kit.lb.config import Role, WorkerSpec
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRules:
+    """Health thresholds: a probe every `interval` s; a passive ejection lasts `backoff` s,
+    doubling on each repeat up to `backoff_max` s."""
+
+    interval: float = 5.0
+    eject_after: int = 3
+    readmit_after: int = 2
+    backoff: float = 1.0
+    backoff_max: float = 30.0
+
+    def backoff_for(self, repeats: int) -> float:
+        """Ejection time (s) after the `repeats`-th connection error in a row (1-based)."""
+        return float(min(self.backoff * 2 ** max(repeats - 1, 0), self.backoff_max))
+
+
+@dataclass(eq=False, slots=True)
+class Worker:
+    """One SGLang server as the load balancer tracks it."""
+
+    spec: WorkerSpec
+    url: str = ""
+    role: Role = "prefill"
+    bootstrap_host: str = ""
+    state: State = State.PENDING
+    # Why the worker is not routable, and the short label used in metrics.
+    reason: str = "waiting for the first health probe"
+    reason_kind: str = "pending"
+    since: float = 0.0
+    last_probe_error: str | None = None
+    inflight: int = 0
+    requests: int = 0
+    failed_probes: int = 0
+    good_probes: int = 0
+    connection_errors: int = 0
+    next_probe_at: float = 0.0
+    probes_ok: int = 0
+    probes_failed: int = 0
+    ejections: dict[str, int] = field(default_factory=dict)
+    # Stable per-worker value mixed into prefix_affinity scores.
+    affinity_seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.url = self.spec.url
+        self.role = self.spec.role
+        self.bootstrap_host = self.spec.bootstrap_host
+        digest = hashlib.blake2b(self.url.encode(), digest_size=8).digest()
+        self.affinity_seed = int.from_bytes(digest, "little")
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.spec.bootstrap_port
+
+    @property
+    def routable(self) -> bool:
+        return self.state is State.HEALTHY
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """JSON view for /workers and /readiness; `for_s` is seconds in the current state."""
+        return {
+            "url": self.url,
+            "role": self.role,
+            "bootstrap_port": self.bootstrap_port,
+            "state": self.state.value,
+            "reason": None if self.routable else self.reason,
+            "for_s": round(max(now - self.since, 0.0), 3),
+            "last_probe_error": self.last_probe_error,
+            "inflight": self.inflight,
+            "requests": self.requests,
+        }
+
+
+Listener = Callable[[Worker, State, State], None]
+
+
+class WorkerPool:
+    """All workers by URL, and the routable ones per role (rebuilt on every transition)."""
+
+    def __init__(self, rules: HealthRules, listener: Listener | None = None) -> None:
+        self.rules = rules
+        self._workers: dict[str, Worker] = {}
+        self._routable: dict[Role, list[Worker]] = {"prefill": [], "decode": []}
+        self._listener = listener
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(list(self._workers.values()))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def get(self, url: str) -> Worker | None:
+        return self._workers.get(url)
+
+    def role(self, role: Role) -> list[Worker]:
+        """Every worker of a role, routable or not, in the order added."""
+        return [w for w in self._workers.values() if w.role == role]
+
+    def routable(self, role: Role) -> list[Worker]:
+        """The workers a policy may choose (do not mutate the list)."""
+        return self._routable[role]
+
+    def add(self, spec: WorkerSpec, now: float) -> Worker:
+        """Add a worker in state pending; it becomes routable after its first good probe."""
+        if spec.url in self._workers:
+            raise KeyError(spec.url)
+        worker = Worker(spec, since=now, next_probe_at=now)
+        self._workers[spec.url] = worker
+        return worker
+
+    def remove(self, url: str) -> Worker | None:
+        worker = self._workers.pop(url, None)
+        if worker is not None:
+            self._rebuild()
+        return worker
+
+    def drain(self, worker: Worker, now: float) -> None:
+        """Stop routing new requests to `worker`; in-flight ones finish."""
+        self._set(worker, State.DRAINING, "removed by admin, draining", "draining", now)
+
+    def record_probe(self, worker: Worker, ok: bool, detail: str, now: float) -> None:
+        """Apply one active health probe result; schedules the next probe."""
+        rules = self.rules
+        worker.next_probe_at = now + rules.interval
+        if ok:
+            worker.probes_ok += 1
+            worker.good_probes += 1
+            worker.failed_probes = 0
+            worker.last_probe_error = None
+            if worker.state is State.PENDING or (
+                worker.state is State.UNHEALTHY and worker.good_probes >= rules.readmit_after
+            ):
+                self._set(worker, State.HEALTHY, "", "", now)
+            return
+        worker.probes_failed += 1
+        worker.failed_probes += 1
+        worker.good_probes = 0
+        worker.last_probe_error = detail
+        if worker.state is State.PENDING:
+            worker.reason = f"not ready: {detail}"
+        elif worker.state is State.HEALTHY and worker.failed_probes >= rules.eject_after:
+            reason = f"health check failed {worker.failed_probes} times in a row: {detail}"
+            self._set(worker, State.UNHEALTHY, reason, "health_check", now)
+
+    def record_connection_error(self, worker: Worker, detail: str, now: float) -> float | None:
+        """Passive ejection: a worker that refused a connection is out for a growing backoff.
+
+        Returns the backoff in seconds, or None when the worker was not routable anyway.
+        """
+        if worker.state not in (State.HEALTHY, State.PENDING):
+            return None
+        worker.connection_errors += 1
+        backoff = self.rules.backoff_for(worker.connection_errors)
+        worker.good_probes = 0
+        worker.next_probe_at = now + backoff
+        reason = f"connection error: {detail} (out for at least {backoff:g} s)"
+        self._set(worker, State.UNHEALTHY, reason, "connection_error", now)
+        return backoff
+
+    def record_success(self, worker: Worker) -> None:
+        """A request went through: the connection-error backoff starts over."""
+        worker.connection_errors = 0
+
+    def _set(self, worker: Worker, state: State, reason: str, kind: str, now: float) -> None:
+        old = worker.state
+        worker.reason = reason
+        worker.reason_kind = kind
+        if old is state:
+            return
+        worker.state = state
+        worker.since = now
+        if state is State.UNHEALTHY:
+            worker.ejections[kind] = worker.ejections.get(kind, 0) + 1
+        self._rebuild()
+        if self._listener is not None:
+            self._listener(worker, old, state)
+
+    def _rebuild(self) -> None:
+        for role in ("prefill", "decode"):
+            self._routable[role] = [
+                w for w in self._workers.values() if w.role == role and w.routable
+            ]
