@@ -29,7 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+from kit.lb.config import parse_args
+from kit.lb.server import LoadBalancer
 
 MODEL = "fake-model"
 ROOM_MAX = 2**63 - 1
@@ -129,23 +133,34 @@ class FakeWorker:
 
     async def _health(self, request: web.Request) -> web.Response:
         self.health_probes += 1
-        return web.Response(status=self.health_status, text="" if self.health_status < 300
-                            else "starting")
+        return web.Response(
+            status=self.health_status, text="" if self.health_status < 300 else "starting"
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": MODEL, "object": "model", "owned_by": "pdkit", "root": MODEL}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": MODEL, "object": "model", "owned_by": "pdkit", "root": MODEL}],
+            }
+        )
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": MODEL, "is_generation": True,
-                                  "disaggregation_mode": self.role})
+        return web.json_response(
+            {"model_path": MODEL, "is_generation": True, "disaggregation_mode": self.role}
+        )
 
     async def _server_info(self, request: web.Request) -> web.Response:
         if self.fail_status:
             return web.json_response({"error": "broken"}, status=self.fail_status)
-        return web.json_response({"version": "fake", "disaggregation_mode": self.role,
-                                  "port": self.port,
-                                  "internal_states": [{"last_gen_throughput": 1.5}]})
+        return web.json_response(
+            {
+                "version": "fake",
+                "disaggregation_mode": self.role,
+                "port": self.port,
+                "internal_states": [{"last_gen_throughput": 1.5}],
+            }
+        )
 
     async def _flush(self, request: web.Request) -> web.Response:
         return web.Response(text="Cache flushed.")
@@ -156,8 +171,9 @@ class FakeWorker:
         self.ledger.problems.append(f"{self.role} {self.url}: {text}")
 
     def _rooms(self, body: dict[str, Any], batch: int | None) -> list[int] | None:
-        host, port, room = (body.get(k) for k in
-                            ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
+        host, port, room = (
+            body.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+        )
         if room is None:
             return None
         if batch is None:
@@ -190,28 +206,43 @@ class FakeWorker:
         batch = None
         if path == "/generate" and isinstance(body.get("text"), list):
             batch = len(body["text"])
-        elif path == "/generate" and body.get("input_ids") and isinstance(body["input_ids"][0],
-                                                                          list):
+        elif (
+            path == "/generate" and body.get("input_ids") and isinstance(body["input_ids"][0], list)
+        ):
             batch = len(body["input_ids"])
         rooms = self._rooms(body, batch)
         if rooms is None:
-            return web.json_response({"error": {"message": "Disaggregated request received "
-                                                "without bootstrap room id"}}, status=400)
+            return web.json_response(
+                {"error": {"message": "Disaggregated request received without bootstrap room id"}},
+                status=400,
+            )
         try:
             return await self._answer(request, path, body, batch, rooms)
         except asyncio.CancelledError:
             self.cancelled.append(path)
             raise
 
-    async def _answer(self, request: web.Request, path: str, body: dict[str, Any],
-                      batch: int | None, rooms: list[int]) -> web.StreamResponse:
+    async def _answer(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        batch: int | None,
+        rooms: list[int],
+    ) -> web.StreamResponse:
         if self.hang:
             await asyncio.sleep(3600)
         if self.fail_status is not None:
             await asyncio.sleep(self.latency)
-            return web.json_response({"object": "error", "message": f"{self.role} failed on "
-                                      "purpose", "type": "BadRequestError",
-                                      "code": self.fail_status}, status=self.fail_status)
+            return web.json_response(
+                {
+                    "object": "error",
+                    "message": f"{self.role} failed on purpose",
+                    "type": "BadRequestError",
+                    "code": self.fail_status,
+                },
+                status=self.fail_status,
+            )
         digest = _body_hash(body)
         if self.role == "prefill":
             records = []
@@ -227,16 +258,18 @@ class FakeWorker:
             for room in rooms:
                 while room not in self.ledger.rooms:
                     if time.monotonic() > deadline:
-                        return web.json_response({"error": {"message": "KV transfer timed out"}},
-                                                 status=500)
+                        return web.json_response(
+                            {"error": {"message": "KV transfer timed out"}}, status=500
+                        )
                     await asyncio.sleep(0.005)
                 record = self.ledger.rooms[room]
                 try:
                     async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
                         await record.done.wait()
                 except TimeoutError:
-                    return web.json_response({"error": {"message": "KV transfer timed out"}},
-                                             status=500)
+                    return web.json_response(
+                        {"error": {"message": "KV transfer timed out"}}, status=500
+                    )
                 if record.body_hash != digest:
                     self._problem(f"room {room}: decode body differs from the prefill's")
             await asyncio.sleep(self.latency)
@@ -265,18 +298,26 @@ class FakeWorker:
 
     def _native_item(self, prompt: list[int], n_out: int, logprob: bool, upto: int) -> dict:
         ids = [out_token(k)[0] for k in range(upto)]
-        meta: dict[str, Any] = {"id": "fake", "prompt_tokens": len(prompt),
-                                "completion_tokens": upto,
-                                "finish_reason": {"type": "length", "length": n_out}
-                                if upto == n_out else None}
+        meta: dict[str, Any] = {
+            "id": "fake",
+            "prompt_tokens": len(prompt),
+            "completion_tokens": upto,
+            "finish_reason": {"type": "length", "length": n_out} if upto == n_out else None,
+        }
         if logprob:
             meta["input_token_logprobs"] = (
                 [[None if i == 0 else lp(t, i), t, None] for i, t in enumerate(prompt)]
-                if self.role == "prefill" else [])
-            meta["output_token_logprobs"] = [[lp(t, len(prompt) + k), t, None]
-                                             for k, t in enumerate(ids)]
-        return {"text": "".join(out_token(k)[1] for k in range(upto)), "output_ids": ids,
-                "meta_info": meta}
+                if self.role == "prefill"
+                else []
+            )
+            meta["output_token_logprobs"] = [
+                [lp(t, len(prompt) + k), t, None] for k, t in enumerate(ids)
+            ]
+        return {
+            "text": "".join(out_token(k)[1] for k in range(upto)),
+            "output_ids": ids,
+            "meta_info": meta,
+        }
 
     def _completion_lp(self, prompt: list[int], upto: int, echo: bool, start: int = 0) -> dict:
         entries: list[tuple[str, float | None]] = []
@@ -285,8 +326,12 @@ class FakeWorker:
         for k in range(start, upto):
             token_id, text = out_token(k)
             entries.append((text, lp(token_id, len(prompt) + k)))
-        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
-                "text_offset": [-1] * len(entries), "top_logprobs": [{} for _ in entries]}
+        return {
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "text_offset": [-1] * len(entries),
+            "top_logprobs": [{} for _ in entries],
+        }
 
     def _result(self, path: str, body: dict[str, Any], batch: int | None) -> Any:
         n_out = self._n_out(path, body)
@@ -296,25 +341,60 @@ class FakeWorker:
             logprob = bool(body.get("return_logprob"))
             items = [self._native_item(p, n_out, logprob, n_out) for p in prompts]
             return items if batch is not None else items[0]
-        usage = {"prompt_tokens": len(prompts[0]), "completion_tokens": n_out,
-                 "total_tokens": len(prompts[0]) + n_out}
+        usage = {
+            "prompt_tokens": len(prompts[0]),
+            "completion_tokens": n_out,
+            "total_tokens": len(prompts[0]) + n_out,
+        }
         if path == "/v1/completions":
             echo = bool(body.get("echo"))
-            logprobs = (self._completion_lp(prompts[0], n_out, echo)
-                        if body.get("logprobs") is not None else None)
-            return {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": MODEL,
-                    "choices": [{"index": 0, "text": (body["prompt"] if echo else "") + text,
-                                 "logprobs": logprobs, "finish_reason": "length"}],
-                    "usage": usage}
+            logprobs = (
+                self._completion_lp(prompts[0], n_out, echo)
+                if body.get("logprobs") is not None
+                else None
+            )
+            return {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": (body["prompt"] if echo else "") + text,
+                        "logprobs": logprobs,
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": usage,
+            }
         chat_lp = None
         if body.get("logprobs"):
-            chat_lp = {"content": [{"token": out_token(k)[1],
-                                    "logprob": lp(out_token(k)[0], len(prompts[0]) + k),
-                                    "top_logprobs": []} for k in range(n_out)]}
-        return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": MODEL,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": chat_lp, "finish_reason": "length"}],
-                "usage": usage}
+            chat_lp = {
+                "content": [
+                    {
+                        "token": out_token(k)[1],
+                        "logprob": lp(out_token(k)[0], len(prompts[0]) + k),
+                        "top_logprobs": [],
+                    }
+                    for k in range(n_out)
+                ]
+            }
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": chat_lp,
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": usage,
+        }
 
     def _events(self, path: str, body: dict[str, Any], batch: int | None) -> list[bytes]:
         n_out = self._n_out(path, body)
@@ -333,29 +413,61 @@ class FakeWorker:
                 text = out_token(k - 1)[1]
                 if echo and k == 1:
                     text = body["prompt"] + text
-                lp_obj = (self._completion_lp(prompts[0], k, echo, start=k - 1)
-                          if body.get("logprobs") is not None else None)
-                events.append({"id": "cmpl-fake", "object": "text_completion", "created": 0,
-                               "model": MODEL, "choices": [{
-                                   "index": 0, "text": text, "logprobs": lp_obj,
-                                   "finish_reason": "length" if k == n_out else None}]})
+                lp_obj = (
+                    self._completion_lp(prompts[0], k, echo, start=k - 1)
+                    if body.get("logprobs") is not None
+                    else None
+                )
+                events.append(
+                    {
+                        "id": "cmpl-fake",
+                        "object": "text_completion",
+                        "created": 0,
+                        "model": MODEL,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": text,
+                                "logprobs": lp_obj,
+                                "finish_reason": "length" if k == n_out else None,
+                            }
+                        ],
+                    }
+                )
             else:
                 token_id, text = out_token(k - 1)
                 delta: dict[str, Any] = {"content": text}
                 if k == 1:
                     delta["role"] = "assistant"
-                choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                          "finish_reason": "length" if k == n_out else None}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": "length" if k == n_out else None,
+                }
                 if body.get("logprobs"):
-                    choice["logprobs"] = {"content": [{
-                        "token": text, "logprob": lp(token_id, len(prompts[0]) + k - 1),
-                        "top_logprobs": []}]}
-                events.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                               "created": 0, "model": MODEL, "choices": [choice]})
+                    choice["logprobs"] = {
+                        "content": [
+                            {
+                                "token": text,
+                                "logprob": lp(token_id, len(prompts[0]) + k - 1),
+                                "top_logprobs": [],
+                            }
+                        ]
+                    }
+                events.append(
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": MODEL,
+                        "choices": [choice],
+                    }
+                )
         return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events]
 
-    async def _stream(self, request: web.Request, path: str, body: dict[str, Any],
-                      batch: int | None) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, path: str, body: dict[str, Any], batch: int | None
+    ) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for count, event in enumerate(self._events(path, body, batch)):
@@ -374,8 +486,20 @@ class FakeWorker:
 # -- a load balancer in front of fake workers, all in this event loop ---------------------------
 
 # Health settings that make tests fast: probe every 50 ms, eject after 2 failures, readmit after 2.
-FAST_HEALTH = ["--health-interval", "0.05", "--health-timeout", "1", "--eject-after", "2",
-               "--readmit-after", "2", "--eject-backoff", "0.2", "--eject-backoff-max", "0.5"]
+FAST_HEALTH = [
+    "--health-interval",
+    "0.05",
+    "--health-timeout",
+    "1",
+    "--eject-after",
+    "2",
+    "--readmit-after",
+    "2",
+    "--eject-backoff",
+    "0.2",
+    "--eject-backoff-max",
+    "0.5",
+]
 
 
 @dataclass
@@ -386,11 +510,18 @@ class Cluster:
     prefill: list[FakeWorker]
     decode: list[FakeWorker]
     ledger: Ledger
-    lb: Any
-    session: Any
+    lb: LoadBalancer
+    session: aiohttp.ClientSession
 
-    async def post(self, path: str, payload: Any = None, *, data: bytes | None = None,
-                   key: str | None = None, headers: dict[str, str] | None = None) -> Any:
+    async def post(
+        self,
+        path: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         """POST and return (status, parsed JSON or raw bytes, response headers)."""
         hdrs = dict(headers or {})
         if key is not None:
@@ -435,11 +566,17 @@ def sse_events(raw: bytes) -> list[Any]:
     return out
 
 
-class running_cluster:  # noqa: N801 - used like a function: `async with running_cluster(...)`
+class running_cluster:
     """Start `prefills` + `decodes` fake workers and a load balancer in front of them."""
 
-    def __init__(self, prefills: int = 1, decodes: int = 1, args: list[str] | None = None,
-                 env: dict[str, str] | None = None, wait_ready: bool = True) -> None:
+    def __init__(
+        self,
+        prefills: int = 1,
+        decodes: int = 1,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+    ) -> None:
         self.prefills, self.decodes = prefills, decodes
         self.args = list(args or [])
         self.env = env or {}
@@ -447,14 +584,10 @@ class running_cluster:  # noqa: N801 - used like a function: `async with running
         self._stack: list[Any] = []
 
     async def __aenter__(self) -> Cluster:
-        import aiohttp
-
-        from kit.lb.config import parse_args
-        from kit.lb.server import LoadBalancer
-
         ledger = Ledger()
-        prefill = [FakeWorker("prefill", ledger, bootstrap_port=9000 + i)
-                   for i in range(self.prefills)]
+        prefill = [
+            FakeWorker("prefill", ledger, bootstrap_port=9000 + i) for i in range(self.prefills)
+        ]
         decode = [FakeWorker("decode", ledger) for _ in range(self.decodes)]
         for worker in (*prefill, *decode):
             await worker.start()
@@ -466,8 +599,9 @@ class running_cluster:  # noqa: N801 - used like a function: `async with running
         argv += ["--host", "127.0.0.1", "--port", "1", "--seed", "7", *FAST_HEALTH, *self.args]
         config = parse_args(argv, self.env)
         lb = LoadBalancer(config)
-        runner = web.AppRunner(lb.build_app(), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            lb.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -476,8 +610,10 @@ class running_cluster:  # noqa: N801 - used like a function: `async with running
         self._runner, self._session, self._workers = runner, session, (*prefill, *decode)
         cluster = Cluster(f"http://127.0.0.1:{port}", prefill, decode, ledger, lb, session)
         if self.wait_ready:
-            await cluster.wait_for(lambda: lb.readiness_report()[0] and all(
-                w.routable for w in lb.pool), what="all workers healthy")
+            await cluster.wait_for(
+                lambda: lb.readiness_report()[0] and all(w.routable for w in lb.pool),
+                what="all workers healthy",
+            )
         self.cluster = cluster
         return cluster
 
@@ -487,7 +623,8 @@ class running_cluster:  # noqa: N801 - used like a function: `async with running
         for worker in self._workers:
             await worker.stop()
         assert not self.cluster.ledger.problems if hasattr(self, "cluster") else True, (
-            self.cluster.ledger.problems)
+            self.cluster.ledger.problems
+        )
 
 
 def run(coro: Any, timeout: float = 30.0) -> Any:

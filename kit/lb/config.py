@@ -154,6 +154,25 @@ class _WorkerAction(argparse.Action):
         setattr(namespace, self.dest, specs)
 
 
+class _RefuseSecret(argparse.Action):
+    """A key on the command line would show in `ps` and shell history: say where it goes."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        env = {"--api-key": API_KEY_ENV, "--admin-key": ADMIN_KEY_ENV}.get(
+            option_string or "", WORKER_KEY_ENV
+        )
+        parser.error(
+            f"{option_string} is not taken on the command line (it would show in ps); "
+            f"set ${env} or use {option_string}-file PATH"
+        )
+
+
 def normalize_url(raw: str, parser: argparse.ArgumentParser | None = None) -> str:
     """`http(s)://host:port[/prefix]` without a trailing slash; raises LbConfigError otherwise."""
     try:
@@ -191,6 +210,10 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         description="pdkit's prefill/decode load balancer for SGLang PD disaggregation.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--api-key", "--admin-key", "--worker-api-key", action=_RefuseSecret, help=argparse.SUPPRESS
     )
     w = p.add_argument_group("workers")
     w.add_argument(

@@ -1,0 +1,144 @@
+"""The `pdkit lb` command line: the argv a topology's Plan renders, checks, and secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
+from kit.lb.errors import LbConfigError
+
+PLAN_ARGV = [
+    "--prefill", "http://10.0.0.1:30000", "8998",
+    "--prefill", "http://10.0.0.1:30001", "none",
+    "--prefill", "http://10.0.0.1:30002",
+    "--decode", "http://10.0.0.2:30100",
+    "--decode", "http://10.0.0.2:30101/",
+    "--host", "0.0.0.0", "--port", "8000",
+    "--prefill-policy", "prefix_affinity", "--decode-policy", "least_inflight",
+]  # fmt: skip
+
+
+def test_the_argv_a_plan_renders_parses():
+    cfg = parse_args(PLAN_ARGV, {})
+    assert cfg.prefill == (
+        WorkerSpec("http://10.0.0.1:30000", "prefill", 8998),
+        WorkerSpec("http://10.0.0.1:30001", "prefill", None),
+        WorkerSpec("http://10.0.0.1:30002", "prefill", None),
+    )
+    assert [w.url for w in cfg.decode] == ["http://10.0.0.2:30100", "http://10.0.0.2:30101"]
+    assert (cfg.host, cfg.port) == ("0.0.0.0", 8000)
+    assert (cfg.prefill_policy, cfg.decode_policy) == ("prefix_affinity", "least_inflight")
+    assert cfg.api_key is None and cfg.admin_key is None
+
+
+def test_defaults_are_sensible():
+    cfg = parse_args(["--prefill", "http://a:1", "--decode", "http://b:2"], {})
+    d = LbConfig(prefill=(), decode=())
+    assert cfg.retries == d.retries == 2
+    assert cfg.max_body_bytes == 64 * 1024 * 1024
+    assert cfg.upstream_keepalive < 5  # below uvicorn's keep-alive, so a pooled socket is live
+
+
+def test_keys_come_from_the_environment_or_files(tmp_path):
+    env = {"PDKIT_LB_API_KEY": "client-secret", "PDKIT_LB_ADMIN_KEY": " admin \n"}
+    cfg = parse_args(["--prefill", "http://a:1", "--decode", "http://b:2"], env)
+    assert (cfg.api_key, cfg.admin_key) == ("client-secret", "admin")
+    assert "client-secret" not in repr(cfg)
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    cfg = parse_args(
+        [
+            "--prefill",
+            "http://a:1",
+            "--decode",
+            "http://b:2",
+            "--api-key-file",
+            str(key_file),
+            "--worker-api-key-file",
+            str(key_file),
+        ],
+        env,
+    )
+    assert cfg.api_key == "from-file" and cfg.worker_api_key == "from-file"
+
+
+def test_there_is_no_way_to_put_a_key_on_the_command_line(capsys):
+    for flag in ("--api-key", "--admin-key", "--worker-api-key"):
+        with pytest.raises(SystemExit):
+            parse_args(["--prefill", "http://a:1", "--decode", "http://b:2", flag, "x"], {})
+        assert "not taken on the command line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--decode", "http://b:2"], "at least one --prefill"),
+        (["--prefill", "http://a:1", "--decode", "http://a:1"], "listed twice"),
+        (
+            [
+                "--prefill",
+                "http://a:1",
+                "--decode",
+                "http://b:2",
+                "--decode-policy",
+                "prefix_affinity",
+            ],
+            "prefill only",
+        ),
+        (
+            [
+                "--prefill",
+                "http://a:1",
+                "--decode",
+                "http://b:2",
+                "--eject-backoff",
+                "9",
+                "--eject-backoff-max",
+                "1",
+            ],
+            "backoff-max",
+        ),
+    ],
+)
+def test_inconsistent_options_are_refused_with_the_fix(argv, needle):
+    with pytest.raises(LbConfigError, match=needle):
+        parse_args(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--prefill", "ftp://a:1", "--decode", "http://b:2"], "must look like http"),
+        (["--prefill", "http://a:1", "port", "--decode", "http://b:2"], "not a number"),
+        (["--prefill", "http://a:1", "1", "2", "--decode", "http://b:2"], "URL [BOOTSTRAP_PORT"),
+        (["--prefill", "http://a:1", "--decode", "http://b:2", "3"], "takes URL"),
+        (["--prefill", "http://a:1", "--decode", "http://b:2", "--retries", "-1"], ">= 0"),
+    ],
+)
+def test_malformed_options_exit_2_naming_the_option(argv, needle, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv, {})
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_a_missing_key_file_says_how_to_fix(tmp_path):
+    with pytest.raises(LbConfigError, match="cannot read key file"):
+        parse_args(
+            [
+                "--prefill",
+                "http://a:1",
+                "--decode",
+                "http://b:2",
+                "--admin-key-file",
+                str(tmp_path / "nope"),
+            ],
+            {},
+        )
+
+
+def test_help_has_examples_and_the_policies():
+    text = build_parser().format_help()
+    assert "examples:" in text and "--topology" in text
+    for policy in ("round_robin", "random", "least_inflight", "prefix_affinity"):
+        assert policy in text
