@@ -1,0 +1,281 @@
+"""Ask every worker and the router for their state: concurrent, bounded, each request timed out.
+
+One `Prober` holds one aiohttp session (pooled connections, kept across `--watch` rounds) and a
+semaphore that bounds the requests in flight. Each request has its own timeout, and the waiting
+for a permit does not count against it, so a round over hundreds of workers takes about one
+timeout when they are slow, not their sum.
+
+Nothing here judges an answer: `Fetched` records what came back (status, body) or why nothing
+did (refused, timeout, ...); `kit.observe.worker` and `kit.observe.router` evaluate it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace, TracebackType
+from typing import Any, Literal
+
+import aiohttp
+
+from kit.errors import ProbeError
+from kit.observe.targets import RouterTarget, Targets, WorkerTarget
+
+FailureKind = Literal["refused", "unreachable", "connect_timeout", "timeout", "broken", "skipped"]
+"""Why no HTTP answer came: nothing listens at the port; no route to the host; the TCP connection
+did not open in time (host down or filtered); it opened but no answer came in time (the
+process hangs); the connection broke mid-answer; not asked because /health got no answer."""
+
+WORKER_PATHS = ("/server_info", "/v1/loads?include=all", "/metrics")
+"""What a worker is asked besides /health."""
+MAX_BODY = 8 * 1024 * 1024  # a /metrics page of a large worker is well below this
+
+DEFAULT_TIMEOUT_S = 3.0
+DEFAULT_CONCURRENCY = 128
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One GET: the HTTP status and body, or the failure. `seconds` is how long it took and
+    `at` the time.monotonic() when it ended (rates divide by the gap between two `at`)."""
+
+    url: str
+    status: int | None = None
+    body: str = ""
+    failure: FailureKind | None = None
+    detail: str = ""
+    seconds: float = 0.0
+    at: float = 0.0
+
+    @property
+    def answered(self) -> bool:
+        return self.status is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def json(self, any_status: bool = False) -> Any:
+        """The body as JSON when the status is 200 (or any, with `any_status`), else None."""
+        if not (self.ok or (any_status and self.answered)):
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class WorkerAnswers:
+    """What one worker said to one probe round."""
+
+    target: WorkerTarget
+    health: Fetched
+    server_info: Fetched
+    loads: Fetched
+    metrics: Fetched
+
+
+@dataclass(frozen=True)
+class RouterAnswers:
+    """What the router said: liveness, readiness, its worker list and its metrics."""
+
+    target: RouterTarget
+    health: Fetched
+    readiness: Fetched
+    workers: Fetched
+    metrics: Fetched
+
+
+@dataclass(frozen=True)
+class Round:
+    """One probe round. `taken_at` is wall-clock (time.time()) when it started, `seconds` its
+    duration; `router_metrics_before` is an earlier scrape of the router's metrics when the
+    round took two to compute rates."""
+
+    workers: tuple[WorkerAnswers, ...]
+    router: RouterAnswers
+    taken_at: float
+    seconds: float
+    monotonic: float
+    router_metrics_before: Fetched | None = None
+
+
+async def _mark_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    ctx.trace_request_ctx.sent = True
+
+
+def _failure(exc: BaseException, sent: bool, timeout: float) -> tuple[FailureKind, str]:
+    if isinstance(exc, TimeoutError):
+        if sent:
+            return "timeout", f"no answer within {timeout:g} s"
+        return "connect_timeout", f"no TCP connection within {timeout:g} s (host down?)"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "unreachable", f"cannot resolve the host ({exc.os_error})"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        code = exc.os_error.errno
+        if code == errno.ECONNREFUSED:
+            return "refused", "connection refused"
+        return "unreachable", f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "broken", "closed the connection without answering"
+    return "broken", f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+class Prober:
+    """Concurrent GETs over one session. Use as `async with Prober(...) as prober:`.
+
+    `timeout` is seconds per request (connect + answer); `concurrency` bounds the requests
+    in flight across all targets.
+    """
+
+    def __init__(
+        self, timeout: float = DEFAULT_TIMEOUT_S, concurrency: int = DEFAULT_CONCURRENCY
+    ) -> None:
+        if timeout <= 0:
+            raise ProbeError(f"probe timeout must be > 0 s, got {timeout:g}")
+        if concurrency < 1:
+            raise ProbeError(f"probe concurrency must be >= 1, got {concurrency}")
+        self.timeout = timeout
+        self.concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._permits: asyncio.Semaphore | None = None
+
+    async def __aenter__(self) -> Prober:
+        trace = aiohttp.TraceConfig(trace_config_ctx_factory=SimpleNamespace)
+        trace.on_request_headers_sent.append(_mark_sent)
+        connector = aiohttp.TCPConnector(
+            limit=self.concurrency, limit_per_host=0, ttl_dns_cache=300, use_dns_cache=True
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            trace_configs=[trace],
+            headers={"User-Agent": "pdkit-observe"},
+            auto_decompress=True,
+        )
+        self._permits = asyncio.Semaphore(self.concurrency)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get(self, url: str, headers: dict[str, str] | None = None) -> Fetched:
+        """GET `url`; never raises for network trouble (it is recorded in the result)."""
+        if self._session is None or self._permits is None:
+            raise ProbeError("Prober used outside `async with`")
+        async with self._permits:
+            state = SimpleNamespace(sent=False)
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    async with self._session.get(
+                        url, headers=headers, allow_redirects=False, trace_request_ctx=state
+                    ) as response:
+                        raw = await response.content.read(MAX_BODY)
+                        body = raw.decode("utf-8", errors="replace")
+                        ended = time.monotonic()
+                        return Fetched(
+                            url, response.status, body, seconds=ended - started, at=ended
+                        )
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                kind, detail = _failure(exc, bool(state.sent), self.timeout)
+                ended = time.monotonic()
+                return Fetched(url, failure=kind, detail=detail, seconds=ended - started, at=ended)
+
+    async def workers(self, targets: Sequence[WorkerTarget]) -> list[WorkerAnswers]:
+        """Every worker's four endpoints, concurrently.
+
+        All /health requests queue for a permit before any other request, and a worker whose
+        /health gets no HTTP answer has its other requests called off (`skipped`): a silent
+        worker then costs one timeout counted from early in the round, not from its end.
+        """
+        health = [asyncio.ensure_future(self.get(f"{t.url}/health")) for t in targets]
+        rest = [
+            [asyncio.ensure_future(self.get(f"{t.url}{path}")) for path in WORKER_PATHS]
+            for t in targets
+        ]
+
+        async def settle(
+            target: WorkerTarget,
+            first: asyncio.Future[Fetched],
+            others: Sequence[asyncio.Future[Fetched]],
+        ) -> WorkerAnswers:
+            answer = await first
+            if answer.failure is not None:
+                for task in others:
+                    task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            fetched = [
+                task.result()
+                if not task.cancelled()
+                else Fetched(
+                    f"{target.url}{path}",
+                    failure="skipped",
+                    detail=f"not asked: /health {answer.detail}",
+                    at=answer.at,
+                )
+                for task, path in zip(others, WORKER_PATHS, strict=True)
+            ]
+            return WorkerAnswers(target, answer, *fetched)
+
+        return list(
+            await asyncio.gather(
+                *(settle(t, h, r) for t, h, r in zip(targets, health, rest, strict=True))
+            )
+        )
+
+    async def router(self, target: RouterTarget) -> RouterAnswers:
+        """Liveness, readiness, the worker list and the metrics of the router, concurrently."""
+        headers = _auth(target)
+        health, readiness, workers, metrics = await asyncio.gather(
+            self.get(f"{target.url}/health", headers),
+            self.get(f"{target.url}/readiness", headers),
+            self.get(f"{target.url}/workers", headers),
+            self.get(target.metrics_url, headers),
+        )
+        return RouterAnswers(target, health, readiness, workers, metrics)
+
+    async def round(self, targets: Targets, rate_window_s: float = 0.0) -> Round:
+        """Probe everything once.
+
+        With `rate_window_s` > 0 the router's metrics are scraped a second time, at least that
+        many seconds after the first, so that one round can report request rates.
+        """
+        taken_at, started = time.time(), time.monotonic()
+        router_task = asyncio.ensure_future(self.router(targets.router))  # first in the queue
+        workers = await self.workers(targets.workers)
+        router = await router_task
+        before: Fetched | None = None
+        if rate_window_s > 0 and router.metrics.ok:
+            wait = rate_window_s - (time.monotonic() - router.metrics.at)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            second = await self.get(targets.router.metrics_url, _auth(targets.router))
+            if second.ok:
+                before = router.metrics
+                router = RouterAnswers(
+                    router.target, router.health, router.readiness, router.workers, second
+                )
+        return Round(
+            workers=tuple(workers),
+            router=router,
+            taken_at=taken_at,
+            seconds=time.monotonic() - started,
+            monotonic=started,
+            router_metrics_before=before,
+        )
+
+
+def _auth(target: RouterTarget) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
