@@ -119,6 +119,77 @@ def lb(
     raise typer.Exit(lb_main(argv))
 
 
+ProbeTimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0.05, help="Seconds each probe request may take.")
+]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", min=1, help="Probe requests in flight at most.")
+]
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit health topologies/local.yaml && echo serving\n\n"
+    "  pdkit health topologies/local.yaml --json | jq -r '.problems[].line'\n\n"
+    "Exit status 0 when every worker and the router are healthy and are what the topology "
+    "says, 1 otherwise, with one line per problem and its cause."
+)
+def health(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    timeout: ProbeTimeoutOpt = 3.0,
+    concurrency: ConcurrencyOpt = 128,
+) -> None:
+    """Probe every worker and the router once, concurrently; list what is wrong."""
+    from kit.observe import ProbeOptions  # noqa: PLC0415
+    from kit.observe import health as run_health  # noqa: PLC0415
+    from kit.sglang.resolve import resolve  # noqa: PLC0415
+
+    plan = resolve(topology)
+    raise typer.Exit(run_health(plan, out, ProbeOptions(timeout, concurrency), as_json))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit status topologies/local.yaml\n\n"
+    "  pdkit status topologies/local.yaml --watch --interval 5\n\n"
+    "  pdkit status topologies/local.yaml --json | jq '.workers[] | {name, state}'\n\n"
+    "With --watch --json, one JSON object per line per refresh."
+)
+def status(
+    topology: TopologyArg,
+    *,
+    as_json: JsonOpt = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between refreshes (--watch).")
+    ] = 2.0,
+    count: Annotated[
+        int | None, typer.Option("--count", min=1, help="Stop after this many refreshes.")
+    ] = None,
+    timeout: ProbeTimeoutOpt = 3.0,
+    concurrency: ConcurrencyOpt = 128,
+) -> None:
+    """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO."""
+    from kit.observe import ProbeOptions  # noqa: PLC0415
+    from kit.observe import status as run_status  # noqa: PLC0415
+    from kit.sglang.resolve import resolve  # noqa: PLC0415
+
+    plan = resolve(topology)
+    options = ProbeOptions(timeout, concurrency)
+    raise typer.Exit(
+        run_status(
+            plan,
+            out,
+            options,
+            as_json=as_json,
+            watch=watch or count is not None,
+            interval_s=interval,
+            count=count,
+        )
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
