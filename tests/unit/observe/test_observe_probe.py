@@ -1,0 +1,125 @@
+"""The probing loop over real sockets: answers, refusals, silence, and a round's bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+
+import pytest
+from aiohttp import web
+
+from kit.errors import ProbeError
+from kit.observe.probe import Prober, _failure
+from kit.observe.targets import RouterTarget, Targets
+from kit.topology.schema import SLO
+from tests.unit.observe.builders import worker_target
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serving(routes: dict[str, web.StreamResponse | str | int]):
+    """A server answering each path with a status (int), a body (str), or never (...)."""
+    hits: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        hits.append(request.path_qs)
+        answer = routes.get(request.path, 404)
+        if answer is Ellipsis:
+            await asyncio.Event().wait()
+        if isinstance(answer, int):
+            return web.Response(status=answer)
+        return web.Response(text=str(answer))
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", hits
+    finally:
+        await runner.cleanup()
+
+
+def test_an_answer_a_refusal_and_silence_are_told_apart():
+    async def scenario():
+        async with (
+            serving({"/health": 200, "/slow": ..., "/starting": 503}) as (url, _),
+            Prober(timeout=0.3) as prober,
+        ):
+            answered = await prober.get(f"{url}/health")
+            assert answered.ok and answered.failure is None and answered.at > 0
+            assert (await prober.get(f"{url}/starting")).status == 503
+            silent = await prober.get(f"{url}/slow")
+            assert silent.failure == "timeout" and silent.detail == "no answer within 0.3 s"
+            assert 0.25 < silent.seconds < 2
+            refused = await prober.get(f"http://127.0.0.1:{free_port()}/health")
+            assert refused.failure == "refused" and refused.detail == "connection refused"
+
+    asyncio.run(scenario())
+
+
+def test_a_timeout_before_the_request_went_out_is_a_connect_timeout():
+    kind, detail = _failure(TimeoutError(), sent=False, timeout=3.0)
+    assert kind == "connect_timeout" and "host down" in detail
+    assert _failure(TimeoutError(), sent=True, timeout=3.0)[0] == "timeout"
+
+
+def test_a_silent_worker_costs_one_timeout_and_its_other_requests_are_skipped():
+    async def scenario():
+        async with (
+            serving({"/health": 200, "/server_info": "{}", "/metrics": ""}) as (good, hits),
+            serving({p: ... for p in ("/health", "/server_info", "/v1/loads", "/metrics")}) as (
+                silent,
+                silent_hits,
+            ),
+            serving({"/health": 200, "/readiness": "{}", "/metrics": "x 1\n"}) as (router, _),
+        ):
+            targets = Targets(
+                "t",
+                (
+                    worker_target("prefill", url=silent),
+                    *(worker_target("decode", url=good, instance=i) for i in range(20)),
+                ),
+                RouterTarget("router", "pdkit", "h", router, f"{router}/metrics", None),
+                SLO(),
+            )
+            async with Prober(timeout=0.5, concurrency=4) as prober:
+                started = time.monotonic()
+                round_ = await prober.round(targets, rate_window_s=0.2)
+                elapsed = time.monotonic() - started
+            first = round_.workers[0]
+            assert first.health.failure == "timeout"
+            assert {f.failure for f in (first.server_info, first.loads, first.metrics)} == {
+                "skipped"
+            }
+            assert silent_hits[0] == "/health"
+            assert all(w.health.ok for w in round_.workers[1:])
+            assert len([h for h in hits if h == "/health"]) == 20
+            # bounded by the probe timeout, not 21 of them (generous: a shared machine)
+            assert elapsed < 0.5 * 4
+            # two scrapes of the router's metrics, at least the rate window apart
+            assert round_.router_metrics_before is not None
+            assert round_.router.metrics.at - round_.router_metrics_before.at >= 0.2
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("timeout", "concurrency"), [(0.0, 1), (1.0, 0)])
+def test_nonsense_options_are_refused(timeout, concurrency):
+    with pytest.raises(ProbeError):
+        Prober(timeout=timeout, concurrency=concurrency)
+
+
+def test_using_a_prober_outside_its_context_is_an_error():
+    with pytest.raises(ProbeError, match="async with"):
+        asyncio.run(Prober().get("http://127.0.0.1:1/"))

@@ -1,0 +1,105 @@
+"""The router judged from its answers, for both kinds: readiness, its worker view, traffic, SLO."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.observe.probe import Fetched, RouterAnswers
+from kit.observe.router import evaluate_router
+from kit.topology.schema import SLO
+from tests.unit.observe.builders import (
+    D0,
+    P0,
+    P1,
+    SMG_METRICS,
+    SMG_WORKERS,
+    pdkit_answers,
+    pdkit_metrics,
+)
+from tests.unit.observe.builders import router_got as got
+from tests.unit.observe.builders import router_target as target
+
+
+def test_pdkit_router_ready_with_its_worker_view_rates_and_latency():
+    earlier = got("/metrics", pdkit_metrics(requests=20), at=98.0)
+    status = evaluate_router(pdkit_answers(at=100.0), SLO(), earlier)
+    assert status.state == "healthy" and status.ready is True and not status.problems
+    assert (status.healthy_prefill, status.total_prefill) == (2, 2)
+    assert (status.healthy_decode, status.total_decode) == (1, 1)
+    assert status.workers is not None and {w.url for w in status.workers} == {P0, P1, D0}
+    assert status.requests_total == 40 and status.requests_per_s == pytest.approx(10.0)
+    assert status.inflight == 3
+    assert status.ttft is not None and status.ttft.count == 40
+    assert status.ttft.p50_ms == pytest.approx(200.0)
+    assert status.ttft.within == pytest.approx(0.9)  # 36 of 40 within 400 ms
+    assert status.tpot is not None and status.tpot.within == pytest.approx(0.9)
+    assert status.tpot_is_itl and status.slo_met is True
+
+
+def test_slo_missed_when_a_share_is_below_the_attainment():
+    status = evaluate_router(pdkit_answers(), SLO(ttft_ms=200, tpot_ms=40, attainment=0.9))
+    assert status.ttft is not None and status.ttft.within == pytest.approx(0.5)
+    assert status.slo_met is False
+
+
+def test_a_router_with_no_healthy_decode_is_not_ready_and_says_why():
+    metrics = pdkit_metrics(healthy={P0: 1, P1: 1, D0: 0})
+    status = evaluate_router(pdkit_answers(ready=False, metrics=metrics), SLO())
+    assert status.state == "unhealthy" and status.ready is False
+    assert status.cause == "not ready: no healthy decode"
+    assert (status.healthy_decode, status.total_decode) == (0, 1)
+    assert status.workers is not None
+    decode = next(w for w in status.workers if w.url == D0)
+    assert not decode.healthy and decode.state == "unhealthy" and decode.reason == "health_check"
+
+
+def test_a_draining_pdkit_router_is_draining():
+    status = evaluate_router(
+        pdkit_answers(
+            ready=False,
+            metrics=pdkit_metrics(drain=1),
+            health=got("/health", {"status": "draining"}),
+        ),
+        SLO(),
+    )
+    assert status.state == "draining" and status.ready is False
+
+
+def test_a_router_that_is_not_there_is_down():
+    gone = Fetched("http://10.0.0.1:8000/x", failure="refused", detail="connection refused")
+    status = evaluate_router(RouterAnswers(target(), gone, gone, gone, gone), SLO())
+    assert status.state == "down" and status.cause == "connection refused"
+    assert status.workers is None and status.requests_total is None
+
+
+def test_smg_router_worker_list_and_metrics_on_their_own_port():
+    answers = RouterAnswers(
+        target("smg"),
+        got("/health", "OK"),
+        got("/readiness", {"status": "not ready", "healthy_workers": 1, "total_workers": 2}, 503),
+        got("/workers", SMG_WORKERS),
+        got("/metrics", SMG_METRICS),
+    )
+    status = evaluate_router(answers, SLO())
+    assert status.kind == "smg" and status.state == "unhealthy"
+    assert status.cause == "not ready: no healthy decode"
+    assert (status.healthy_prefill, status.healthy_decode) == (1, 0)
+    assert status.requests_total == 12  # client requests, not the probes
+    assert status.ttft is not None and status.ttft.count == 12 and status.tpot is None
+    assert not status.tpot_is_itl
+
+
+def test_smg_without_router_counters_counts_client_paths_only():
+    metrics = (
+        "# TYPE smg_http_requests_total counter\n"
+        'smg_http_requests_total{method="GET",path="/readiness"} 90\n'
+        'smg_http_requests_total{method="POST",path="/v1/chat/completions"} 5\n'
+    )
+    answers = RouterAnswers(
+        target("smg"),
+        got("/health", "OK"),
+        got("/readiness", {"status": "ready"}),
+        got("/workers", SMG_WORKERS),
+        got("/metrics", metrics),
+    )
+    assert evaluate_router(answers, SLO()).requests_total == 5
