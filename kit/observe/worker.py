@@ -56,8 +56,9 @@ FAMILIES = frozenset(
 class KvTransfer:
     """KV cache transfer between prefill and decode, as this worker counts it.
 
-    `latency_ms` is the mean transfer latency (ms) over `window`; `speed_gb_s` GB/s; the
-    failure counts are since the worker started.
+    `latency_ms` is the mean transfer latency (ms) and `transfers` their number over `window`
+    ("since start", "last round" in `--watch`, or "latest": the scheduler's last value);
+    `speed_gb_s` GB/s; the failure counts are since the worker started.
     """
 
     latency_ms: float | None = None
@@ -232,7 +233,7 @@ def _kv(
     return KvTransfer(
         latency_ms=latency_ms,
         speed_gb_s=speed_gb_s,
-        transfers=_int(latency.count) if latency is not None and window == "since start" else None,
+        transfers=_int(latency.count) if latency is not None else None,
         failed=failed,
         bootstrap_failed=bootstrap_failed,
         window=window,
