@@ -190,6 +190,112 @@ def status(
     )
 
 
+@app.command(
+    epilog="Examples:\n\n  pdkit up topologies/local.yaml\n\n"
+    "  pdkit up topologies/llama-8b-1p1d.yaml --timeout 1200\n\n"
+    "Runs Ansible (playbooks/deploy.yml) for the workers, waits until every worker answers "
+    "/health, then deploys the router and waits for its /readiness. Running it again changes "
+    "nothing; after a topology change only the affected processes restart. State (inventory, "
+    "Ansible output) goes to .pdkit/<name>/ beside the topology."
+)
+def up(
+    topology: TopologyArg,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Keep state in DIR/<name>/ (default: .pdkit/<name>/ beside the topology, "
+            "or $PDKIT_STATE_DIR/<name>/).",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds for every worker to become ready (default: 120 for engine sim, "
+            "1800 for sglang).",
+            metavar="SECONDS",
+            show_default=False,
+        ),
+    ] = None,
+    router_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--router-timeout",
+            help="Seconds for the router to become ready.",
+            metavar="SECONDS",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
+    ] = False,
+) -> None:
+    """Install and start every process of a topology, in order, and wait until it serves."""
+    from kit.deploy import UpOptions, load_context  # noqa: PLC0415
+    from kit.deploy import up as deploy_up  # noqa: PLC0415
+
+    context = load_context(topology, state_dir)
+    deploy_up(context, out, UpOptions(timeout, router_timeout, verbose))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit down topologies/local.yaml\n\n"
+    "Stops the router first, then the workers (playbooks/down.yml). Logs and configuration "
+    "stay on the hosts; running it again is a quiet no-op."
+)
+def down(
+    topology: TopologyArg,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="As for `pdkit up`.", metavar="DIR", show_default=False),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
+    ] = False,
+) -> None:
+    """Stop every process of a topology: router first, then workers."""
+    from kit.deploy import down as deploy_down  # noqa: PLC0415
+    from kit.deploy import load_context  # noqa: PLC0415
+
+    deploy_down(load_context(topology, state_dir), out, verbose)
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit logs topologies/local.yaml\n\n"
+    "  pdkit logs topologies/local.yaml decode-0 -n 200\n\n"
+    "  pdkit logs topologies/local.yaml prefill -f\n\n"
+    "PROCESS is a process name (prefill-0, decode-1-node1, router) or a role (prefill, "
+    "decode); without it, every process. Logs live on each host under "
+    "<root>/var/log/pdkit/<name>/."
+)
+def logs(
+    topology: TopologyArg,
+    process: Annotated[
+        str | None,
+        typer.Argument(help="Process name or role; default: all.", show_default=False),
+    ] = None,
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", help="Lines from the end of each log.")
+    ] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+    ] = False,
+) -> None:
+    """Show the logs of a deployment's processes."""
+    from kit.deploy import load_context  # noqa: PLC0415
+    from kit.deploy.logs import show_logs  # noqa: PLC0415
+
+    context = load_context(topology)
+    selected = [context.log_file(name) for name in context.select_processes(process)]
+    try:
+        show_logs(selected, print, lambda text: err.print(text, markup=False), lines, follow)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -1,0 +1,15 @@
+"""Deploy a Plan onto its hosts with Ansible and wait until it serves.
+
+context   topology file -> DeployContext (Plan, state dir, hosts with their layout)
+layout    where files live: state dir on the control machine, root prefix on each host
+inventory Plan -> Ansible inventory (pure); secrets: the router API key, never logged
+runner    ansible-runner driver; events: its event stream -> progress and failure reports
+wait      readiness polling from the control machine; readiness: the pure verdicts
+services  supervisord's own view of local hosts (XML-RPC over its unix socket)
+rollout   `pdkit up` / `pdkit down`; logs: `pdkit logs`; view: rich presentation
+"""
+
+from kit.deploy.context import DeployContext, load_context
+from kit.deploy.rollout import UpOptions, down, up
+
+__all__ = ["DeployContext", "UpOptions", "down", "load_context", "up"]

@@ -1,0 +1,95 @@
+"""A deployment as the deploy commands see it: the Plan of a topology file plus where its state
+lives on the control machine and its files on each host. Built once per command."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kit.deploy.inventory import DeployHost, build_inventory, deploy_hosts
+from kit.deploy.layout import state_dir
+from kit.deploy.logs import LogFile
+from kit.errors import DeployError
+from kit.topology.plan import Plan
+
+
+@dataclass(frozen=True)
+class DeployContext:
+    topology_file: Path
+    plan: Plan
+    state_dir: Path
+    hosts: tuple[DeployHost, ...]
+
+    @property
+    def private_dir(self) -> Path:
+        """ansible-runner's private data dir (inventory, artifacts)."""
+        return self.state_dir / "ansible"
+
+    def inventory(self) -> dict[str, Any]:
+        return build_inventory(self.plan, self.hosts)
+
+    def host(self, name: str) -> DeployHost:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    @property
+    def hosts_by_name(self) -> dict[str, DeployHost]:
+        return {h.name: h for h in self.hosts}
+
+    def process_names(self) -> list[str]:
+        """Every process, workers in plan order then the router."""
+        return [*(w.name for w in self.plan.workers), self.plan.router.name]
+
+    def process_host(self, process: str) -> DeployHost:
+        if process == self.plan.router.name:
+            return self.host(self.plan.router.host)
+        for worker in self.plan.workers:
+            if worker.name == process:
+                return self.host(worker.host)
+        raise KeyError(process)
+
+    def log_file(self, process: str) -> LogFile:
+        return LogFile(process, self.process_host(process))
+
+    def select_processes(self, selector: str | None) -> list[str]:
+        """Processes named by `selector`: a process name, a role (prefill, decode, router), or
+        None for all. Unknown names raise with the closest match."""
+        names = self.process_names()
+        if selector is None:
+            return names
+        if selector in names:
+            return [selector]
+        by_role = [w.name for w in self.plan.workers if w.role == selector]
+        if by_role:
+            return by_role
+        close = difflib.get_close_matches(selector, [*names, "prefill", "decode"], n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise DeployError(
+            f"deployment {self.plan.name} has no process '{selector}'.{hint} "
+            f"Its processes: {', '.join(names)} (or a role: prefill, decode)."
+        )
+
+
+def load_context(
+    topology: Path, state_base: Path | str | None = None, control_python: str | None = None
+) -> DeployContext:
+    """Resolve the topology (every check runs first) and place the deployment.
+
+    `control_python` is the interpreter local hosts run pdkit's processes with; default: this
+    one (the control machine's venv).
+    """
+    from kit.sglang.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
+
+    plan = resolve(topology)
+    python = control_python or sys.executable
+    return DeployContext(
+        topology_file=topology,
+        plan=plan,
+        state_dir=state_dir(topology, plan.name, state_base),
+        hosts=deploy_hosts(plan, topology, python),
+    )

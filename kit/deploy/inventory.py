@@ -1,0 +1,154 @@
+"""Plan -> Ansible inventory: one host entry per topology host, with the layout of the
+deployment on it and one record per process it runs. Pure: no I/O, no clock.
+
+Secrets never enter the inventory. A process record names, in `secret_env`, the variable to
+write into its environment file and the variable of the *ansible-playbook process* (on the
+control machine) that holds the value; the playbook reads it with ``lookup('ansible.builtin.env')``
+(see `kit.deploy.secrets`).
+
+Inventory groups: ``pdkit_hosts`` (every host of the deployment), ``pdkit_workers`` (hosts
+running a worker) and ``pdkit_router`` (the router's host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from kit.deploy.layout import HostLayout, host_root
+from kit.topology.plan import Command, HostPlan, Plan, RouterProcess, WorkerProcess
+
+Stage = Literal["workers", "router"]
+
+CONTROL_ROUTER_KEY_ENV = "PDKIT_DEPLOY_ROUTER_API_KEY"
+"""Variable of the ansible-playbook process that carries the router's client API key."""
+
+ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
+"""Variable the router reads its client API key from, per router kind (env file, 0600)."""
+
+REMOTE_VENV = "opt/pdkit/venv"
+"""Where provisioning puts the Python environment on a remote host, under its root prefix."""
+
+
+@dataclass(frozen=True)
+class DeployHost:
+    """A host as the deployment layer sees it: the Plan's host plus resolved paths."""
+
+    plan: HostPlan
+    layout: HostLayout
+    python: str
+    """Interpreter that runs pdkit's processes on the host (`pdkit_python`)."""
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def local(self) -> bool:
+        return self.plan.connection == "local"
+
+    @property
+    def become(self) -> bool:
+        """Whether Ansible needs sudo: only over SSH as a non-root user writing system paths."""
+        if self.plan.connection == "local" or self.plan.ssh_user == "root":
+            return False
+        return self.plan.service_manager == "systemd" or self.layout.root == "/"
+
+
+def deploy_hosts(plan: Plan, topology_file: Path, control_python: str) -> tuple[DeployHost, ...]:
+    """Every host of the plan with its layout; local hosts run `control_python` (the
+    interpreter of the control machine's venv), remote ones the venv provisioning made."""
+    hosts = []
+    for host in plan.hosts:
+        root = host_root(host.root, topology_file)
+        layout = HostLayout(deployment=plan.name, root=root)
+        python = (
+            control_python
+            if host.connection == "local"
+            else str(PurePosixPath(layout.root, REMOTE_VENV, "bin", "python"))
+        )
+        hosts.append(DeployHost(plan=host, layout=layout, python=python))
+    return tuple(hosts)
+
+
+def _command_record(command: Command) -> dict[str, Any]:
+    return {
+        "module": command.module,
+        "executable": command.executable,
+        "args": list(command.args),
+        "secret_args": [list(pair) for pair in command.secret_args],
+    }
+
+
+def worker_record(worker: WorkerProcess, deployment: str) -> dict[str, Any]:
+    """The process record of a worker (what the pdkit_process role installs)."""
+    env = {**worker.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": worker.name}
+    return {
+        "name": worker.name,
+        "role": worker.role,
+        "stage": "workers",
+        **_command_record(worker.command),
+        "env": dict(sorted(env.items())),
+        "secret_env": {},
+        "url": worker.url if worker.serves_http else None,
+    }
+
+
+def router_record(router: RouterProcess, deployment: str) -> dict[str, Any]:
+    """The process record of the router; its API key (if any) arrives through `secret_env`."""
+    env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
+    has_key = bool(router.api_key_env or router.api_key_file)
+    return {
+        "name": router.name,
+        "role": "router",
+        "stage": "router",
+        **_command_record(router.command),
+        "env": dict(sorted(env.items())),
+        "secret_env": {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {},
+        "url": router.url,
+    }
+
+
+def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
+    """Everything one host's plays need: connection, layout, interpreter, processes."""
+    records = [worker_record(w, plan.name) for w in plan.on_host(host.name)]
+    if plan.router.host == host.name:
+        records.append(router_record(plan.router, plan.name))
+    out: dict[str, Any] = {"ansible_host": host.plan.address}
+    if host.local:
+        # The control machine's own interpreter: no discovery, and it has pdkit installed.
+        out |= {"ansible_connection": "local", "ansible_python_interpreter": host.python}
+    else:
+        out |= {
+            "ansible_connection": "ssh",
+            "ansible_user": host.plan.ssh_user,
+            "ansible_port": host.plan.ssh_port,
+            "ansible_python_interpreter": "auto_silent",
+        }
+        if host.plan.ssh_key:
+            out["ansible_ssh_private_key_file"] = host.plan.ssh_key
+    out["ansible_become"] = host.become
+    out |= {
+        "pdkit_root": host.layout.root,
+        "pdkit_python": host.python,
+        "pdkit_service_manager": host.plan.service_manager,
+        **host.layout.ansible_vars(),
+        "pdkit_processes": records,
+    }
+    return out
+
+
+def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]:
+    """The inventory (YAML/JSON inventory structure) of a plan."""
+    worker_hosts = {w.host for w in plan.workers}
+    return {
+        "all": {
+            "vars": {"pdkit_deployment": plan.name, "pdkit_engine": plan.engine},
+            "children": {
+                "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
+                "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
+                "pdkit_router": {"hosts": {plan.router.host: {}}},
+            },
+        }
+    }

@@ -1,0 +1,250 @@
+"""`pdkit up` and `pdkit down`: the order of things and what the user is told.
+
+up:   deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags router
+      -> wait for the router's /readiness -> endpoint, curl line, status table.
+down: down.yml (router first, then workers, then the deployment's supervisord); logs stay.
+
+Every failure raises `DeployError` with what failed (host, task or process, its stderr or log
+tail) and what is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from kit.deploy.context import DeployContext
+from kit.deploy.logs import tail
+from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
+from kit.deploy.secrets import ansible_secret_env, router_api_key
+from kit.deploy.services import host_processes
+from kit.deploy.view import AnsibleView, ReadinessView, status_table
+from kit.deploy.wait import ProcessStatus, Target, router_targets, wait_ready, worker_targets
+from kit.errors import DeployError, PdkitError
+
+WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
+"""Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
+ROUTER_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    worker_timeout: float | None = None
+    router_timeout: float | None = None
+    verbose: bool = False
+
+
+def _relative(path: str | Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def _run(
+    ctx: DeployContext,
+    console: Console,
+    playbook: str,
+    *,
+    tags: str | None,
+    secret_env: dict[str, str],
+    verbose: bool,
+) -> PlaybookResult:
+    with AnsibleView(console) as view:
+        result = run_playbook(
+            ctx.private_dir,
+            ctx.inventory(),
+            playbook,
+            tags=tags,
+            secret_env=secret_env,
+            listener=view.listener,
+            verbose=verbose,
+        )
+    if not result.ok:
+        raise DeployError(f"{failure_report(result)}\n{_running_now(ctx)}")
+    console.print(f"  {result.progress.summary()}", style="dim")
+    return result
+
+
+def _wait(
+    ctx: DeployContext,
+    console: Console,
+    targets: list[Target],
+    timeout: float,
+    headers: dict[str, str] | None,
+) -> list[ProcessStatus]:
+    since = time.time()
+    with ReadinessView(console) as view:
+        return asyncio.run(
+            wait_ready(
+                targets,
+                ctx.hosts_by_name,
+                timeout=timeout,
+                since=since,
+                headers=headers,
+                on_update=view.update,
+            )
+        )
+
+
+def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
+    """Deploy and start the whole topology; return once the router is ready."""
+    plan = ctx.plan
+    secret_env = ansible_secret_env(plan.router, ctx.topology_file, os.environ)
+    console.print(
+        f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
+        f"prefill + {len(plan.role('decode'))} decode, router {plan.router.kind} on "
+        f"{plan.router.host} (state: {_relative(ctx.state_dir)})"
+    )
+    console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
+    _run(ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose)
+    worker_timeout = options.worker_timeout or WORKER_TIMEOUT_S[plan.engine]
+    console.print(f"[bold]Workers[/]: waiting for /health (timeout {worker_timeout:.0f} s)")
+    statuses = _wait(ctx, console, worker_targets(plan), worker_timeout, None)
+    _raise_unless_ready(ctx, statuses, stage="workers")
+
+    console.print("[bold]Router[/]: installing and starting (Ansible, deploy.yml --tags router)")
+    _run(ctx, console, "deploy.yml", tags="router", secret_env=secret_env, verbose=options.verbose)
+    router_timeout = options.router_timeout or ROUTER_TIMEOUT_S
+    key = router_api_key(plan.router, ctx.topology_file, os.environ)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    console.print(f"[bold]Router[/]: waiting for /readiness (timeout {router_timeout:.0f} s)")
+    router_status = _wait(ctx, console, router_targets(plan), router_timeout, headers)
+    _raise_unless_ready(ctx, router_status, stage="router")
+    _print_serving(ctx, console, statuses + router_status)
+
+
+def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
+    """Stop the router, then the workers; keep configuration and logs."""
+    plan = ctx.plan
+    console.print(f"[bold]pdkit down {plan.name}[/]: router first, then workers")
+    result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
+    logs = sorted({h.layout.log_dir for h in ctx.hosts})
+    if result.progress.changed:
+        hosts = sorted({c.host for c in result.progress.changes})
+        console.print(
+            f"Stopped deployment {plan.name} on {', '.join(hosts)}. "
+            f"Logs kept in {', '.join(_relative(p) for p in logs)}"
+        )
+    else:
+        console.print(f"Nothing of deployment {plan.name} was running.")
+
+
+def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage: str) -> None:
+    bad = [s for s in statuses if s.verdict.state != "ready"]
+    if not bad:
+        return
+    lines = []
+    for status in bad:
+        target = status.target
+        lines.append(
+            f"{target.name} on {target.host} {_state_phrase(status)}: {status.verdict.detail}."
+        )
+        lines += _log_tail(ctx, target.name)
+    if stage == "workers":
+        lines.append("The router was not started by this run.")
+    lines.append(_running_now(ctx))
+    topology = shlex.quote(str(ctx.topology_file))
+    name = shlex.quote(bad[0].target.name)
+    lines.append(
+        f"To fix: correct the cause above, then run `pdkit up {topology}` again (it restarts "
+        f"only what changed). `pdkit logs {topology} {name}` shows the whole log; "
+        f"`pdkit down {topology}` stops everything."
+    )
+    raise DeployError("\n".join(lines))
+
+
+def _state_phrase(status: ProcessStatus) -> str:
+    return {
+        "failed": "failed",
+        "timeout": "did not become ready in time",
+    }.get(status.verdict.state, f"is still {status.verdict.state}")
+
+
+def _log_tail(ctx: DeployContext, process: str) -> list[str]:
+    log = ctx.log_file(process)
+    try:
+        lines = tail(log, LOG_TAIL_LINES)
+    except PdkitError as exc:
+        return [f"  (its log {log.path} on {log.host.name} could not be read: {exc})"]
+    if not lines:
+        return [f"  (its log {_relative(log.path)} is empty)"]
+    head = f"  Last {len(lines)} lines of {_relative(log.path)}:"
+    return [head, *(f"  | {line}" for line in lines)]
+
+
+def _running_now(ctx: DeployContext) -> str:
+    """What the service managers pdkit can ask say is running (local supervisord hosts)."""
+    running: list[str] = []
+    unknown: list[str] = []
+    for host in ctx.hosts:
+        view = host_processes(host)
+        if view is None:
+            if not host.local or host.plan.service_manager != "supervisord":
+                unknown.append(host.name)
+            continue
+        running += [
+            f"{name} (pid {info.pid})"
+            for name, info in sorted(view.items())
+            if info.state in ("RUNNING", "STARTING")
+        ]
+    text = f"Still running: {', '.join(running)}." if running else "Nothing of it is running."
+    if unknown:
+        text += f" (Not known for {', '.join(unknown)}: see `pdkit status`.)"
+    return text
+
+
+def _curl_line(ctx: DeployContext) -> str:
+    router = ctx.plan.router
+    body = {
+        "model": ctx.plan.model.served_name,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+        "max_tokens": 32,
+    }
+    parts = ["curl", "-s", f"{router.url}/v1/chat/completions"]
+    parts += ["-H", "Content-Type: application/json"]
+    line = shlex.join(parts)
+    if router.api_key_env:
+        line += f' -H "Authorization: Bearer ${router.api_key_env}"'
+    elif router.api_key_file:
+        line += f' -H "Authorization: Bearer $(cat {shlex.quote(router.api_key_file)})"'
+    return f"{line} -d {shlex.quote(json.dumps(body))}"
+
+
+def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessStatus]) -> None:
+    plan = ctx.plan
+    pids: dict[str, int] = {}
+    for host in ctx.hosts:
+        pids |= {name: info.pid for name, info in (host_processes(host) or {}).items()}
+    urls = {w.name: w.url for w in plan.workers if w.serves_http} | {"router": plan.router.url}
+    urls = {name: url.removeprefix("http://") for name, url in urls.items()}
+    rows = [
+        (
+            s.target.name,
+            s.target.role,
+            s.target.host,
+            urls.get(s.target.name, "-"),
+            s.verdict.state,
+            str(pids.get(s.target.name) or s.pid or "-"),
+        )
+        for s in statuses
+    ]
+    console.print(status_table(rows))
+    console.print(
+        f"[bold green]Serving[/] {plan.model.served_name} at {plan.router.url} "
+        f"(OpenAI API: base_url {plan.router.url}/v1). Try:"
+    )
+    console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
+    topology = shlex.quote(str(ctx.topology_file))
+    used_hosts = {s.target.host for s in statuses}
+    log_dirs = sorted({_relative(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})
+    console.print(f"Logs: pdkit logs {topology} [PROCESS] [-f]  ({', '.join(log_dirs)})")
+    console.print(f"Stop: pdkit down {topology}")

@@ -1,0 +1,179 @@
+"""Wait until processes are ready: poll their HTTP health from the control machine (and, on
+local supervisord hosts, supervisord's view of them) until all are ready, one fails, or the
+timeout passes. The judging is `kit.deploy.readiness`; this module only polls and times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from kit.deploy.inventory import DeployHost
+from kit.deploy.readiness import (
+    HttpAnswer,
+    ServiceInfo,
+    Verdict,
+    evaluate,
+    follow_rank0,
+    timed_out,
+)
+from kit.deploy.services import host_processes
+from kit.topology.plan import Plan
+
+POLL_INTERVAL_S = 0.5
+REQUEST_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """A process to wait for. `url` is None for a node that serves no HTTP (rank > 0); such a
+    node follows `rank0`, the name of its instance's rank-0 process."""
+
+    name: str
+    role: str
+    host: str
+    url: str | None
+    ready_path: str
+    rank0: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """A target's latest verdict; `elapsed` is seconds from the start of the wait until it was
+    settled, or until now. `pid` is known where supervisord could be asked."""
+
+    target: Target
+    verdict: Verdict
+    elapsed: float
+    pid: int | None = None
+
+
+def worker_targets(plan: Plan) -> list[Target]:
+    """Every worker process, in plan order; rank > 0 nodes follow their rank 0."""
+    rank0 = {(w.role, w.instance): w.name for w in plan.workers if w.serves_http}
+    return [
+        Target(
+            name=w.name,
+            role=w.role,
+            host=w.host,
+            url=w.url if w.serves_http else None,
+            ready_path="/health",
+            rank0=None if w.serves_http else rank0[(w.role, w.instance)],
+        )
+        for w in plan.workers
+    ]
+
+
+def router_targets(plan: Plan) -> list[Target]:
+    router = plan.router
+    return [Target(router.name, "router", router.host, router.url, "/readiness")]
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> HttpAnswer:
+    try:
+        async with session.get(url, allow_redirects=False) as response:
+            await response.read()
+            return HttpAnswer(response.status)
+    except aiohttp.ClientConnectorError as exc:
+        reason = exc.os_error.strerror if exc.os_error and exc.os_error.strerror else str(exc)
+        return HttpAnswer(None, reason.lower())
+    except TimeoutError:
+        return HttpAnswer(None, f"no answer within {REQUEST_TIMEOUT_S:.0f} s")
+    except aiohttp.ClientError as exc:
+        return HttpAnswer(None, type(exc).__name__)
+
+
+async def _services(hosts: Sequence[DeployHost], names: set[str]) -> dict[str, ServiceInfo]:
+    found: dict[str, ServiceInfo] = {}
+    views = await asyncio.gather(*(asyncio.to_thread(host_processes, h) for h in hosts))
+    for view in views:
+        for name, info in (view or {}).items():
+            if name in names:
+                found[name] = info
+    return found
+
+
+async def wait_ready(
+    targets: Sequence[Target],
+    hosts: Mapping[str, DeployHost],
+    *,
+    timeout: float,
+    since: float,
+    headers: Mapping[str, str] | None = None,
+    on_update: Callable[[list[ProcessStatus]], None] | None = None,
+    interval: float = POLL_INTERVAL_S,
+) -> list[ProcessStatus]:
+    """Poll until every target is ready, one has failed, or `timeout` seconds have passed.
+
+    `since` (epoch seconds) is when the rollout finished: a supervisord process that stopped
+    after it has crashed. Returns the last status of every target, in order.
+    """
+    started = time.monotonic()
+    names = {t.name for t in targets}
+    probe_hosts = [hosts[name] for name in sorted({t.host for t in targets}) if name in hosts]
+    settled: dict[str, ProcessStatus] = {}
+    client_timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=client_timeout, headers=headers) as session:
+        while True:
+            services = await _services(probe_hosts, names)
+            pending = [t for t in targets if t.url and t.name not in settled]
+            answers = dict(
+                zip(
+                    [t.name for t in pending],
+                    await asyncio.gather(
+                        *(_get(session, f"{t.url}{t.ready_path}") for t in pending)
+                    ),
+                    strict=True,
+                )
+            )
+            elapsed = time.monotonic() - started
+            statuses = _round(
+                targets, answers, services, settled, elapsed=elapsed, since=since, timeout=timeout
+            )
+            if on_update is not None:
+                on_update(statuses)
+            if all(s.verdict.done for s in statuses) or any(
+                s.verdict.state in ("failed", "timeout") for s in statuses
+            ):
+                return statuses
+            await asyncio.sleep(interval)
+
+
+def _round(
+    targets: Sequence[Target],
+    answers: Mapping[str, HttpAnswer],
+    services: Mapping[str, ServiceInfo],
+    settled: dict[str, ProcessStatus],
+    *,
+    elapsed: float,
+    since: float,
+    timeout: float,
+) -> list[ProcessStatus]:
+    """One round's statuses; a ready target stays ready unless its service fails."""
+    by_name: dict[str, ProcessStatus] = {}
+    for target in targets:
+        service = services.get(target.name)
+        pid = service.pid if service and service.pid else None
+        previous = settled.get(target.name)
+        if previous is not None:
+            verdict = evaluate(HttpAnswer(200), service, ready_path=target.ready_path, since=since)
+            by_name[target.name] = replace(previous, verdict=verdict, pid=pid or previous.pid)
+            continue
+        answer = answers.get(target.name) if target.url else None
+        verdict = evaluate(answer, service, ready_path=target.ready_path, since=since)
+        by_name[target.name] = ProcessStatus(target, verdict, elapsed, pid)
+    for target in targets:
+        status = by_name[target.name]
+        if target.rank0 is not None and target.name not in settled:
+            status = replace(
+                status, verdict=follow_rank0(status.verdict, by_name[target.rank0].verdict)
+            )
+        status = replace(status, verdict=timed_out(status.verdict, elapsed, timeout))
+        if status.verdict.state == "ready" and target.name not in settled:
+            settled[target.name] = status
+        by_name[target.name] = status
+    return [by_name[t.name] for t in targets]
