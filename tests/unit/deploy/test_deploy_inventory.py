@@ -1,0 +1,147 @@
+"""Plan -> Ansible inventory: groups, connection, layout, process records, and no secrets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kit.deploy.inventory import (
+    CONTROL_ROUTER_KEY_ENV,
+    build_inventory,
+    deploy_hosts,
+)
+from kit.sglang.resolve import resolve
+from tests.conftest import REPO
+
+LOCAL = REPO / "topologies" / "local.yaml"
+PYTHON = "/venv/bin/python"
+
+
+def local_inventory():
+    plan = resolve(LOCAL)
+    return plan, build_inventory(plan, deploy_hosts(plan, LOCAL, PYTHON))
+
+
+def test_local_default_runs_on_this_machine_with_the_control_venv():
+    _, inventory = local_inventory()
+    host = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["localhost"]
+    assert host["ansible_connection"] == "local"
+    assert host["ansible_python_interpreter"] == PYTHON
+    assert host["pdkit_python"] == PYTHON
+    assert host["ansible_become"] is False
+    assert host["pdkit_service_manager"] == "supervisord"
+    assert host["pdkit_root"] == str(REPO / "topologies" / ".pdkit" / "local" / "root")
+    assert host["pdkit_log_dir"] == host["pdkit_root"] + "/var/log/pdkit/local"
+
+
+def test_groups_name_worker_and_router_hosts():
+    _, inventory = local_inventory()
+    children = inventory["all"]["children"]
+    assert inventory["all"]["vars"] == {"pdkit_deployment": "local", "pdkit_engine": "sim"}
+    assert set(children["pdkit_workers"]["hosts"]) == {"localhost"}
+    assert set(children["pdkit_router"]["hosts"]) == {"localhost"}
+
+
+def test_each_process_gets_a_record_with_its_command_and_identity():
+    plan, inventory = local_inventory()
+    records = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["localhost"]["pdkit_processes"]
+    assert [r["name"] for r in records] == ["prefill-0", "prefill-1", "decode-0", "router"]
+    assert [r["stage"] for r in records] == ["workers"] * 3 + ["router"]
+    decode = records[2]
+    assert decode["module"] == "kit.sim"
+    assert decode["args"] == list(plan.workers[2].command.args)
+    assert decode["env"]["PDKIT_DEPLOYMENT"] == "local"
+    assert decode["env"]["PDKIT_PROCESS"] == "decode-0"
+    assert list(decode["env"]) == sorted(decode["env"])
+    assert records[3]["module"] == "kit.lb"
+    assert records[3]["secret_env"] == {}
+
+
+def test_the_inventory_is_deterministic():
+    assert json.dumps(local_inventory()[1]) == json.dumps(local_inventory()[1])
+
+
+@pytest.fixture
+def remote_plan(write_topology):
+    data = {
+        "name": "prod",
+        "engine": "sim",
+        "model": {"path": "m"},
+        "hosts": [
+            {
+                "name": "a",
+                "address": "10.0.0.1",
+                "gpus": 1,
+                "ssh": {"user": "ops", "port": 2222, "key": "~/.ssh/pdkit"},
+            },
+            {
+                "name": "b",
+                "address": "10.0.0.2",
+                "gpus": 1,
+                "root": "/srv/b",
+                "service_manager": "supervisord",
+            },
+        ],
+        "prefill": {"hosts": ["a"]},
+        "decode": {"hosts": ["b"]},
+        "transfer": {"backend": "mooncake_tcp"},
+        "router": {"host": "b", "kind": "smg", "api_key_env": "MY_KEY"},
+    }
+    path = write_topology(data)
+    return path, resolve(path)
+
+
+def test_ssh_hosts_get_connection_settings_and_a_venv_under_their_root(remote_plan):
+    path, plan = remote_plan
+    hosts = build_inventory(plan, deploy_hosts(plan, path, PYTHON))["all"]["children"]
+    a = hosts["pdkit_hosts"]["hosts"]["a"]
+    b = hosts["pdkit_hosts"]["hosts"]["b"]
+    assert (a["ansible_host"], a["ansible_user"], a["ansible_port"]) == ("10.0.0.1", "ops", 2222)
+    assert a["ansible_ssh_private_key_file"] == "~/.ssh/pdkit"
+    assert a["ansible_become"] is True  # non-root user, systemd under /
+    assert b["ansible_become"] is False  # root
+    assert a["pdkit_python"] == "/opt/pdkit/venv/bin/python"
+    assert b["pdkit_python"] == "/srv/b/opt/pdkit/venv/bin/python"
+    assert set(hosts["pdkit_workers"]["hosts"]) == {"a", "b"}
+    assert set(hosts["pdkit_router"]["hosts"]) == {"b"}
+
+
+def test_the_router_key_is_named_never_included(remote_plan, monkeypatch):
+    path, plan = remote_plan
+    monkeypatch.setenv("MY_KEY", "sekret-value")
+    inventory = build_inventory(plan, deploy_hosts(plan, path, PYTHON))
+    router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["b"]["pdkit_processes"][-1]
+    assert router["secret_env"] == {"PDKIT_ROUTER_API_KEY": CONTROL_ROUTER_KEY_ENV}
+    assert router["secret_args"] == [["--api-key", "PDKIT_ROUTER_API_KEY"]]
+    assert "sekret-value" not in json.dumps(inventory)
+
+
+def test_pdkit_router_key_goes_to_its_own_variable(write_topology):
+    data = json.loads(
+        json.dumps(
+            {
+                "name": "k",
+                "engine": "sim",
+                "model": {"path": "m"},
+                "hosts": [
+                    {
+                        "name": "h",
+                        "address": "127.0.0.1",
+                        "gpus": 2,
+                        "connection": "local",
+                        "service_manager": "supervisord",
+                        "root": "r",
+                    }
+                ],
+                "transfer": {"backend": "mooncake_tcp"},
+                "router": {"api_key_file": "key.txt"},
+            }
+        )
+    )
+    path = write_topology(data)
+    plan = resolve(path)
+    inventory = build_inventory(plan, deploy_hosts(plan, Path(path), PYTHON))
+    router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["h"]["pdkit_processes"][-1]
+    assert router["secret_env"] == {"PDKIT_LB_API_KEY": CONTROL_ROUTER_KEY_ENV}

@@ -1,0 +1,78 @@
+"""Where a deployment's files go: state dir on the control machine, root prefix on each host."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from kit.deploy.layout import MAX_SOCKET_PATH, HostLayout, host_root, state_dir
+from tests.conftest import REPO
+
+
+def test_state_dir_is_beside_the_topology_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("PDKIT_STATE_DIR", raising=False)
+    topology = tmp_path / "topologies" / "local.yaml"
+    assert state_dir(topology, "local") == tmp_path / "topologies" / ".pdkit" / "local"
+
+
+def test_state_dir_option_wins_over_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDKIT_STATE_DIR", str(tmp_path / "env"))
+    topology = tmp_path / "t.yaml"
+    assert state_dir(topology, "x") == tmp_path / "env" / "x"
+    assert state_dir(topology, "x", tmp_path / "opt") == tmp_path / "opt" / "x"
+
+
+def test_relative_root_is_taken_from_the_topology_folder(tmp_path):
+    topology = tmp_path / "topologies" / "local.yaml"
+    assert host_root(".pdkit/local/root", topology) == f"{tmp_path}/topologies/.pdkit/local/root"
+    assert host_root("/srv/a/", topology) == "/srv/a"
+    assert host_root("/", topology) == "/"
+
+
+def test_layout_under_the_root_prefix():
+    layout = HostLayout("local", "/r")
+    assert layout.env_file("decode-0") == "/r/etc/pdkit/local/decode-0.env"
+    assert layout.launch_script("decode-0") == "/r/opt/pdkit/local/bin/decode-0.sh"
+    assert layout.log_file("router") == "/r/var/log/pdkit/local/router.log"
+    assert layout.supervisord_socket == "/r/run/pdkit/local/supervisord.sock"
+    assert HostLayout("prod", "/").config_dir == "/etc/pdkit/prod"
+    assert HostLayout("prod", "/").systemd_unit("decode-0") == "pdkit-prod-decode-0.service"
+
+
+def test_a_deep_root_moves_the_supervisord_socket_to_a_short_path():
+    layout = HostLayout("local", "/tmp/" + "x" * 120)
+    socket = layout.supervisord_socket
+    assert len(socket) <= MAX_SOCKET_PATH
+    assert socket.startswith("/tmp/pdkit-local-")
+    assert socket != HostLayout("local", "/tmp/" + "y" * 120).supervisord_socket
+
+
+def _render_group_vars(values: dict[str, str]) -> dict[str, str]:
+    """Evaluate playbooks/group_vars/all.yml like Ansible would, for the path variables."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["ansible.builtin.path_join"] = lambda parts: str(Path(*parts))
+    env.filters["ansible.builtin.hash"] = lambda text, kind: hashlib.new(
+        kind, text.encode()
+    ).hexdigest()
+    raw = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all.yml").read_text())
+    known = dict(values)
+    for _ in range(5):  # variables refer to each other: resolve until stable
+        for key, template in raw.items():
+            if isinstance(template, str) and key not in values:
+                try:
+                    known[key] = env.from_string(template).render(**known).strip()
+                except jinja2.UndefinedError:
+                    continue
+    return known
+
+
+@pytest.mark.parametrize("root", ["/", "/srv/hosts/a", "/tmp/" + "d" * 100])
+def test_group_vars_compute_the_same_layout_as_python(root):
+    layout = HostLayout("local", root)
+    rendered = _render_group_vars({"pdkit_root": root, "pdkit_deployment": "local"})
+    for key, value in layout.ansible_vars().items():
+        assert rendered[key] == value, key

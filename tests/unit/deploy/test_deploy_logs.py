@@ -1,0 +1,91 @@
+"""Log tails and following, on local files."""
+
+from __future__ import annotations
+
+import os
+
+from kit.deploy.inventory import DeployHost
+from kit.deploy.layout import HostLayout
+from kit.deploy.logs import LogFile, follow, show_logs, ssh_argv, tail_lines
+from kit.topology.plan import HostPlan
+
+
+def host(root, connection="local", user="root"):
+    plan = HostPlan(
+        name="h",
+        address="10.0.0.9",
+        connection=connection,
+        ssh_user=user,
+        ssh_port=2222,
+        ssh_key="/k",
+        gpus=1,
+        gpu_type=None,
+        service_manager="supervisord",
+        root=str(root),
+    )
+    return DeployHost(plan=plan, layout=HostLayout("d", str(root)), python="/p")
+
+
+def test_tail_reads_only_the_end_of_a_large_file(tmp_path):
+    path = tmp_path / "big.log"
+    path.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    assert tail_lines(str(path), 3) == ["line 99997", "line 99998", "line 99999"]
+    assert tail_lines(str(tmp_path / "missing.log"), 3) == []
+
+
+def test_show_logs_prefixes_lines_when_there_are_several(tmp_path):
+    h = host(tmp_path)
+    logs = [LogFile("prefill-0", h), LogFile("router", h)]
+    os.makedirs(h.layout.log_dir)
+    for log in logs:
+        with open(log.path, "w") as handle:
+            handle.write(f"{log.process} up\n")
+    out, notes = [], []
+    show_logs(logs, out.append, notes.append, lines=5)
+    assert out == ["prefill-0 | prefill-0 up", "router    | router up"]
+    out.clear()
+    show_logs([LogFile("decode-0", h)], out.append, notes.append, lines=5)
+    assert out == []
+    assert "no log yet" in notes[0]
+
+
+def test_follow_prints_new_lines_and_survives_rotation(tmp_path):
+    h = host(tmp_path)
+    os.makedirs(h.layout.log_dir)
+    log = LogFile("decode-0", h)
+    with open(log.path, "w") as handle:
+        handle.write("old\n")
+    seen: list[str] = []
+    steps = iter(range(100))
+
+    def stop() -> bool:
+        step = next(steps)
+        if step == 1:
+            with open(log.path, "a") as handle:
+                handle.write("new 1\npartial")
+        elif step == 2:
+            with open(log.path, "a") as handle:
+                handle.write(" line\n")
+        elif step == 3:
+            os.rename(log.path, log.path + ".1")
+            with open(log.path, "w") as handle:
+                handle.write("after rotation\n")
+        return step >= 5
+
+    follow([log], lambda process, line: seen.append(line), stop, interval=0)
+    assert seen == ["new 1", "partial line", "after rotation"]
+
+
+def test_remote_logs_are_read_over_ssh_with_sudo_when_needed():
+    argv = ssh_argv(host("/", connection="ssh", user="ops"), ["tail", "-n", "5", "/var/log/x"])
+    assert argv == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        "2222",
+        "-i",
+        "/k",
+        "ops@10.0.0.9",
+        "sudo -n tail -n 5 /var/log/x",
+    ]
