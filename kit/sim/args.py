@@ -1,0 +1,284 @@
+"""Read the argv pdkit renders for ``python -m sglang.launch_server``.
+
+The sim honours the flags that change what a worker does or how fast it is (model, addresses,
+disaggregation role and ports, parallel sizes, memory and batching limits, metrics, keys) and
+accepts every other SGLang flag without acting on it: those are kept in `WorkerArgs.ignored` and
+shown in ``/server_info``. A malformed value of an honoured flag is an error, as in SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+# SGLang 0.5.23 accepts these backends; the sim moves KV with Mooncake for the first two and
+# fakes the transfer (decode only, like SGLang) for `fake`.
+TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "nixl", "ascend", "fake", "mori")
+SIM_TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "fake")
+KV_CACHE_DTYPES = (
+    "auto",
+    "bf16",
+    "bfloat16",
+    "fp16",
+    "float16",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp4_e2m1",
+)
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+LOAD_BALANCE_METHODS = (
+    "auto",
+    "round_robin",
+    "follow_bootstrap_room",
+    "shortest_queue",
+    "minimum_tokens",
+    "total_requests",
+    "total_tokens",
+)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ArgsError(ValueError):
+    """The argv cannot start a worker; the message is argparse's or names the flag."""
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """The launch arguments the sim acts on, with SGLang's defaults."""
+
+    model_path: str
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_ib_device: str | None = None
+    tp_size: int = 1
+    dp_size: int = 1
+    enable_dp_attention: bool = False
+    pp_size: int = 1
+    ep_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    base_gpu_id: int = 0
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    dtype: str = "auto"
+    quantization: str | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = None
+    enable_mixed_chunk: bool = False
+    num_reserved_decode_tokens: int = 512
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    enable_metrics: bool = False
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    load_balance_method: str = "auto"
+    random_seed: int | None = None
+    log_level: str = "info"
+    ignored: tuple[str, ...] = field(default=())
+
+    @property
+    def is_pd(self) -> bool:
+        """True for a prefill or decode worker."""
+        return self.disaggregation_mode != "null"
+
+    @property
+    def dp_ranks(self) -> int:
+        """Schedulers this worker runs (one per data-parallel rank)."""
+        return self.dp_size
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved arguments, for ``/server_info``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ignored"] = list(self.ignored)
+        for secret in ("api_key", "admin_api_key"):
+            if out[secret]:
+                out[secret] = "<redacted>"
+        return out
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _chunk(text: str) -> int:
+    value = int(text)
+    if value == 0 or value < -1:
+        raise argparse.ArgumentTypeError(f"must be a positive token count or -1, got {text}")
+    return value
+
+
+def _host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kit.sim",
+        description="pdkit's emulated SGLang worker; takes sglang.launch_server's arguments.",
+        allow_abbrev=False,
+    )
+    add = p.add_argument
+    add("--model-path", "--model", required=True)
+    add("--served-model-name")
+    add("--host", default="127.0.0.1")
+    add("--port", type=_port, default=30000)
+    add("--disaggregation-mode", choices=DISAGGREGATION_MODES, default="null")
+    add("--disaggregation-bootstrap-port", type=_port, default=8998)
+    add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
+    add("--disaggregation-ib-device")
+    add("--tp-size", "--tp", "--tensor-parallel-size", type=_positive, default=1)
+    add("--dp-size", "--dp", "--data-parallel-size", type=_positive, default=1)
+    add("--enable-dp-attention", action="store_true")
+    add("--pp-size", "--pp", "--pipeline-parallel-size", type=_positive, default=1)
+    add("--ep-size", "--ep", "--expert-parallel-size", type=_positive, default=1)
+    add("--nnodes", type=_positive, default=1)
+    add("--node-rank", type=_non_negative, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", type=_host_port)
+    add("--base-gpu-id", type=_non_negative, default=0)
+    add("--page-size", type=_positive)
+    add("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    add("--dtype", choices=DTYPES, default="auto")
+    add("--quantization")
+    add("--max-running-requests", type=_positive)
+    add("--max-total-tokens", type=_positive)
+    add("--max-prefill-tokens", type=_positive, default=16384)
+    add("--chunked-prefill-size", type=_chunk)
+    add("--enable-mixed-chunk", action="store_true")
+    add("--num-reserved-decode-tokens", type=_non_negative, default=512)
+    add("--mem-fraction-static", type=_fraction)
+    add("--context-length", type=_positive)
+    add("--enable-metrics", action="store_true")
+    add("--api-key")
+    add("--admin-api-key")
+    add("--load-balance-method", choices=LOAD_BALANCE_METHODS, default="auto")
+    add("--random-seed", type=int)
+    add("--log-level", choices=LOG_LEVELS, default="info")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> WorkerArgs:
+    """Parse SGLang's launch argv; raise `ArgsError` for a malformed honoured flag."""
+    parser = _parser()
+
+    def fail(message: str) -> Any:
+        raise ArgsError(f"{parser.prog}: error: {message}")
+
+    parser.error = fail  # type: ignore[method-assign]
+    ns, unknown = parser.parse_known_args(list(argv))
+    if ns.node_rank >= ns.nnodes:
+        fail(f"--node-rank {ns.node_rank} must be < --nnodes {ns.nnodes}")
+    if ns.nnodes > 1 and not ns.dist_init_addr:
+        fail("--nnodes > 1 needs --dist-init-addr HOST:PORT, as in SGLang")
+    if ns.enable_dp_attention and ns.tp_size % ns.dp_size:
+        fail(
+            f"--tp-size {ns.tp_size} must be a multiple of --dp-size {ns.dp_size} "
+            "with --enable-dp-attention"
+        )
+    if (ns.tp_size * ns.pp_size) % ns.nnodes:
+        fail(
+            f"--tp-size x --pp-size ({ns.tp_size * ns.pp_size}) must be divisible by "
+            f"--nnodes {ns.nnodes}"
+        )
+    if ns.disaggregation_mode != "null":
+        if ns.disaggregation_transfer_backend not in SIM_TRANSFER_BACKENDS:
+            fail(
+                f"--disaggregation-transfer-backend {ns.disaggregation_transfer_backend}: "
+                f"the sim engine moves KV with Mooncake only; use one of "
+                f"{', '.join(SIM_TRANSFER_BACKENDS)}"
+            )
+        if ns.disaggregation_mode == "prefill" and ns.disaggregation_transfer_backend == "fake":
+            fail("--disaggregation-transfer-backend fake works on a decode only (as in SGLang)")
+    _check_host(ns.host, fail)
+    # SGLang's page size is 1 when --page-size is absent (for the attention backends it picks
+    # on NVIDIA GPUs); pdkit always renders it, as it must match between the roles.
+    return WorkerArgs(
+        model_path=ns.model_path,
+        served_model_name=ns.served_model_name or ns.model_path,
+        host=ns.host,
+        port=ns.port,
+        disaggregation_mode=ns.disaggregation_mode,
+        disaggregation_bootstrap_port=ns.disaggregation_bootstrap_port,
+        disaggregation_transfer_backend=ns.disaggregation_transfer_backend,
+        disaggregation_ib_device=ns.disaggregation_ib_device,
+        tp_size=ns.tp_size,
+        dp_size=ns.dp_size,
+        enable_dp_attention=ns.enable_dp_attention,
+        pp_size=ns.pp_size,
+        ep_size=ns.ep_size,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
+        base_gpu_id=ns.base_gpu_id,
+        page_size=ns.page_size or 1,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        dtype=ns.dtype,
+        quantization=ns.quantization,
+        max_running_requests=ns.max_running_requests,
+        max_total_tokens=ns.max_total_tokens,
+        max_prefill_tokens=ns.max_prefill_tokens,
+        chunked_prefill_size=ns.chunked_prefill_size,
+        enable_mixed_chunk=ns.enable_mixed_chunk,
+        num_reserved_decode_tokens=ns.num_reserved_decode_tokens,
+        mem_fraction_static=ns.mem_fraction_static,
+        context_length=ns.context_length,
+        enable_metrics=ns.enable_metrics,
+        api_key=ns.api_key,
+        admin_api_key=ns.admin_api_key,
+        load_balance_method=ns.load_balance_method,
+        random_seed=ns.random_seed,
+        log_level=ns.log_level,
+        ignored=tuple(unknown),
+    )
+
+
+def _check_host(host: str, fail: Any) -> None:
+    """Accept an IP literal (bracketed IPv6 too) or a plausible host name."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return
+    except ValueError:
+        pass
+    label_ok = all(
+        part and len(part) <= 63 and part.replace("-", "").isalnum() for part in bare.split(".")
+    )
+    if not bare or not label_ok:
+        fail(f"--host {host!r} is neither an IP address nor a host name")

@@ -1,0 +1,480 @@
+"""The worker's engine: schedulers for its DP ranks, and each request's path through them.
+
+SGLang splits this between the tokenizer manager and the schedulers; here one object owns
+the ranks (`Scheduler` on a `RealClock`), dispatches requests to them, and runs the PD
+hand-off around the scheduler:
+
+* prefill: the request waits for its decode's reservation (bootstrap queue, up to
+  ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``), is prefilled, then its KV is written into the
+  decode's buffer over Mooncake, taking at least the timing model's transfer time; the answer
+  goes to the decode's long poll and the request finishes with ``length 0``.
+* decode: the request finds its prefill (``bootstrap_host``/``bootstrap_port``), waits for KV
+  room (prealloc), asks the prefill for the KV, verifies the checksum, then decodes starting
+  from the prefill's first token.
+
+A ``bootstrap_host`` of 2.2.2.2 (SGLang's fake host, used by health checks) or the ``fake``
+transfer backend skips the hand-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from kit.sim import tokens
+from kit.sim.args import WorkerArgs
+from kit.sim.bootstrap import RoomError, RoomTable
+from kit.sim.clock import RealClock
+from kit.sim.kvpool import KvPool
+from kit.sim.models import ModelShape, resolve_model
+from kit.sim.pd_client import PdError, PrefillDirectory
+from kit.sim.requests import GenerateInput, RequestState
+from kit.sim.scheduler import FinishReason, Mode, Scheduler, Sequence
+from kit.sim.settings import SimSettings
+from kit.sim.timing import (
+    GpuSpec,
+    Parallelism,
+    TimingModel,
+    default_chunked_prefill_size,
+    default_max_running_requests,
+    default_mem_fraction_static,
+    gpu_spec,
+    kv_dtype_bytes,
+)
+from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
+
+logger = logging.getLogger(__name__)
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+GEN_THROUGHPUT_WINDOW_S = 5.0
+
+
+class StartupError(RuntimeError):
+    """The worker cannot start as configured; the message says how to fix it."""
+
+
+@dataclass
+class PdStats:
+    """PD counters and the last KV transfer's figures."""
+
+    bootstrap_failed: int = 0
+    transfer_failed: int = 0
+    bootstrap_queue: int = 0
+    kv_transfers: int = 0
+    kv_bytes_moved: int = 0  # scaled bytes that really crossed Mooncake
+    kv_bytes_emulated: float = 0.0  # unscaled bytes the emulated GPUs would move
+    last_latency_ms: float = 0.0
+    last_speed_gb_s: float = 0.0
+    checksum_ok: int = 0
+
+
+class Engine:
+    """All DP ranks of one worker process; see the module docstring."""
+
+    def __init__(self, args: WorkerArgs, settings: SimSettings, clock: RealClock) -> None:
+        self.args = args
+        self.settings = settings
+        self.clock = clock
+        self.mode = Mode(args.disaggregation_mode)
+        self.model: ModelShape = resolve_model(args.model_path)
+        try:
+            self.gpu: GpuSpec = gpu_spec(settings.gpu)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from exc
+        dp = args.dp_size
+        gpus_per_rank = args.tp_size * args.pp_size
+        attn_tp = args.tp_size // dp if args.enable_dp_attention else args.tp_size
+        total = gpus_per_rank * (1 if args.enable_dp_attention else dp)
+        self.gpus = total
+        self.timing = TimingModel(
+            self.model,
+            self.gpu,
+            Parallelism(
+                tp=args.tp_size,
+                attn_tp=attn_tp,
+                pp=args.pp_size,
+                gpus_per_node=max(1, total // args.nnodes),
+            ),
+            kv_dtype_bytes(args.kv_cache_dtype),
+        )
+        self.chunk_size = args.chunked_prefill_size or default_chunked_prefill_size(self.gpu)
+        self.mem_fraction = args.mem_fraction_static or default_mem_fraction_static(
+            self.gpu, self.chunk_size, args.tp_size, args.pp_size
+        )
+        capacity = self.timing.kv_capacity_tokens(self.mem_fraction)
+        if args.max_total_tokens:
+            capacity = min(capacity, args.max_total_tokens)
+        if capacity < args.page_size:
+            weights = self.timing.weight_bytes_per_gpu() / 1024**3
+            raise StartupError(
+                f"{self.model.name} needs {weights:.1f} GiB of weights per GPU on "
+                f"{args.tp_size} x {self.gpu.name} (tp={args.tp_size}, pp={args.pp_size}); "
+                f"{self.mem_fraction:.0%} of {self.gpu.memory_bytes / 1024**3:.0f} GiB leaves no "
+                "room for KV cache. To fix: raise --tp-size or --mem-fraction-static"
+            )
+        self.capacity_tokens = capacity
+        self.context_len = args.context_length or self.model.context_len
+        max_running = args.max_running_requests or default_max_running_requests(
+            capacity, self.context_len
+        )
+        if args.enable_dp_attention:
+            max_running = max(1, max_running // dp)
+        self.max_running = max_running
+        self.pages_per_rank = capacity // args.page_size
+        self.ranks = [
+            Scheduler(
+                mode=self.mode,
+                timing=self.timing,
+                pool=KvPool(self.pages_per_rank, args.page_size),
+                clock=clock,
+                max_running=max_running,
+                chunk_size=self.chunk_size,
+                max_prefill_tokens=args.max_prefill_tokens,
+                mixed_chunk=args.enable_mixed_chunk,
+                reserved_decode_tokens=args.num_reserved_decode_tokens,
+                on_step=self._on_step,
+            )
+            for _ in range(dp)
+        ]
+        seed = settings.seed if settings.seed is not None else args.random_seed
+        self.seed = seed or 0
+        self.uses_mooncake = args.is_pd and args.disaggregation_transfer_backend != "fake"
+        self.kv_bytes_per_token = scaled_bytes_per_token(
+            self.timing.kv_bytes_per_token, settings.kv_scale, capacity * dp
+        )
+        self.kv: KvBuffer | None = None
+        self.rooms = RoomTable()
+        self.prefills = PrefillDirectory(
+            bootstrap_timeout_s=settings.bootstrap_timeout_s,
+            waiting_timeout_s=settings.waiting_timeout_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_max_failure=settings.heartbeat_max_failure,
+        )
+        self.pd = PdStats()
+        self.steps = 0
+        self.last_step_at = 0.0
+        self._rr = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._throughput: deque[tuple[float, int]] = deque()
+        self.observers: list[Any] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start_transfer_engine(self, host_ip: str) -> None:
+        """Start Mooncake and register the KV buffer (PD workers only)."""
+        if not self.uses_mooncake:
+            return
+        try:
+            self.kv = KvBuffer(
+                host_ip,
+                self.pages_per_rank * len(self.ranks),
+                self.args.page_size * self.kv_bytes_per_token,
+                self.settings.transfer_threads,
+            )
+        except TransferError as exc:
+            raise StartupError(str(exc)) from exc
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.prefills.close()
+        if self.kv is not None:
+            self.kv.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_step(self, step: Any) -> None:
+        self.steps += 1
+        self.last_step_at = time.monotonic()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(self, inp: GenerateInput) -> RequestState:
+        """Start generating `inp`; the returned state fills in as tokens come."""
+        source = tokens.OutputSource(self.seed, inp.prompt_ids, inp.sample_index)
+        eos_after = None if inp.ignore_eos else source.answer_length(self.settings.answer_tokens)
+        state = RequestState(inp, source, eos_after)
+        for observer in self.observers:
+            observer.on_submit(state)
+        if inp.prompt_len >= self.context_len:
+            state.fail(
+                f"The input ({inp.prompt_len} tokens) is longer than the model's context "
+                f"length ({self.context_len} tokens).",
+                400,
+            )
+            return state
+        if self.mode is not Mode.NULL and inp.bootstrap_room is None and not inp.health_check:
+            state.fail(
+                "Invalid request: Disaggregated request received without bootstrap room "
+                f"id. req.rid={inp.rid!r}",
+                400,
+            )
+            return state
+        max_new = min(inp.max_new_tokens, self.context_len - inp.prompt_len)
+        rank_index = self._pick_rank(inp)
+        rank = self.ranks[rank_index]
+        state.dp_rank = rank_index
+        seq = Sequence(inp.rid, inp.prompt_len, max(max_new, 1), state, eos_after, owner=state)
+        if self.mode is Mode.PREFILL:
+            seq.max_new_tokens = 1
+        state.seq = seq
+        if inp.max_new_tokens == 0 and self.mode is Mode.NULL:
+            seq.max_new_tokens = 1  # SGLang still runs the prefill; report no tokens
+        fake = (
+            inp.health_check or inp.bootstrap_host == FAKE_BOOTSTRAP_HOST or not self.uses_mooncake
+        )
+        if self.mode is Mode.NULL:
+            rank.submit(seq)
+        elif self.mode is Mode.PREFILL:
+            self._spawn(self._prefill_flow(state, seq, rank_index, fake))
+        else:
+            self._spawn(self._decode_flow(state, seq, rank_index, fake))
+        return state
+
+    def abort(self, state: RequestState, message: str = "Aborted by the client") -> None:
+        """Stop a request (client gone): frees its KV wherever it is."""
+        seq = state.seq
+        if seq is not None and not state.done:
+            self.ranks[state.dp_rank].abort(seq, FinishReason("abort", message=message))
+        state.fail(message, 499)
+
+    def _pick_rank(self, inp: GenerateInput) -> int:
+        dp = len(self.ranks)
+        if inp.routed_dp_rank is not None and 0 <= inp.routed_dp_rank < dp:
+            return inp.routed_dp_rank
+        if self.mode is Mode.PREFILL and inp.bootstrap_room is not None:
+            return inp.bootstrap_room % dp  # follow_bootstrap_room
+        return next(self._rr) % dp
+
+    def _global_pages(self, rank_index: int, seq: Sequence) -> list[int]:
+        offset = rank_index * self.pages_per_rank
+        return [offset + p for p in seq.page_ids]
+
+    # -- prefill side ----------------------------------------------------------------------
+
+    async def _prefill_flow(
+        self, state: RequestState, seq: Sequence, rank_index: int, fake: bool
+    ) -> None:
+        rank = self.ranks[rank_index]
+        loop = asyncio.get_running_loop()
+        if fake:
+
+            def handed_off(st: RequestState) -> None:
+                st.record_prefill_token()
+                loop.call_soon(rank.transfer_done, seq)
+
+            state.prefilled_hook = handed_off
+            rank.submit(seq)
+            return
+        room = state.inp.bootstrap_room
+        assert room is not None  # checked in submit
+        self.pd.bootstrap_queue += 1
+        try:
+            reservation = await self.rooms.wait(room, self.settings.bootstrap_timeout_s)
+        except RoomError as exc:
+            self.pd.bootstrap_failed += 1
+            state.fail(
+                f"Prefill bootstrap failed for request rank=0 req.rid={state.inp.rid!r} "
+                f"req.bootstrap_room={room} with exception {exc}",
+                500,
+            )
+            return
+        finally:
+            self.pd.bootstrap_queue -= 1
+        if state.done:
+            self.rooms.release(room)
+            return
+
+        def prefilled(st: RequestState) -> None:
+            self._spawn(self._send_kv(st, seq, rank_index, reservation))
+
+        state.prefilled_hook = prefilled
+        rank.submit(seq)
+
+    async def _send_kv(
+        self, state: RequestState, seq: Sequence, rank_index: int, reservation: Any
+    ) -> None:
+        rank = self.ranks[rank_index]
+        room = reservation.room
+        loop = asyncio.get_running_loop()
+        started_model, started_wall = self.clock.now(), loop.time()
+        first = state.sample_first_token()
+        length = seq.prompt_len * self.kv_bytes_per_token
+        try:
+            if self.kv is None:
+                raise TransferError("no transfer engine")
+            if reservation.cancelled:
+                raise TransferError("the decode withdrew its reservation")
+            if reservation.bytes_per_token != self.kv_bytes_per_token:
+                raise TransferError(
+                    f"KV layout mismatch: prefill moves {self.kv_bytes_per_token} bytes/token, "
+                    f"decode expects {reservation.bytes_per_token}. To fix: run both roles with "
+                    "the same model, --kv-cache-dtype and PDKIT_SIM_KV_SCALE"
+                )
+            pages = self._global_pages(rank_index, seq)
+            checksum = self.kv.fill(pages, length, room)
+            written = await self.kv.write(
+                reservation.session, self.kv.extents(pages, length), reservation.extents
+            )
+            modeled = self.timing.kv_transfer_seconds(
+                seq.prompt_len, rdma=self.args.disaggregation_transfer_backend == "mooncake"
+            )
+            wait = self.clock.wall(started_model + modeled) - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            latency_s = max(modeled, (loop.time() - started_wall) * self.clock.speed)
+            emulated = seq.prompt_len * self.timing.kv_bytes_per_token
+            self.pd.kv_transfers += 1
+            self.pd.kv_bytes_moved += written.bytes
+            self.pd.kv_bytes_emulated += emulated
+            self.pd.last_latency_ms = latency_s * 1000
+            self.pd.last_speed_gb_s = emulated / latency_s / 1e9
+            reservation.complete(
+                {
+                    "status": "ok",
+                    "checksum": checksum,
+                    "bytes": written.bytes,
+                    "first_token_id": first,
+                    "kv_tokens": seq.prompt_len,
+                    "latency_ms": self.pd.last_latency_ms,
+                }
+            )
+            state.record_prefill_token()
+            rank.transfer_done(seq)
+        except (TransferError, OSError) as exc:
+            self.pd.transfer_failed += 1
+            reservation.complete({"status": "failed", "message": str(exc)})
+            rank.transfer_done(
+                seq,
+                FinishReason(
+                    "abort",
+                    status_code=500,
+                    message=f"Prefill transfer failed for request rank=0 req.rid={seq.rid!r} "
+                    f"req.bootstrap_room={room} with exception {exc}",
+                ),
+            )
+        finally:
+            self.rooms.release(room)
+
+    # -- decode side -----------------------------------------------------------------------
+
+    def _bootstrap_addr(self, inp: GenerateInput) -> str:
+        host = inp.bootstrap_host or "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        port = inp.bootstrap_port or self.args.disaggregation_bootstrap_port
+        return f"{host}:{port}"
+
+    async def _decode_flow(
+        self, state: RequestState, seq: Sequence, rank_index: int, fake: bool
+    ) -> None:
+        rank = self.ranks[rank_index]
+        loop = asyncio.get_running_loop()
+        if fake:
+            state.reserved_hook = lambda st: loop.call_soon(rank.kv_arrived, seq)
+            rank.submit(seq)
+            return
+        addr = self._bootstrap_addr(state.inp)
+        prefix = (
+            f"Decode handshake failed for request rank=0 req.rid={seq.rid!r} "
+            f"req.bootstrap_room={state.inp.bootstrap_room}"
+        )
+        try:
+            info = await self.prefills.prefill_info(addr)
+        except PdError as exc:
+            self.pd.bootstrap_failed += 1
+            state.fail(f"{prefix} with exception {exc}", 500)
+            return
+        mismatch = self._layout_mismatch(info)
+        if mismatch:
+            self.pd.bootstrap_failed += 1
+            state.fail(f"{prefix} with exception {mismatch}", 500)
+            return
+        if state.done:
+            return
+
+        def reserved(st: RequestState) -> None:
+            self._spawn(self._receive_kv(st, seq, rank_index, addr))
+
+        state.reserved_hook = reserved
+        rank.submit(seq)
+
+    def _layout_mismatch(self, info: dict[str, Any]) -> str | None:
+        ours = (self.args.page_size, self.args.kv_cache_dtype)
+        theirs = (info.get("page_size"), info.get("kv_cache_dtype"))
+        if ours != theirs:
+            return (
+                f"KV layout mismatch: prefill page_size={theirs[0]} kv_cache_dtype="
+                f"{theirs[1]}, decode page_size={ours[0]} kv_cache_dtype={ours[1]}. To fix: "
+                "give both roles the same --page-size and --kv-cache-dtype"
+            )
+        return None
+
+    async def _receive_kv(
+        self, state: RequestState, seq: Sequence, rank_index: int, addr: str
+    ) -> None:
+        rank = self.ranks[rank_index]
+        room = state.inp.bootstrap_room
+        assert self.kv is not None and room is not None
+        pages = self._global_pages(rank_index, seq)
+        length = seq.prompt_len * self.kv_bytes_per_token
+        reservation = {
+            "room": room,
+            "session": self.kv.session,
+            "extents": self.kv.extents(pages, length),
+            "bytes_per_token": self.kv_bytes_per_token,
+            "kv_tokens": seq.prompt_len,
+            "decode": f"{self.args.host}:{self.args.port}",
+        }
+        try:
+            answer = await self.prefills.fetch_kv(addr, room, reservation)
+            if self.kv.checksum(pages, length) != int(answer["checksum"]):
+                raise PdError("KV checksum mismatch")
+        except PdError as exc:
+            self.pd.transfer_failed += 1
+            rank.abort(
+                seq,
+                FinishReason(
+                    "abort",
+                    status_code=500,
+                    message=f"Decode transfer failed for request rank=0 req.rid={seq.rid!r} "
+                    f"req.bootstrap_room={room} with exception {exc}",
+                ),
+            )
+            return
+        self.pd.checksum_ok += 1
+        self.pd.kv_transfers += 1
+        self.pd.kv_bytes_moved += length
+        self.pd.kv_bytes_emulated += seq.prompt_len * self.timing.kv_bytes_per_token
+        self.pd.last_latency_ms = float(answer.get("latency_ms", 0.0))
+        if self.pd.last_latency_ms > 0:
+            self.pd.last_speed_gb_s = (
+                seq.prompt_len * self.timing.kv_bytes_per_token / self.pd.last_latency_ms / 1e6
+            )
+        state.prefill_first_token = int(answer["first_token_id"])
+        rank.kv_arrived(seq)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def gen_throughput(self) -> float:
+        """Generated tokens per wall second over the last few seconds."""
+        now = time.monotonic()
+        total = sum(r.stats.generated_tokens for r in self.ranks)
+        self._throughput.append((now, total))
+        while len(self._throughput) > 2 and now - self._throughput[0][0] > GEN_THROUGHPUT_WINDOW_S:
+            self._throughput.popleft()
+        t0, n0 = self._throughput[0]
+        return (total - n0) / (now - t0) if now > t0 else 0.0
+
+    @property
+    def idle(self) -> bool:
+        return all(r.idle for r in self.ranks) and self.pd.bootstrap_queue == 0

@@ -1,0 +1,148 @@
+"""Every environment variable the sim engine reads, in one place.
+
+Emulator-only knobs (``PDKIT_SIM_*``)
+------------------------------------
+
+=========================== ========== =====================================================
+variable                    default    meaning
+=========================== ========== =====================================================
+``PDKIT_SIM_GPU``           H100-SXM   GPU the timing model emulates: A100-40G, A100-80G,
+                                       H100-SXM, H200, B200, L40S (aliases such as ``H100``
+                                       or ``A100`` are accepted). pdkit sets it from the
+                                       host's ``gpu_type``.
+``PDKIT_SIM_LOAD_SECONDS``  1.0        Wall seconds the emulated model takes to load; the
+                                       worker answers 503 on ``/health`` meanwhile.
+``PDKIT_SIM_SPEED``         1.0        Time scale: every modelled duration is divided by it
+                                       (10 = ten times faster than the emulated GPU).
+``PDKIT_SIM_SEED``          0          Seed of the emulated output tokens (``--random-seed``
+                                       is used when this is unset).
+``PDKIT_SIM_KV_SCALE``      1024       Divisor applied to the KV bytes a prefill writes to a
+                                       decode over Mooncake, so a laptop keeps up (1 = the
+                                       real volume).
+``PDKIT_SIM_ANSWER_TOKENS`` 128        Mean answer length (tokens) of the emulated model when
+                                       a request does not set ``ignore_eos``: it ends with
+                                       EOS after a per-request length drawn uniformly from
+                                       [mean/2, 3*mean/2]; 0 = never emit EOS.
+``PDKIT_SIM_LOG_LEVEL``     (--log-level) Python log level name (default: ``--log-level``,
+                                       else INFO).
+=========================== ========== =====================================================
+
+SGLang variables the sim honours with SGLang's meaning and defaults
+------------------------------------------------------------------
+
+``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (300 s: a prefill request waits this long for its
+decode to reserve KV room), ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (300 s: a decode waits
+this long for the KV after reserving), ``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`` (5 s, at
+least 2), ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`` (2), ``SGLANG_HEALTH_CHECK_TIMEOUT``
+(20 s), ``SGLANG_DISAGGREGATION_THREAD_POOL_SIZE`` (threads that run Mooncake writes; default
+4), ``SGLANG_HOST_IP`` (the address the transfer engine advertises; default ``--host``, or the
+primary address when that is a wildcard), ``MOONCAKE_PROTOCOL`` is ignored: the sim always
+uses ``tcp``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_GPU = "H100-SXM"
+
+# SGLang 0.5.23 defaults (sglang/srt/environ.py).
+BOOTSTRAP_TIMEOUT_S = 300.0
+WAITING_TIMEOUT_S = 300.0
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_MIN_INTERVAL_S = 2.0
+HEARTBEAT_MAX_FAILURE = 2
+HEALTH_CHECK_TIMEOUT_S = 20.0
+TRANSFER_THREADS = 4
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the sim cannot use."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """Resolved emulator settings; build with :meth:`from_env`."""
+
+    gpu: str = DEFAULT_GPU
+    load_seconds: float = 1.0
+    speed: float = 1.0
+    seed: int | None = None
+    kv_scale: float = 1024.0
+    answer_tokens: int = 128
+    log_level: str | None = None
+    bootstrap_timeout_s: float = BOOTSTRAP_TIMEOUT_S
+    waiting_timeout_s: float = WAITING_TIMEOUT_S
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    heartbeat_max_failure: int = HEARTBEAT_MAX_FAILURE
+    health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    transfer_threads: int = TRANSFER_THREADS
+    host_ip: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SimSettings:
+        """Read the variables above from `env` (normally ``os.environ``).
+
+        Raises `SettingsError` naming the variable when a value is malformed.
+        """
+        interval = _number(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_S)
+        level = env.get("PDKIT_SIM_LOG_LEVEL") or None
+        if level is not None and not isinstance(logging.getLevelName(level.upper()), int):
+            raise SettingsError(f"PDKIT_SIM_LOG_LEVEL={level!r} is not a log level name")
+        seed = env.get("PDKIT_SIM_SEED")
+        return cls(
+            gpu=env.get("PDKIT_SIM_GPU") or DEFAULT_GPU,
+            load_seconds=_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
+            speed=_number(env, "PDKIT_SIM_SPEED", 1.0, minimum=1e-6),
+            seed=_integer(env, "PDKIT_SIM_SEED", 0) if seed else None,
+            kv_scale=_number(env, "PDKIT_SIM_KV_SCALE", 1024.0, minimum=1.0),
+            answer_tokens=_integer(env, "PDKIT_SIM_ANSWER_TOKENS", 128, minimum=0),
+            log_level=level,
+            bootstrap_timeout_s=_number(
+                env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", BOOTSTRAP_TIMEOUT_S, minimum=0.0
+            ),
+            waiting_timeout_s=_number(
+                env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", WAITING_TIMEOUT_S, minimum=0.0
+            ),
+            # SGLang clamps the interval to at least 2 s (disaggregation/common/conn.py).
+            heartbeat_interval_s=max(HEARTBEAT_MIN_INTERVAL_S, interval),
+            heartbeat_max_failure=_integer(
+                env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", HEARTBEAT_MAX_FAILURE, minimum=1
+            ),
+            health_check_timeout_s=_number(
+                env, "SGLANG_HEALTH_CHECK_TIMEOUT", HEALTH_CHECK_TIMEOUT_S, minimum=0.0
+            ),
+            transfer_threads=_integer(
+                env, "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", TRANSFER_THREADS, minimum=1
+            ),
+            host_ip=env.get("SGLANG_HOST_IP") or None,
+        )
+
+
+def _number(env: Mapping[str, str], name: str, default: float, minimum: float = -math.inf) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be a finite number >= {minimum:g}")
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be >= {minimum}")
+    return value

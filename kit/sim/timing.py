@@ -1,0 +1,368 @@
+"""The timing model: how long a forward step takes on the emulated GPUs, and how much KV fits.
+
+One roofline per step (Williams et al., "Roofline", CACM 2009; applied to LLM inference by
+Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023):
+
+    step = max(FLOPs / (GPUs x peak x COMPUTE_EFFICIENCY),
+               bytes / (HBM bandwidth x MEMORY_EFFICIENCY))
+           + tensor-parallel all-reduces + pipeline hops + STEP_OVERHEAD_S
+
+* FLOPs: 2 x active parameters per token (linear layers, LM head for the tokens that sample),
+  plus attention (QK^T and AV) for every (query, context) pair. A prefill is compute-bound.
+* Bytes: every weight a step touches, read once per step (for MoE, the experts the batch's
+  tokens route to), plus the KV cache the step's attention reads and the KV it writes. A
+  decode step is memory-bound: weights plus the whole batch's KV.
+* A step that mixes prefill chunks with decodes (``--disaggregation-mode null``) pays the
+  prefill's compute time in every decoding request's inter-token latency: the interference
+  PD disaggregation removes.
+
+Every constant is named here with its source; the GPU table is vendor datasheet numbers.
+Units: seconds, bytes, FLOP/s, bytes/s, tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kit.sim.models import ModelShape
+
+GIB = 1024**3
+
+# Achieved fraction of dense tensor-core peak for a whole prefill forward (GEMMs, attention,
+# norms, activations). cuBLAS GEMMs at LLM shapes reach 70-80% of peak (NVIDIA "Matrix
+# Multiplication Background User's Guide"); FlashAttention-2 reaches 50-73% on A100 (Dao 2023);
+# end-to-end model FLOPs utilisation of large transformer forward/backward passes is 50-57%
+# on A100 (Narayanan et al., "Efficient Large-Scale Language Model Training", SC'21). We take
+# the middle of that range.
+COMPUTE_EFFICIENCY = 0.6
+
+# Achieved fraction of peak HBM bandwidth while a decode step streams weights and KV:
+# "LLM Inference Performance Engineering: Best Practices" (Databricks/MosaicML, Oct 2023)
+# reports memory-bandwidth utilisation of 55-65% for 7B-70B models at small batch on
+# A100/H100 with TensorRT-LLM, higher for larger batches; STREAM-type copies reach ~90%.
+MEMORY_EFFICIENCY = 0.7
+
+# Fixed cost per forward step not hidden by SGLang's overlap scheduler: kernel launch gaps
+# outside CUDA graphs, sampling, output processing. SGLang's v0.4 blog ("zero-overhead batch
+# scheduler", Dec 2024) shows per-step CPU work of a few ms moved off the critical path; the
+# residual on Nsight traces is about 1-2 ms.
+STEP_OVERHEAD_S = 0.0015
+
+# NCCL all-reduce: per-call latency for small messages and achieved bus bandwidth as a
+# fraction of link bandwidth (nccl-tests all_reduce_perf: ~10 us small-message latency on
+# NVLink, bus bandwidth ~80% of the unidirectional NVLink rate for large messages).
+ALLREDUCE_LATENCY_S = 10e-6
+ALLREDUCE_BUS_EFFICIENCY = 0.8
+ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style tensor parallel)
+
+# Between nodes (TP or PP across hosts) and for KV transfer: one 400 Gb/s NIC per GPU
+# (NVIDIA ConnectX-7 NDR, as in DGX H100/A100 reference designs), ~80% achieved by RDMA
+# writes (Mooncake paper, Qin et al. FAST'25, Fig. 7: ~87 of 100 GB/s on 8x200 Gb/s).
+NIC_BANDWIDTH = 400e9 / 8
+RDMA_EFFICIENCY = 0.8
+INTERNODE_LATENCY_S = 5e-6
+# Mooncake over TCP (`mooncake_tcp`): one 100 Gb/s host NIC shared by the instance, ~60%
+# achieved by kernel TCP on bulk writes.
+TCP_HOST_BANDWIDTH = 100e9 / 8
+TCP_EFFICIENCY = 0.6
+KV_TRANSFER_SETUP_S = 0.0005  # per request: notification round trip plus write submission
+
+# SGLang's KV admission estimate (sglang/srt/environ.py: SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
+# min ratio factor 0.14, decay over 600 decode steps; schedule_policy.CLIP_MAX_NEW_TOKENS 4096).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU. FLOP/s are dense (no sparsity); bandwidths are per direction."""
+
+    name: str
+    bf16_flops: float
+    fp8_flops: float  # 0: no FP8 tensor cores (FP8 weights are dequantised to BF16)
+    hbm_bandwidth: float
+    memory_bytes: float
+    link_bandwidth: float  # GPU-to-GPU within a node: NVLink, or PCIe where there is none
+    source: str
+
+    def flops(self, weight_bytes: float) -> float:
+        """Peak dense FLOP/s for weights of `weight_bytes` per element."""
+        return self.fp8_flops if weight_bytes <= 1.0 and self.fp8_flops else self.bf16_flops
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec(
+            "A100-40G",
+            312e12,
+            0.0,
+            1555e9,
+            40 * GIB,
+            300e9,
+            "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB; NVLink 600 GB/s total)",
+        ),
+        GpuSpec(
+            "A100-80G",
+            312e12,
+            0.0,
+            2039e9,
+            80 * GIB,
+            300e9,
+            "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB; NVLink 600 GB/s total)",
+        ),
+        GpuSpec(
+            "H100-SXM",
+            989e12,
+            1979e12,
+            3.35e12,
+            80 * GIB,
+            450e9,
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM5; NVLink 900 GB/s total)",
+        ),
+        GpuSpec(
+            "H200",
+            989e12,
+            1979e12,
+            4.8e12,
+            141 * GIB,
+            450e9,
+            "NVIDIA H200 Tensor Core GPU datasheet (SXM; NVLink 900 GB/s total)",
+        ),
+        GpuSpec(
+            "B200",
+            2.25e15,
+            4.5e15,
+            8.0e12,
+            180 * GIB,
+            900e9,
+            "NVIDIA DGX B200 datasheet (per GPU: 1/8 of 72 PF FP8 sparse, 64 TB/s, "
+            "1,440 GB; NVLink 5 1.8 TB/s total)",
+        ),
+        GpuSpec(
+            "L40S",
+            362e12,
+            733e12,
+            864e9,
+            48 * GIB,
+            32e9,
+            "NVIDIA L40S datasheet (GDDR6; no NVLink: PCIe Gen4 x16)",
+        ),
+    )
+}
+
+GPU_ALIASES = {
+    "A100": "A100-80G",
+    "A100-80GB": "A100-80G",
+    "A100-SXM4-80GB": "A100-80G",
+    "A100-40GB": "A100-40G",
+    "A100-SXM4-40GB": "A100-40G",
+    "H100": "H100-SXM",
+    "H100-80G": "H100-SXM",
+    "H100-SXM5": "H100-SXM",
+    "H100-80GB": "H100-SXM",
+    "H200-SXM": "H200",
+    "H200-141G": "H200",
+    "B200-SXM": "B200",
+}
+
+
+class UnknownGpuError(ValueError):
+    """PDKIT_SIM_GPU names a GPU the model has no numbers for."""
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """Look a GPU up by name or alias, ignoring case."""
+    by_upper = {k.upper(): v for k, v in GPUS.items()}
+    key = name.strip().upper()
+    alias = {k.upper(): v for k, v in GPU_ALIASES.items()}.get(key)
+    spec = by_upper.get(alias.upper() if alias else key)
+    if spec is None:
+        raise UnknownGpuError(
+            f"PDKIT_SIM_GPU={name!r} is not a GPU the sim knows; use one of {', '.join(GPUS)}"
+        )
+    return spec
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one scheduler (a DP rank) maps onto GPUs.
+
+    `attn_tp` GPUs run the rank's attention and hold its KV; `tp` GPUs share the MLP/expert
+    weights (with DP attention, ``attn_tp = tp / dp``; otherwise ``attn_tp = tp``).
+    """
+
+    tp: int = 1
+    attn_tp: int = 1
+    pp: int = 1
+    gpus_per_node: int = 8
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.attn_tp > self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one forward step computes.
+
+    `prefill` holds (new tokens, tokens already in the KV cache) per prefilled request;
+    `decode_reqs` requests decode one token each over `decode_context` cached tokens in all;
+    `sampled` is how many tokens go through the LM head.
+    """
+
+    prefill: tuple[tuple[int, int], ...] = ()
+    decode_reqs: int = 0
+    decode_context: int = 0
+    sampled: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(c for c, _ in self.prefill) + self.decode_reqs
+
+
+class TimingModel:
+    """Step times and KV capacity for one DP rank of one instance."""
+
+    def __init__(
+        self, model: ModelShape, gpu: GpuSpec, par: Parallelism, kv_dtype_bytes: float = 2.0
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.par = par
+        self.kv_dtype_bytes = kv_dtype_bytes
+        m = model
+        self._flops = gpu.flops(m.weight_bytes) * COMPUTE_EFFICIENCY * par.attn_tp
+        self._mem_bw = gpu.hbm_bandwidth * MEMORY_EFFICIENCY
+        attn_weights = m.layers * m.attention_params()
+        other_dense = m.layer_params() - attn_weights + m.vocab * m.hidden  # + LM head
+        # Bytes every GPU of the rank reads per step whatever the batch.
+        self.fixed_weight_bytes = (
+            (attn_weights / par.attn_tp + other_dense / par.tp) * m.weight_bytes / par.pp
+        )
+        self._expert_bytes = m.expert_params() * m.weight_bytes / par.tp / par.pp
+        self._linear_flops_per_token = 2.0 * (
+            m.layer_params() + m.moe_layers * m.experts_per_token * m.expert_params()
+        )
+        shard = 1 if m.is_mla else min(par.attn_tp, m.kv_heads)
+        self.kv_bytes_per_token = m.kv_elements_per_token() * kv_dtype_bytes
+        self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token / shard / par.pp
+
+    # -- memory ----------------------------------------------------------------------------
+
+    def weight_bytes_per_gpu(self) -> float:
+        """Resident weights on one GPU (all experts, not only the touched ones)."""
+        m = self.model
+        input_embedding = m.embedding_params() - m.vocab * m.hidden
+        rest = (m.routed_params() + input_embedding) * m.weight_bytes / self.par.tp / self.par.pp
+        return self.fixed_weight_bytes + rest
+
+    def kv_capacity_tokens(self, mem_fraction_static: float) -> int:
+        """Tokens of KV one rank can hold: SGLang sizes the pool as
+        ``mem_fraction_static x GPU memory - weights`` per GPU."""
+        free = mem_fraction_static * self.gpu.memory_bytes - self.weight_bytes_per_gpu()
+        return max(0, int(free // self.kv_bytes_per_token_per_gpu))
+
+    # -- time ------------------------------------------------------------------------------
+
+    def step_seconds(self, step: StepShape) -> float:
+        """Modelled wall time of one forward step, in seconds (0 for an empty step)."""
+        tokens = step.tokens
+        if tokens == 0:
+            return 0.0
+        m = self.model
+        pairs = float(step.decode_context)
+        for new, cached in step.prefill:
+            pairs += new * (cached + (new + 1) / 2)
+        flops = (
+            self._linear_flops_per_token * tokens
+            + 2.0 * m.vocab * m.hidden * step.sampled
+            + m.attention_flops_per_pair() * pairs
+        )
+        compute_s = flops / self._flops
+        kv_read = step.decode_context + sum(cached for _, cached in step.prefill)
+        moved = (
+            self.fixed_weight_bytes
+            + self._touched_experts(tokens) * m.moe_layers * self._expert_bytes
+            + (kv_read + tokens) * self.kv_bytes_per_token_per_gpu
+        )
+        memory_s = moved / self._mem_bw
+        return max(compute_s, memory_s) + self._comm_seconds(tokens) + STEP_OVERHEAD_S
+
+    def _touched_experts(self, tokens: int) -> float:
+        """Expected distinct experts per MoE layer that `tokens` tokens route to, with
+        uniform routing: E x (1 - (1 - k/E)^tokens)."""
+        m = self.model
+        if not m.is_moe:
+            return 0.0
+        return m.experts * (1.0 - (1.0 - m.experts_per_token / m.experts) ** tokens)
+
+    def _comm_seconds(self, tokens: int) -> float:
+        par = self.par
+        total = 0.0
+        if par.attn_tp > 1:
+            if par.crosses_nodes:
+                bandwidth, latency = NIC_BANDWIDTH * RDMA_EFFICIENCY, INTERNODE_LATENCY_S
+            else:
+                bandwidth = self.gpu.link_bandwidth * ALLREDUCE_BUS_EFFICIENCY
+                latency = ALLREDUCE_LATENCY_S
+            size = tokens * self.model.hidden * 2.0  # bf16 activations
+            ring = 2.0 * (par.attn_tp - 1) / par.attn_tp * size / bandwidth
+            total += ALLREDUCES_PER_LAYER * self.model.layers * (latency + ring)
+        if par.pp > 1:
+            hop = tokens * self.model.hidden * 2.0 / (NIC_BANDWIDTH * RDMA_EFFICIENCY)
+            total += (par.pp - 1) * (INTERNODE_LATENCY_S + hop)
+        return total
+
+    def kv_transfer_seconds(self, tokens: int, rdma: bool = True) -> float:
+        """Modelled time to move `tokens` tokens of KV from a prefill to a decode instance:
+        one NIC per attention GPU with RDMA, one host NIC with Mooncake over TCP."""
+        if rdma:
+            bandwidth = NIC_BANDWIDTH * RDMA_EFFICIENCY * self.par.attn_tp
+        else:
+            bandwidth = TCP_HOST_BANDWIDTH * TCP_EFFICIENCY
+        return KV_TRANSFER_SETUP_S + tokens * self.kv_bytes_per_token / bandwidth
+
+
+def default_chunked_prefill_size(gpu: GpuSpec) -> int:
+    """SGLang 0.5.23's default by GPU memory (arg_groups/memory_hook.py)."""
+    mib = gpu.memory_bytes / 1024**2
+    if mib < 20 * 1024:
+        return 2048
+    if mib < 60 * 1024:
+        return 4096
+    if mib < 90 * 1024:
+        return 8192
+    return 16384
+
+
+def default_mem_fraction_static(gpu: GpuSpec, chunked_prefill_size: int, tp: int, pp: int) -> float:
+    """SGLang 0.5.23's default: GPU memory less an activation and graph reserve (MiB:
+    512 + 1.5 x max(chunk, 2048) + tp x pp / 8 x 1024, at least 10 GiB above 60 GiB)."""
+    mib = gpu.memory_bytes / 1024**2
+    reserved = 512 + 1.5 * max(chunked_prefill_size, 2048) + tp * pp / 8 * 1024
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
+def default_max_running_requests(capacity_tokens: int, context_len: int) -> int:
+    """SGLang's request-slot count: ``min(max(capacity / context_len x 512, 2048), 4096)``."""
+    return min(max(int(capacity_tokens / max(context_len, 1) * 512), 2048), 4096)
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> float:
+    """Bytes per KV element: ``auto`` keeps 16-bit KV (also for FP8 checkpoints)."""
+    if kv_cache_dtype.startswith("fp8"):
+        return 1.0
+    if kv_cache_dtype.startswith("fp4"):
+        return 0.5
+    return 2.0
+
+
+def pages(tokens: int, page_size: int) -> int:
+    """Pages of `page_size` tokens that hold `tokens` tokens."""
+    return math.ceil(tokens / page_size) if tokens > 0 else 0
