@@ -9,7 +9,8 @@
 Each namespace has only its loopback and its address on the bridge: no default route, so
 nothing started in it can reach a package index. The namespaces share the machine's file
 system, so every emulated host gets its own root prefix; a process started over SSH lives in
-that host's namespace and binds that host's address.
+that host's namespace and binds that host's address. Root's home (/root) is a per-host folder,
+bind-mounted in the sshd's private mount namespace, so the machine's shell setup stays out.
 
 Each sshd has its own host key, config and PidFile, allows key authentication only and runs as
 root inside its namespace. The bed writes an SSH key pair, a known_hosts file with every host
@@ -27,6 +28,7 @@ import fcntl
 import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -104,6 +106,11 @@ class NetnsHost:
     def root(self) -> Path:
         """The host's root prefix (the topology's `hosts[].root`)."""
         return self.home / "root"
+
+    @property
+    def home_dir(self) -> Path:
+        """Mounted over /root for everything that runs on the host (its own ~/.ansible, ...)."""
+        return self.home / "home-root"
 
     @property
     def sshd_dir(self) -> Path:
@@ -344,19 +351,25 @@ class TestBed:
     def _start_sshd(self, host: NetnsHost) -> None:
         # sshd insists on its privilege separation directory; Debian's unit creates it at boot.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        # Root's home is the host's own: the machine's ~/.bashrc (pyenv and the like) is not what
+        # a fresh host has. `ip netns exec` gives the sshd a private mount namespace (slave to
+        # the machine's), so this bind mount is seen only by the sshd and what it starts.
+        host.home_dir.mkdir(mode=0o700, exist_ok=True)
+        sshd = shlex.join(
+            [
+                SSHD,
+                "-D",
+                "-f",
+                str(host.sshd_dir / "sshd_config"),
+                "-E",
+                str(host.sshd_dir / "sshd.log"),
+            ]
+        )
+        mount = shlex.join(["mount", "--bind", str(host.home_dir), "/root"])
         log = (host.sshd_dir / "sshd.log").open("ab")
         with log:
             self._sshd[host.name] = subprocess.Popen(
-                host.exec_argv(
-                    [
-                        SSHD,
-                        "-D",
-                        "-f",
-                        str(host.sshd_dir / "sshd_config"),
-                        "-E",
-                        str(host.sshd_dir / "sshd.log"),
-                    ]
-                ),
+                host.exec_argv(["sh", "-c", f"{mount} && exec {sshd}"]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import re
+import tarfile
 import zipfile
 from collections.abc import Iterable
 from importlib import metadata
@@ -192,3 +193,28 @@ def build_wheelhouse(requirements: Iterable[str], out_dir: Path) -> list[Path]:
             continue
         wheels.append(wheel_from_installed(dist, out_dir))
     return wheels
+
+
+def pack_wheelhouse(folder: Path, archive: Path) -> Path:
+    """The wheels in `folder` as one tar archive (what the pdkit_python role pushes): sorted,
+    fixed owner and time, so the same wheels give the same bytes."""
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise DeployError(
+            f"{folder} holds no wheels (*.whl). To fix: build the wheelhouse first (README: "
+            "air-gapped hosts), or use --index."
+        )
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".partial")
+    with tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
+        for wheel in wheels:
+            info = tarfile.TarInfo(wheel.name)
+            info.size = wheel.stat().st_size
+            info.mode = 0o644
+            with wheel.open("rb") as handle:
+                tar.addfile(info, handle)
+    if archive.exists() and archive.read_bytes() == partial.read_bytes():
+        partial.unlink()
+    else:
+        partial.replace(archive)
+    return archive
