@@ -104,8 +104,8 @@ def _serve(workers: int) -> None:
                 "disaggregation_mode": role,
                 "tp_size": 1,
                 "version": VERSION,
-                "engine": "sim",
-                "started_at": started,
+                "engine": "pdkit-sim",
+                "startup_time": started,
                 "internal_states": [{}],
             }
         )

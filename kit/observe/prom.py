@@ -190,7 +190,7 @@ def select_families(text: str, families: Collection[str]) -> str:
             if len(parts) >= 3 and parts[1] in ("TYPE", "HELP", "UNIT") and parts[2] in wanted:
                 kept.append(line)
             continue
-        name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+        name = (line.split("{", 1)[0].split(None, 1) or [""])[0]
         if name in wanted or _family(name) in wanted:
             kept.append(line)
     return "\n".join(kept) + "\n"

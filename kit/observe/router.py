@@ -31,22 +31,23 @@ QUANTILES = (0.5, 0.9, 0.99)
 @dataclass(frozen=True)
 class MetricNames:
     requests: tuple[str, ...]
-    ttft: str
-    tpot: str
+    ttft: tuple[str, ...]
+    tpot: tuple[str, ...]
     tpot_is_itl: bool
 
 
 METRIC_NAMES = {
     "pdkit": MetricNames(
         requests=("pdkit_lb_requests_total",),
-        ttft="pdkit_lb_time_to_first_token_seconds",
-        tpot="pdkit_lb_inter_token_latency_seconds",
+        ttft=("pdkit_lb_time_to_first_token_seconds",),
+        tpot=("pdkit_lb_inter_token_latency_seconds",),
         tpot_is_itl=True,
     ),
     "smg": MetricNames(
         requests=("smg_router_requests_total",),
-        ttft="smg_router_ttft_seconds",
-        tpot="smg_router_tpot_seconds",
+        # In PD mode over HTTP smg 1.13 times TTFT as smg_pd_ttft_seconds and has no TPOT.
+        ttft=("smg_router_ttft_seconds", "smg_pd_ttft_seconds"),
+        tpot=("smg_router_tpot_seconds",),
         tpot_is_itl=False,
     ),
 }
@@ -58,7 +59,7 @@ LB_GAUGES = (
     "smg_http_requests_total",
 )
 FAMILIES = frozenset(
-    {n for names in METRIC_NAMES.values() for n in (*names.requests, names.ttft, names.tpot)}
+    {n for names in METRIC_NAMES.values() for n in (*names.requests, *names.ttft, *names.tpot)}
     | set(LB_GAUGES)
 )
 """The router metric families status reads."""
@@ -135,9 +136,9 @@ def _routed_workers(body: Any) -> tuple[RoutedWorker, ...] | None:
         if not isinstance(item, dict) or not isinstance(item.get("url"), str):
             continue
         role = str(item.get("role") or item.get("worker_type") or "?")
-        if isinstance(item.get("is_healthy"), bool):
+        if isinstance(item.get("is_healthy"), bool):  # smg: is_healthy, and status "failed"...
             healthy = bool(item["is_healthy"])
-            state = "healthy" if healthy else "unhealthy"
+            state = "healthy" if healthy else str(item.get("status") or "unhealthy")
         else:
             state = str(item.get("state") or "?")
             healthy = state == "healthy"
@@ -198,6 +199,16 @@ def _requests(metrics: MetricSet, names: MetricNames) -> float | None:
         for s in metrics.samples("smg_http_requests_total")
         if s.labels.get("path") not in _NOT_CLIENT_PATHS
     )
+
+
+def _observed(metrics: MetricSet, candidates: tuple[str, ...]) -> str | None:
+    """The first of the candidate histograms that holds observations (else the first there)."""
+    present = [n for n in candidates if metrics.histogram(n) is not None]
+    for name in present:
+        hist = metrics.histogram(name)
+        if hist is not None and hist.count > 0:
+            return name
+    return present[0] if present else None
 
 
 def latency(hist: Histogram | None, limit_ms: float) -> Latency | None:
@@ -298,13 +309,15 @@ def evaluate_router(
         if before is not None and earlier is not None:
             window_s = answers.metrics.at - earlier.at
             rate_s = rate(now_requests, _requests(before, names), window_s)
-        ttft_hist, tpot_hist = metrics.histogram(names.ttft), metrics.histogram(names.tpot)
-        if latency_over_window and before is not None and ttft_hist is not None:
-            recent = ttft_hist.since(before.histogram(names.ttft))
+        ttft_name, tpot_name = _observed(metrics, names.ttft), _observed(metrics, names.tpot)
+        ttft_hist = metrics.histogram(ttft_name) if ttft_name else None
+        tpot_hist = metrics.histogram(tpot_name) if tpot_name else None
+        if latency_over_window and before is not None and ttft_hist is not None and ttft_name:
+            recent = ttft_hist.since(before.histogram(ttft_name))
             if recent.count > 0:
                 ttft_hist, window = recent, "last round"
-                if tpot_hist is not None:
-                    tpot_hist = tpot_hist.since(before.histogram(names.tpot))
+                if tpot_hist is not None and tpot_name:
+                    tpot_hist = tpot_hist.since(before.histogram(tpot_name))
         ttft = latency(ttft_hist, slo.ttft_ms)
         tpot = latency(tpot_hist, slo.tpot_ms)
     inflight = metrics.total("pdkit_lb_inflight_requests") if metrics is not None else None

@@ -104,16 +104,19 @@ class WorkerStatus:
         return self.state == "healthy"
 
 
-def detect_engine(server_info: dict[str, Any]) -> str:
-    """`sim` for pdkit's emulated worker, else `sglang`.
+SIM_ENGINE_NAMES = frozenset({"pdkit-sim", "sim"})
 
-    The sim says so in /server_info (`"engine": "sim"`); SGLang has no such key.
+
+def detect_engine(server_info: dict[str, Any]) -> str:
+    """`sim` for pdkit's emulated worker, else `sglang` (or what an unknown server calls itself).
+
+    The sim says so in /server_info (`"engine": "pdkit-sim"`, next to the SGLang `version` it
+    emulates); SGLang's /server_info has no `engine` key.
     """
     engine = server_info.get("engine")
     if isinstance(engine, str) and engine:
-        return engine
-    version = str(server_info.get("version") or "")
-    return "sim" if "+sim" in version or version.startswith("sim") else "sglang"
+        return "sim" if engine in SIM_ENGINE_NAMES else engine
+    return "sglang"
 
 
 def reported_version(server_info: dict[str, Any]) -> str | None:
@@ -187,7 +190,9 @@ def _uptime(server_info: dict[str, Any], metrics: MetricSet | None, now: float) 
         value = _float(server_info.get(key))
         if value is not None:
             return max(value, 0.0)
-    for key in ("started_at", "start_time"):
+    # The sim's `startup_time` is when it started (epoch s); SGLang's is a dict of phase
+    # durations, which says nothing about when.
+    for key in ("startup_time", "started_at", "start_time"):
         value = _float(server_info.get(key))
         if value is not None:
             return max(now - value, 0.0)
@@ -216,9 +221,10 @@ def _kv(
                     speed = speed.since(earlier.histogram(KV_SPEED))
     latency_ms = latency.mean if latency is not None else None
     speed_gb_s = speed.mean if speed is not None else None
-    if metrics is not None and latency is None:  # exposed as a gauge
-        latency_ms = metrics.maximum(KV_LATENCY)
-        speed_gb_s = metrics.maximum(KV_SPEED)
+    if metrics is not None and latency is None:  # a gauge: the last transfer (0 before any)
+        latency_ms = metrics.maximum(KV_LATENCY) or None
+        speed_gb_s = metrics.maximum(KV_SPEED) or None
+        window = "latest"
     if latency_ms is None and entries:  # the scheduler's latest value, per DP rank
         values = [
             _float((e.get("disaggregation") or {}).get("kv_transfer_latency_ms")) for e in entries
@@ -227,9 +233,10 @@ def _kv(
         latency_ms = max(known) if known else None
         window = "latest"
     failed = bootstrap_failed = None
-    if metrics is not None:
-        failed = _int(metrics.total(TRANSFER_FAILED))
-        bootstrap_failed = _int(metrics.total(BOOTSTRAP_FAILED))
+    if metrics is not None and len(metrics):
+        # A labelled counter shows no sample before its first increment: absent means 0.
+        failed = _int(metrics.total(TRANSFER_FAILED) or 0)
+        bootstrap_failed = _int(metrics.total(BOOTSTRAP_FAILED) or 0)
     return KvTransfer(
         latency_ms=latency_ms,
         speed_gb_s=speed_gb_s,

@@ -55,8 +55,9 @@ def server_info(role: str = "prefill", **changes: object) -> dict[str, object]:
         "disaggregation_bootstrap_port": 8998,
         "tp_size": 1,
         "version": "0.5.23",
-        "engine": "sim",
-        "started_at": NOW - 125,
+        "engine": "pdkit-sim",
+        "frontend": "python",
+        "startup_time": NOW - 125,
         "internal_states": [{}],
     }
     info.update(changes)
@@ -208,19 +209,21 @@ def pdkit_answers(*, ready: bool = True, metrics: str | None = None, health=None
 SMG_WORKERS = {
     "workers": [
         {"url": P0, "worker_type": "prefill", "is_healthy": True, "bootstrap_port": 8998},
-        {"url": D0, "worker_type": "decode", "is_healthy": False},
+        {"url": D0, "worker_type": "decode", "is_healthy": False, "status": "failed"},
     ],
     "total": 2,
     "stats": {"prefill_count": 1, "decode_count": 1, "regular_count": 0},
 }
-SMG_METRICS = """\
+SMG_LABELS = 'router_type="http",backend_type="pd",connection_mode="http",model="m"'
+SMG_METRICS = f"""\
 # TYPE smg_router_requests_total counter
-smg_router_requests_total{model="m",endpoint="chat",streaming="true"} 12
+smg_router_requests_total{{{SMG_LABELS},endpoint="chat",streaming="true"}} 8
+smg_router_requests_total{{{SMG_LABELS},endpoint="chat",streaming="false"}} 4
 # TYPE smg_http_requests_total counter
-smg_http_requests_total{method="GET",path="/readiness"} 90
-# TYPE smg_router_ttft_seconds histogram
-smg_router_ttft_seconds_bucket{model="m",le="0.5"} 12
-smg_router_ttft_seconds_bucket{model="m",le="+Inf"} 12
-smg_router_ttft_seconds_sum{model="m"} 2.4
-smg_router_ttft_seconds_count{model="m"} 12
+smg_http_requests_total{{method="GET",path="/readiness"}} 90
+# TYPE smg_pd_ttft_seconds histogram
+smg_pd_ttft_seconds_bucket{{backend_type="pd",model="m",runtime="sglang",le="0.5"}} 12
+smg_pd_ttft_seconds_bucket{{backend_type="pd",model="m",runtime="sglang",le="+Inf"}} 12
+smg_pd_ttft_seconds_sum{{backend_type="pd",model="m",runtime="sglang"}} 2.4
+smg_pd_ttft_seconds_count{{backend_type="pd",model="m",runtime="sglang"}} 12
 """

@@ -84,6 +84,7 @@ def test_smg_router_worker_list_and_metrics_on_their_own_port():
     assert status.kind == "smg" and status.state == "unhealthy"
     assert status.cause == "not ready: no healthy decode"
     assert (status.healthy_prefill, status.healthy_decode) == (1, 0)
+    assert status.workers is not None and status.workers[1].state == "failed"
     assert status.requests_total == 12  # client requests, not the probes
     assert status.ttft is not None and status.ttft.count == 12 and status.tpot is None
     assert not status.tpot_is_itl

@@ -139,10 +139,22 @@ def test_metrics_switched_off_is_a_note_not_a_problem():
 
 
 def test_a_real_sglang_server_info_is_read_for_version_and_engine():
-    info = server_info(engine=None, version="0.5.23", frontend="python")
+    info = server_info(startup_time={"load_weight": 12.5, "cuda_graph": {}})
     del info["engine"]
     status = evaluate_worker(answers(info=info, engine="sglang"), NOW)
     assert status.state == "healthy" and (status.engine, status.version) == ("sglang", "0.5.23")
+    assert status.uptime_s is None  # SGLang's startup_time holds durations, not a time
+
+
+def test_kv_latency_exposed_as_a_gauge_is_the_last_transfer():
+    gauge = (
+        "# TYPE sglang:kv_transfer_latency_ms gauge\n"
+        'sglang:kv_transfer_latency_ms{tp_rank="0",dp_rank="0"} 3.5\n'
+    )
+    status = evaluate_worker(answers(metrics=gauge), NOW)
+    assert status.kv.latency_ms == 3.5 and status.kv.window == "latest"
+    never = evaluate_worker(answers(metrics=gauge.replace("3.5", "0.0"), load={"loads": []}), NOW)
+    assert never.kv.latency_ms is None
 
 
 def test_watch_shows_kv_latency_over_the_last_round():
