@@ -73,8 +73,7 @@ def evaluate_service(service: ServiceInfo | None, since: float) -> Verdict | Non
     if service.stop >= since > 0 and service.state in RUNNING_STATES:
         return Verdict(
             "failed",
-            f"exited after the rollout and was restarted by supervisord (exit status "
-            f"{service.exit_status})",
+            f"exited (exit status {service.exit_status}) and supervisord started it again",
         )
     return None
 

@@ -11,14 +11,18 @@ tail) and what is still running.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import shlex
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from kit.deploy.context import DeployContext
 from kit.deploy.logs import tail
@@ -49,6 +53,27 @@ def _relative(path: str | Path) -> str:
         return str(path)
 
 
+@contextmanager
+def deployment_lock(ctx: DeployContext) -> Iterator[None]:
+    """One `pdkit up`/`down` per deployment at a time (a lock file in the state dir)."""
+    ctx.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(ctx.state_dir / "lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise DeployError(
+                f"another pdkit up/down of deployment {ctx.plan.name} is running ({holder}); "
+                "nothing was changed. To fix: wait for it to finish, or stop it."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
+
+
 def _run(
     ctx: DeployContext,
     console: Console,
@@ -70,7 +95,6 @@ def _run(
         )
     if not result.ok:
         raise DeployError(f"{failure_report(result)}\n{_running_now(ctx)}")
-    console.print(f"  {result.progress.summary()}", style="dim")
     return result
 
 
@@ -97,22 +121,33 @@ def _wait(
 
 def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     """Deploy and start the whole topology; return once the router is ready."""
+    with deployment_lock(ctx):
+        _up(ctx, console, options)
+
+
+def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     plan = ctx.plan
     secret_env = ansible_secret_env(plan.router, ctx.topology_file, os.environ)
     console.print(
         f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
         f"prefill + {len(plan.role('decode'))} decode, router {plan.router.kind} on "
-        f"{plan.router.host} (state: {_relative(ctx.state_dir)})"
+        f"{plan.router.host} (state: {escape(_relative(ctx.state_dir))})"
     )
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
-    _run(ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose)
+    result = _run(
+        ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose
+    )
+    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
     worker_timeout = options.worker_timeout or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {worker_timeout:.0f} s)")
     statuses = _wait(ctx, console, worker_targets(plan), worker_timeout, None)
     _raise_unless_ready(ctx, statuses, stage="workers")
 
     console.print("[bold]Router[/]: installing and starting (Ansible, deploy.yml --tags router)")
-    _run(ctx, console, "deploy.yml", tags="router", secret_env=secret_env, verbose=options.verbose)
+    result = _run(
+        ctx, console, "deploy.yml", tags="router", secret_env=secret_env, verbose=options.verbose
+    )
+    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
     router_timeout = options.router_timeout or ROUTER_TIMEOUT_S
     key = router_api_key(plan.router, ctx.topology_file, os.environ)
     headers = {"Authorization": f"Bearer {key}"} if key else None
@@ -126,13 +161,15 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
     """Stop the router, then the workers; keep configuration and logs."""
     plan = ctx.plan
     console.print(f"[bold]pdkit down {plan.name}[/]: router first, then workers")
-    result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
+    with deployment_lock(ctx):
+        result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
     logs = sorted({h.layout.log_dir for h in ctx.hosts})
     if result.progress.changed:
         hosts = sorted({c.host for c in result.progress.changes})
         console.print(
             f"Stopped deployment {plan.name} on {', '.join(hosts)}. "
-            f"Logs kept in {', '.join(_relative(p) for p in logs)}"
+            f"Logs kept in {', '.join(_relative(p) for p in logs)}",
+            markup=False,
         )
     else:
         console.print(f"Nothing of deployment {plan.name} was running.")
@@ -239,12 +276,14 @@ def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessS
     ]
     console.print(status_table(rows))
     console.print(
-        f"[bold green]Serving[/] {plan.model.served_name} at {plan.router.url} "
-        f"(OpenAI API: base_url {plan.router.url}/v1). Try:"
+        f"[bold green]Serving[/] {escape(plan.model.served_name)} at {escape(plan.router.url)} "
+        f"(OpenAI API: base_url {escape(plan.router.url)}/v1). Try:"
     )
     console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
     topology = shlex.quote(str(ctx.topology_file))
     used_hosts = {s.target.host for s in statuses}
     log_dirs = sorted({_relative(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})
-    console.print(f"Logs: pdkit logs {topology} [PROCESS] [-f]  ({', '.join(log_dirs)})")
-    console.print(f"Stop: pdkit down {topology}")
+    console.print(
+        f"Logs: pdkit logs {topology} [PROCESS] [-f]  ({', '.join(log_dirs)})", markup=False
+    )
+    console.print(f"Stop: pdkit down {topology}", markup=False)

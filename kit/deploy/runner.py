@@ -112,9 +112,11 @@ def run_playbook(
     listener: Listener | None = None,
     verbose: bool = False,
     forks: int = 10,
+    cmdline: str | None = None,
 ) -> PlaybookResult:
     """Run one playbook of pdkit's playbooks dir; never raises for a failed task (the result
-    says), only when Ansible cannot be started at all."""
+    says), only when Ansible cannot be started at all. `cmdline`: more ansible-playbook
+    options (e.g. "--check --skip-tags nvidia")."""
     import ansible_runner  # noqa: PLC0415 (slow import; only commands that deploy pay it)
 
     project = playbooks_dir()
@@ -146,6 +148,7 @@ def run_playbook(
             suppress_env_files=True,
             rotate_artifacts=KEEP_RUNS,
             forks=forks,
+            cmdline=cmdline,
             event_handler=handle,
         )
     except Exception as exc:  # ansible-runner's own errors (config, missing binary, ...)

@@ -6,6 +6,7 @@ timeout passes. The judging is `kit.deploy.readiness`; this module only polls an
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -79,8 +80,11 @@ async def _get(session: aiohttp.ClientSession, url: str) -> HttpAnswer:
             await response.read()
             return HttpAnswer(response.status)
     except aiohttp.ClientConnectorError as exc:
-        reason = exc.os_error.strerror if exc.os_error and exc.os_error.strerror else str(exc)
-        return HttpAnswer(None, reason.lower())
+        if exc.os_error.errno == errno.ECONNREFUSED or isinstance(
+            exc.os_error, ConnectionRefusedError
+        ):
+            return HttpAnswer(None, "connection refused")
+        return HttpAnswer(None, (exc.os_error.strerror or str(exc.os_error)).lower())
     except TimeoutError:
         return HttpAnswer(None, f"no answer within {REQUEST_TIMEOUT_S:.0f} s")
     except aiohttp.ClientError as exc:

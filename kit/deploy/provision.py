@@ -1,0 +1,280 @@
+"""`pdkit provision`: prepare the hosts of a topology with playbooks/provision.yml.
+
+The inventory is the one `pdkit up` writes (same hosts, connections and layout); provisioning
+adds per-host variables derived from the Plan (`provision_vars`, pure): which roles apply (no
+GPU, RDMA or model work for engine sim or on a router-only host), the RDMA devices and GID index
+the workers use, the GPUs the topology counts on, where the model comes from, and where the
+Python environment's packages come from. pdkit itself always goes to the hosts as a wheel of
+the control machine's pdkit (`kit.deploy.wheels`), so hosts run exactly the same code.
+
+Roles: base (OS packages, locked-memory limit, huge pages), nvidia, rdma, python, model; each
+can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from kit.deploy.context import DeployContext
+from kit.deploy.inventory import DeployHost
+from kit.deploy.rollout import deployment_lock
+from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
+from kit.deploy.view import AnsibleView
+from kit.deploy.wheels import pack_wheelhouse, pdkit_version, pdkit_wheel
+from kit.errors import DeployError
+from kit.topology.plan import Plan
+
+ROLES = ("base", "nvidia", "rdma", "python", "model")
+"""Role tags of provision.yml, in the order they run."""
+
+FACT_TASKS = {
+    "Read the NVIDIA facts": "pdkit_nvidia_facts",
+    "Read the RDMA facts": "pdkit_rdma_facts",
+}
+"""provision.yml tasks whose `set_fact` results pdkit shows after the run."""
+
+
+@dataclass(frozen=True)
+class ProvisionOptions:
+    """What `pdkit provision` was asked: check mode, the package source, skipped roles, and
+    variables that override the roles' defaults (`-e`)."""
+
+    check: bool = False
+    wheelhouse: Path | None = None
+    """A folder of wheels or a tar archive of them; None: the hosts use a package index."""
+    skip: tuple[str, ...] = ()
+    extra_vars: Mapping[str, Any] = field(default_factory=dict)
+    verbose: bool = False
+
+
+def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
+    """`NAME=VALUE` strings -> variables; VALUE is read as YAML (true, 3, [a, b]) when it parses."""
+    import yaml  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise DeployError(
+                f"-e {pair!r}: expected NAME=VALUE, e.g. -e pdkit_base_install_packages=false."
+            )
+        try:
+            out[name.strip()] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[name.strip()] = value
+    return out
+
+
+def check_skip(skip: Sequence[str]) -> tuple[str, ...]:
+    unknown = [s for s in skip if s not in ROLES]
+    if unknown:
+        raise DeployError(f"--skip {', '.join(unknown)}: no such role. Roles: {', '.join(ROLES)}.")
+    return tuple(skip)
+
+
+def ib_devices(ib_device: str | None) -> list[str]:
+    """RDMA device names in a rendered --disaggregation-ib-device value (a comma list or a
+    per-GPU JSON map)."""
+    if not ib_device:
+        return []
+    if ib_device.lstrip().startswith("{"):
+        mapping: dict[str, str] = json.loads(ib_device)
+        return sorted(set(mapping.values()))
+    return sorted({name.strip() for name in ib_device.split(",") if name.strip()})
+
+
+def _model_source(plan: Plan) -> str:
+    if plan.engine == "sim":
+        return "none"
+    return "path" if plan.model.path.startswith("/") else "hub"
+
+
+def provision_vars(
+    plan: Plan,
+    host: DeployHost,
+    *,
+    pdkit_wheel_path: Path | None,
+    wheelhouse_archive: Path | None,
+) -> dict[str, Any]:
+    """The provision.yml variables of one host (added to its inventory entry). Pure."""
+    workers = plan.on_host(host.name)
+    sim = plan.engine == "sim"
+    devices = sorted({d for w in workers for d in ib_devices(w.ib_device)})
+    gid_index = next((w.env["MC_GID_INDEX"] for w in workers if "MC_GID_INDEX" in w.env), "")
+    out: dict[str, Any] = {
+        "pdkit_provision_gpu_roles": bool(workers) and not sim,
+        "pdkit_base_rdma_tools": not sim,
+        "pdkit_nvidia_expected_gpus": host.plan.gpus,
+        "pdkit_rdma_expected_devices": devices,
+        "pdkit_rdma_required": plan.transfer_backend == "mooncake" and bool(workers),
+        "pdkit_rdma_gid_index": gid_index,
+        "pdkit_model_source": _model_source(plan) if workers else "none",
+        "pdkit_model_path": plan.model.path,
+        "pdkit_model_revision": plan.model.revision or "",
+        "pdkit_python_sglang_version": plan.sglang_version,
+    }
+    if not host.local:
+        # The venv whose python the deployment runs (kit.deploy.inventory.REMOTE_VENV).
+        out["pdkit_python_venv"] = str(PurePosixPath(host.python).parent.parent)
+        out["pdkit_python_source"] = "wheelhouse" if wheelhouse_archive else "index"
+        out["pdkit_python_wheelhouse"] = str(wheelhouse_archive or "")
+        out["pdkit_python_pdkit_wheel"] = str(pdkit_wheel_path or "")
+    return out
+
+
+def provision_inventory(
+    ctx: DeployContext,
+    *,
+    pdkit_wheel_path: Path | None,
+    wheelhouse_archive: Path | None,
+    extra_vars: Mapping[str, Any],
+) -> dict[str, Any]:
+    """`pdkit up`'s inventory with every host's provisioning variables (`-e` ones last)."""
+    inventory = ctx.inventory()
+    hosts: dict[str, dict[str, Any]] = inventory["all"]["children"]["pdkit_hosts"]["hosts"]
+    for host in ctx.hosts:
+        hosts[host.name] |= provision_vars(
+            ctx.plan,
+            host,
+            pdkit_wheel_path=pdkit_wheel_path,
+            wheelhouse_archive=wheelhouse_archive,
+        )
+        hosts[host.name] |= dict(extra_vars)
+    if pdkit_wheel_path is not None:
+        inventory["all"]["vars"]["pdkit_python_pdkit_version"] = pdkit_version()
+    return inventory
+
+
+def _wheelhouse_archive(wheelhouse: Path, work: Path) -> Path:
+    if wheelhouse.is_dir():
+        return pack_wheelhouse(wheelhouse, work / "wheelhouse.tar")
+    if wheelhouse.is_file():
+        return wheelhouse.absolute()
+    raise DeployError(
+        f"--wheelhouse {wheelhouse}: no such folder or archive. To fix: build it first "
+        "(README: air-gapped hosts), or use --index."
+    )
+
+
+@dataclass
+class _FactsCollector:
+    view: AnsibleView
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def listener(self, progress: Any, lines: list[str], event: Mapping[str, Any]) -> None:
+        self.view.listener(progress, lines, event)
+        data = event.get("event_data") or {}
+        if event.get("event") != "runner_on_ok" or data.get("task") not in FACT_TASKS:
+            return
+        res = data.get("res") or {}
+        value = (res.get("ansible_facts") or {}).get(FACT_TASKS[data["task"]])
+        if isinstance(value, dict):
+            self.facts.setdefault(str(data.get("host")), {})[FACT_TASKS[data["task"]]] = value
+
+
+def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -> PlaybookResult:
+    """Run provision.yml on every host of the topology; raise `DeployError` when it fails."""
+    skip = check_skip(options.skip)
+    work = ctx.state_dir / "provision"
+    remote = [h for h in ctx.hosts if not h.local]
+    python_role = "python" not in skip and bool(remote)
+    wheel = pdkit_wheel(work / "dist") if python_role else None
+    archive = (
+        _wheelhouse_archive(options.wheelhouse, work)
+        if options.wheelhouse is not None and python_role
+        else None
+    )
+    inventory = provision_inventory(
+        ctx, pdkit_wheel_path=wheel, wheelhouse_archive=archive, extra_vars=options.extra_vars
+    )
+    cmdline = []
+    if options.check:
+        cmdline.append("--check")
+    if skip:
+        cmdline += ["--skip-tags", ",".join(skip)]
+    source = f"wheelhouse {_relative(archive)}" if archive else "package index"
+    console.print(
+        f"[bold]pdkit provision {escape(ctx.plan.name)}[/]: {len(ctx.hosts)} host(s), engine "
+        f"{ctx.plan.engine}, Python packages from the {escape(source)}"
+        + (" [bold](check mode: nothing is changed)[/]" if options.check else "")
+        + (f", skipping {', '.join(skip)}" if skip else "")
+    )
+    with deployment_lock(ctx), AnsibleView(console) as view:
+        collector = _FactsCollector(view)
+        result = run_playbook(
+            ctx.private_dir,
+            inventory,
+            "provision.yml",
+            cmdline=" ".join(cmdline) or None,
+            listener=collector.listener,
+            verbose=options.verbose,
+        )
+    if not result.ok:
+        raise DeployError(failure_report(result))
+    _report(ctx, console, result, collector.facts, check=options.check, work=work)
+    return result
+
+
+def _relative(path: Path | None) -> str:
+    import os  # noqa: PLC0415
+
+    if path is None:
+        return "-"
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def _report(
+    ctx: DeployContext,
+    console: Console,
+    result: PlaybookResult,
+    facts: dict[str, dict[str, Any]],
+    *,
+    check: bool,
+    work: Path,
+) -> None:
+    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
+    for host, found in sorted(facts.items()):
+        for line in describe_facts(found):
+            console.print(f"  {host}: {line}", markup=False)
+    if facts:
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "facts.json").write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    changed = sorted({c.host for c in result.progress.changes})
+    if check:
+        verdict = f"would change {', '.join(changed)}" if changed else "nothing would change"
+    else:
+        verdict = f"changed {', '.join(changed)}" if changed else "no change: already provisioned"
+    console.print(f"Provisioned {ctx.plan.name}: {verdict}.", markup=False)
+
+
+def describe_facts(found: Mapping[str, Any]) -> list[str]:
+    """One line each for a host's GPU and RDMA facts."""
+    lines = []
+    gpu = found.get("pdkit_nvidia_facts")
+    if gpu:
+        names = sorted({g.get("name", "?") for g in gpu.get("gpus", [])})
+        lines.append(
+            f"{len(gpu.get('gpus', []))} GPU(s) {', '.join(names)}; driver "
+            f"{gpu.get('driver_version') or '?'}, CUDA {gpu.get('cuda_version') or '?'}, "
+            f"{gpu.get('nvswitches', 0)} NVSwitch(es)"
+        )
+    rdma = found.get("pdkit_rdma_facts")
+    if rdma is not None:
+        devices = []
+        for device in rdma.get("devices", []):
+            ports = device.get("ports", [])
+            state = "/".join(p.get("state", "?") for p in ports) or "no port"
+            layer = "/".join(sorted({p.get("link_layer", "") for p in ports} - {""}))
+            devices.append(f"{device.get('name')} {state}{f' {layer}' if layer else ''}")
+        lines.append(f"RDMA: {', '.join(devices) or 'no device'}")
+    return lines

@@ -1,0 +1,217 @@
+"""`pdkit up` / `pdkit down` end to end on the local default: real Ansible, real supervisord,
+pdkit's sim workers and load balancer, requests from the openai client.
+
+Each test deploys a copy of topologies/local.yaml under tmp_path with its own name, root and
+free ports, so it never touches a developer's `make up`. Ansible is slow on a small machine:
+the lifecycle test reuses one deployment for every step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.deploy.layout import HostLayout
+from kit.deploy.services import supervisor_processes
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "e2e-router-key-93f1c2"
+UP_TIMEOUT_S = 240
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` ports, in blocks where a role needs consecutive ones: found by binding port 0."""
+    found: list[int] = []
+    while len(found) < count:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if all(_free(p) for p in (port, port + 1)) and not {port, port + 1} & set(found):
+            found.append(port)
+    return found
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_topology(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """A copy of local.yaml under tmp_path: own name, root, ports and a router API key."""
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    prefill, bootstrap, decode, router = free_ports(4)
+    data["name"] = name
+    data["hosts"][0]["root"] = f".pdkit/{name}/root"
+    data["prefill"]["port"] = prefill  # prefill-1 takes prefill + 1
+    data["prefill"]["bootstrap_port"] = bootstrap
+    data["decode"]["port"] = decode
+    data["router"]["port"] = router
+    data["router"]["api_key_env"] = "PDKIT_E2E_KEY"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path, data
+
+
+def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env["PDKIT_E2E_KEY"] = API_KEY
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def layout(topology: Path, name: str) -> HostLayout:
+    return HostLayout(name, str(topology.parent / ".pdkit" / name / "root"))
+
+
+def pids(topology: Path, name: str) -> dict[str, int]:
+    view = supervisor_processes(layout(topology, name).supervisord_socket)
+    assert view is not None, "supervisord of the deployment does not answer"
+    return {n: info.pid for n, info in view.items() if info.state in ("STARTING", "RUNNING")}
+
+
+def processes_of(name: str) -> list[int]:
+    """PIDs of every process whose environment says it belongs to deployment `name`."""
+    found = []
+    marker = f"PDKIT_DEPLOYMENT={name}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """A fresh copy of local.yaml; brought down at the end if anything still runs."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    topology, data = write_topology(tmp_path, name)
+    yield topology, name, data
+    if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
+        pdkit("down", str(topology))
+
+
+def chat(base_url: str, stream: bool) -> str:
+    from openai import OpenAI  # noqa: PLC0415
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+    messages = [{"role": "user", "content": "Say hello."}]
+    if not stream:
+        reply = client.chat.completions.create(
+            model="llama-3.1-8b", messages=messages, max_tokens=16
+        )
+        return reply.choices[0].message.content or ""
+    parts = []
+    for chunk in client.chat.completions.create(
+        model="llama-3.1-8b", messages=messages, max_tokens=16, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_nothing(deployment):
+    topology, name, data = deployment
+    router_url = f"http://127.0.0.1:{data['router']['port']}"
+
+    first = pdkit("up", str(topology))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"Serving llama-3.1-8b at {router_url}" in first.stdout
+    assert "curl -s" in first.stdout
+    assert chat(router_url, stream=False)
+    assert chat(router_url, stream=True)
+    before = pids(topology, name)
+    assert set(before) == {"prefill-0", "prefill-1", "decode-0", "router"}
+
+    again = pdkit("up", str(topology))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "changed (" not in again.stdout
+    assert pids(topology, name) == before
+
+    data["decode"]["args"]["max-running-requests"] = 64
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    changed = pdkit("up", str(topology))
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "changed (decode-0)" in changed.stdout
+    after = pids(topology, name)
+    assert after["decode-0"] != before["decode-0"]
+    assert {k: v for k, v in after.items() if k != "decode-0"} == {
+        k: v for k, v in before.items() if k != "decode-0"
+    }
+    assert chat(router_url, stream=False)
+
+    # The API key lives only in the router's environment file (0600), nowhere else.
+    env_file = Path(layout(topology, name).env_file("router"))
+    assert API_KEY in env_file.read_text()
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    for output in (first, again, changed):
+        assert API_KEY not in output.stdout + output.stderr
+    for path in (topology.parent / ".pdkit" / name / "ansible").rglob("*"):
+        if path.is_file():
+            assert API_KEY not in path.read_text(errors="replace"), path
+
+    down = pdkit("down", str(topology))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "Stopped deployment" in down.stdout
+    deadline = time.monotonic() + 10
+    while processes_of(name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(name) == []
+    assert supervisor_processes(layout(topology, name).supervisord_socket) is None
+    assert Path(layout(topology, name).log_file("decode-0")).stat().st_size > 0  # logs kept
+
+    quiet = pdkit("down", str(topology))
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert f"Nothing of deployment {name} was running." in quiet.stdout
+    assert "changed" not in quiet.stdout
+
+
+def test_a_decode_that_cannot_start_fails_up_with_its_log_tail(deployment):
+    topology, _, data = deployment
+    timeout = 60
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", data["decode"]["port"]))
+        squatter.listen()
+        started = time.monotonic()
+        result = pdkit("up", str(topology), "--timeout", str(timeout))
+        elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert elapsed < timeout + 60  # Ansible's own time on top of the readiness timeout
+    assert "decode-0 on localhost" in result.stderr
+    assert "lines of" in result.stderr and "decode-0.log" in result.stderr
+    assert "| " in result.stderr  # the log tail itself
+    assert "Still running: " in result.stderr and "prefill-0" in result.stderr
+    assert "The router was not started" in result.stderr
+
+    logs = pdkit("logs", str(topology), "decode", "-n", "5", timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert 0 < len(logs.stdout.splitlines()) <= 5
+    every = pdkit("logs", str(topology), "-n", "1", timeout=60)
+    assert "prefill-0 | " in every.stdout
+    assert "no log yet" in every.stderr  # the router never started

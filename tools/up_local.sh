@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make up`: from a fresh Debian/Ubuntu machine to topologies/local.yaml serving requests.
+#   1. OS packages: the libraries the Mooncake transfer engine links (libibverbs1 librdmacm1
+#      libnuma1) and python3-venv when `python3 -m venv` cannot work. Installed with apt-get
+#      when run as root; otherwise the command to run is printed and nothing else happens.
+#   2. The Python environment .venv (`make venv`).
+#   3. `pdkit up topologies/local.yaml`, which ends with the endpoint and a curl line.
+# PYTHON (default python3) picks the interpreter for .venv, TOPOLOGY another topology.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TOPOLOGY=${TOPOLOGY:-topologies/local.yaml}
+
+packages=(libibverbs1 librdmacm1 libnuma1)
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  packages+=(python3-venv)
+fi
+missing=()
+if command -v dpkg-query >/dev/null 2>&1; then
+  for package in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$package")
+    fi
+  done
+else
+  echo "note: not a Debian-like system; make sure libibverbs, librdmacm and libnuma are installed." >&2
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "Installing OS packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "pdkit needs these OS packages: ${missing[*]}. Install them, then run make up again:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+make -s venv PYTHON="$PYTHON"
+exec .venv/bin/pdkit up "$TOPOLOGY"
