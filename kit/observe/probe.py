@@ -93,9 +93,9 @@ class RouterAnswers:
 
 @dataclass(frozen=True)
 class Round:
-    """One probe round. `taken_at` is wall-clock (time.time()) when it started, `seconds` its
-    duration; `router_metrics_before` is an earlier scrape of the router's metrics when the
-    round took two to compute rates."""
+    """One probe round. `taken_at` is wall-clock (time.time()) when it started, `seconds` how
+    long asking everything took; `router_metrics_before` is an earlier scrape of the router's
+    metrics when the round took two to compute rates (the wait between them is not counted)."""
 
     workers: tuple[WorkerAnswers, ...]
     router: RouterAnswers
@@ -256,6 +256,7 @@ class Prober:
         router_task = asyncio.ensure_future(self.router(targets.router))  # first in the queue
         workers = await self.workers(targets.workers)
         router = await router_task
+        seconds = time.monotonic() - started
         before: Fetched | None = None
         if rate_window_s > 0 and router.metrics.ok:
             wait = rate_window_s - (time.monotonic() - router.metrics.at)
@@ -271,7 +272,7 @@ class Prober:
             workers=tuple(workers),
             router=router,
             taken_at=taken_at,
-            seconds=time.monotonic() - started,
+            seconds=seconds,
             monotonic=started,
             router_metrics_before=before,
         )

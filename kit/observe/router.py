@@ -16,6 +16,7 @@ so its SLO share there is a share of token gaps; smg's is per request.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,8 @@ FAMILIES = frozenset(
 )
 """The router metric families status reads."""
 # smg counts every HTTP request in smg_http_requests_total, the probes included.
+# pdkit's load balancer labels every route it serves; these are the PD-dispatched ones.
+PDKIT_CLIENT_ROUTES = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 _NOT_CLIENT_PATHS = frozenset(
     {"/health", "/liveness", "/readiness", "/workers", "/metrics", "/health_generate", "/"}
 )
@@ -191,10 +194,17 @@ def _out_state(reason: str | None) -> str:
 
 
 def _requests(metrics: MetricSet, names: MetricNames) -> float | None:
+    """Client inference requests so far (not the probes, which both routers count too)."""
+    if "pdkit_lb_requests_total" in metrics:
+        return math.fsum(
+            s.value
+            for s in metrics.samples("pdkit_lb_requests_total")
+            if s.labels.get("route") in PDKIT_CLIENT_ROUTES
+        )
     value = metrics.first_total(names.requests)
     if value is not None or "smg_http_requests_total" not in metrics:
         return value
-    return sum(
+    return math.fsum(
         s.value
         for s in metrics.samples("smg_http_requests_total")
         if s.labels.get("path") not in _NOT_CLIENT_PATHS

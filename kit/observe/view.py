@@ -127,8 +127,8 @@ def router_lines(router: RouterStatus) -> Text:
     if router.cause and router.state != "healthy":
         text.append(f"  ({router.cause})", style="red")
     text.append("\n       ")
-    if router.requests_per_s is not None:
-        text.append(f"{router.requests_per_s:.1f} req/s")
+    if router.requests_per_s is not None and router.rate_window_s:
+        text.append(f"{router.requests_per_s:.1f} req/s over {router.rate_window_s:.1f} s")
     else:
         text.append(f"{DASH} req/s")
     if router.requests_total is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from kit.observe.probe import Fetched, RouterAnswers, WorkerAnswers
-from kit.observe.targets import Expected, RouterTarget, WorkerTarget
+from kit.observe.probe import Fetched, Round, RouterAnswers, WorkerAnswers
+from kit.observe.targets import Expected, RouterTarget, Targets, WorkerTarget
+from kit.topology.schema import SLO
 
 URL = "http://127.0.0.1:30000"
 NOW = 1_800_000_000.0
@@ -154,6 +155,7 @@ def pdkit_metrics(requests: int = 40, healthy: dict[str, int] | None = None, dra
         "# TYPE pdkit_lb_requests_total counter",
         f'pdkit_lb_requests_total{{route="/generate",status="200"}} {requests - 2}',
         'pdkit_lb_requests_total{route="/generate",status="502"} 2',
+        'pdkit_lb_requests_total{route="/readiness",status="200"} 77',  # probes do not count
         "# TYPE pdkit_lb_inflight_requests gauge",
         "pdkit_lb_inflight_requests 3",
         "# TYPE pdkit_lb_draining gauge",
@@ -227,3 +229,15 @@ smg_pd_ttft_seconds_bucket{{backend_type="pd",model="m",runtime="sglang",le="+In
 smg_pd_ttft_seconds_sum{{backend_type="pd",model="m",runtime="sglang"}} 2.4
 smg_pd_ttft_seconds_count{{backend_type="pd",model="m",runtime="sglang"}} 12
 """
+
+
+def cluster(*, p1=None, d0=None, router=None):
+    """Two prefills and a decode behind pdkit's router, all healthy unless replaced."""
+    workers = (
+        worker_answers("prefill", url=P0, instance=0),
+        p1 or worker_answers("prefill", url=P1, instance=1),
+        d0 or worker_answers("decode", url=D0, instance=0, info=server_info("decode")),
+    )
+    router = router or pdkit_answers()
+    targets = Targets("demo", tuple(w.target for w in workers), router.target, SLO())
+    return targets, Round(workers, router, taken_at=NOW, seconds=0.05, monotonic=100.0)

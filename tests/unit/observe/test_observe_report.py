@@ -6,16 +6,13 @@ import json
 
 from rich.console import Console
 
-from kit.observe.probe import Round
 from kit.observe.report import build_report, report_to_json
-from kit.observe.targets import Targets
 from kit.observe.view import health_lines, status_view
-from kit.topology.schema import SLO
 from tests.unit.observe.builders import (
     D0,
-    NOW,
     P0,
     P1,
+    cluster,
     failed,
     ok,
     pdkit_answers,
@@ -23,18 +20,6 @@ from tests.unit.observe.builders import (
     server_info,
     worker_answers,
 )
-
-
-def cluster(*, p1=None, d0=None, router=None):
-    """Two prefills and a decode behind pdkit's router, all healthy unless replaced."""
-    workers = (
-        worker_answers("prefill", url=P0, instance=0),
-        p1 or worker_answers("prefill", url=P1, instance=1),
-        d0 or worker_answers("decode", url=D0, instance=0, info=server_info("decode")),
-    )
-    router = router or pdkit_answers()
-    targets = Targets("demo", tuple(w.target for w in workers), router.target, SLO())
-    return targets, Round(workers, router, taken_at=NOW, seconds=0.05, monotonic=100.0)
 
 
 def report_of(**parts):
