@@ -250,7 +250,7 @@ class Dispatcher:
         worker.requests += 1
         try:
             resp = await self._session.post(
-                worker.url + send.path, data=send.body, headers=send.headers, timeout=timeout
+                worker.endpoint(send.path), data=send.body, headers=send.headers, timeout=timeout
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _leg_error(role, worker, exc) from exc
@@ -414,7 +414,10 @@ class Dispatcher:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = self._stream_failure(pair, decode, exc)
                 ex.causes.append(error.cause)
-                await relay.fail(error)
+                try:
+                    await relay.fail(error)
+                except ClientGone:
+                    ex.causes.append("client_disconnect")
             finished = True
             self._finish_in_background(pair)
             return out

@@ -2,8 +2,12 @@
 
 Latencies are seconds as the client sees them: end to end, time to first token (first SSE data
 event written to the client) and inter-token latency (gap between data events; events that
-arrive together count the gap once and zero for the rest). Worker gauges are read from the pool
-at scrape time, so the request path never touches them.
+arrive together count the gap once and zero for the rest).
+
+The request path only bumps plain integers and floats (`Histogram.observe` is a bisect and two
+additions: prometheus_client's own metrics take a lock per update, which costs more than the
+rest of a streamed token's handling). A collector turns them into metric families at scrape
+time, and reads the worker gauges from the pool.
 
     pdkit_lb_requests_total{route,status}             counter
     pdkit_lb_request_duration_seconds{route,stream}   histogram
@@ -24,139 +28,207 @@ at scrape time, so the request path never touches them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from kit.lb.workers import Worker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3, 6, 12, 30, 60)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3, 6, 12, 30, 60)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 
 
-class _WorkerCollector(Collector):
-    """Per-worker gauges and counters, read from the worker objects at scrape time."""
+class Histogram:
+    """A single-threaded histogram: `observe(seconds)` is a bisect and two additions."""
 
-    def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
-        self._workers = workers
+    __slots__ = ("bounds", "counts", "sum")
 
-    def collect(self) -> Iterator[Metric]:
-        inflight = GaugeMetricFamily(
-            "pdkit_lb_worker_inflight",
-            "Requests in flight on a worker (legs)",
-            labels=["worker", "role"],
-        )
-        healthy = GaugeMetricFamily(
-            "pdkit_lb_worker_healthy",
-            "1 if the worker is routable, else 0",
-            labels=["worker", "role"],
-        )
-        out = GaugeMetricFamily(
-            "pdkit_lb_worker_out",
-            "1 while a worker is out, by reason",
-            labels=["worker", "role", "reason"],
-        )
-        requests = CounterMetricFamily(
-            "pdkit_lb_worker_requests", "Requests sent to a worker", labels=["worker", "role"]
-        )
-        ejections = CounterMetricFamily(
-            "pdkit_lb_worker_ejections",
-            "Times a worker was taken out, by reason",
-            labels=["worker", "role", "reason"],
-        )
-        probes = CounterMetricFamily(
-            "pdkit_lb_health_probes", "Active health probes by result", labels=["worker", "result"]
-        )
-        for w in self._workers():
-            inflight.add_metric([w.url, w.role], w.inflight)
-            healthy.add_metric([w.url, w.role], 1.0 if w.routable else 0.0)
-            if not w.routable:
-                out.add_metric([w.url, w.role, w.reason_kind or w.state.value], 1.0)
-            requests.add_metric([w.url, w.role], w.requests)
-            for reason, count in sorted(w.ejections.items()):
-                ejections.add_metric([w.url, w.role, reason], count)
-            probes.add_metric([w.url, "ok"], w.probes_ok)
-            probes.add_metric([w.url, "failed"], w.probes_failed)
-        yield from (inflight, healthy, out, requests, ejections, probes)
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last slot is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le, cumulative count) pairs, +Inf last, as Prometheus wants them."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(total)))
+        return out
+
+
+class _Family:
+    """Histograms of one metric by label values, created on first use."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], bounds: tuple[float, ...]) -> None:
+        self.name, self.doc, self.labels, self.bounds = name, doc, labels, bounds
+        self.children: dict[tuple[str, ...], Histogram] = {}
+
+    def child(self, *values: str) -> Histogram:
+        hist = self.children.get(values)
+        if hist is None:
+            hist = self.children[values] = Histogram(self.bounds)
+        return hist
+
+    def family(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, hist in sorted(self.children.items()):
+            fam.add_metric(list(values), hist.cumulative(), hist.sum)
+        return fam
 
 
 class LbMetrics:
-    """The metrics of one load balancer instance."""
+    """The metrics of one load balancer instance; `render()` gives the exposition text."""
 
     def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self._requests = Counter(
-            "pdkit_lb_requests",
-            "Client requests by route and status",
-            ["route", "status"],
-            registry=r,
-        )
-        self._duration = Histogram(
+        self._workers = workers
+        self.requests: dict[tuple[str, int], int] = {}
+        self.errors: dict[str, int] = {}
+        self.retries: dict[str, int] = {}
+        self.inflight = 0
+        self.draining = False
+        self.duration = _Family(
             "pdkit_lb_request_duration_seconds",
             "End-to-end latency seen by the client (s)",
             ["route", "stream"],
-            buckets=_E2E_BUCKETS,
-            registry=r,
+            E2E_BUCKETS,
         )
-        self._ttft = Histogram(
+        self.ttft = _Family(
             "pdkit_lb_time_to_first_token_seconds",
             "Time to the first streamed event (s)",
             ["route"],
-            buckets=_TTFT_BUCKETS,
-            registry=r,
+            TTFT_BUCKETS,
         )
-        self._itl = Histogram(
+        self.itl = _Family(
             "pdkit_lb_inter_token_latency_seconds",
             "Gap between streamed events (s)",
             ["route"],
-            buckets=_ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self._errors = Counter("pdkit_lb_errors", "Failed requests by cause", ["cause"], registry=r)
-        self._retries = Counter(
-            "pdkit_lb_retries", "Retries on another worker", ["role"], registry=r
-        )
-        self.inflight = Gauge("pdkit_lb_inflight_requests", "Client requests in flight", registry=r)
-        self.draining = Gauge("pdkit_lb_draining", "1 while draining after SIGTERM", registry=r)
-        r.register(_WorkerCollector(workers))
-        # Label lookups cost more than the increments: keep the children.
-        self._request_children: dict[tuple[str, int], Counter] = {}
         self._duration_children: dict[tuple[str, bool], Histogram] = {}
-        self._stream_children: dict[str, tuple[Histogram, Histogram]] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
 
     def request(self, route: str, status: int, seconds: float, stream: bool) -> None:
         """Count one finished client request and its end-to-end latency (s)."""
-        child = self._request_children.get((route, status))
-        if child is None:
-            child = self._requests.labels(route, str(status))
-            self._request_children[(route, status)] = child
-        child.inc()
+        key = (route, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
         hist = self._duration_children.get((route, stream))
         if hist is None:
-            hist = self._duration.labels(route, "true" if stream else "false")
+            hist = self.duration.child(route, "true" if stream else "false")
             self._duration_children[(route, stream)] = hist
         hist.observe(seconds)
 
     def stream_timers(self, route: str) -> tuple[Histogram, Histogram]:
         """(TTFT, inter-token) histograms for a route."""
-        pair = self._stream_children.get(route)
-        if pair is None:
-            pair = (self._ttft.labels(route), self._itl.labels(route))
-            self._stream_children[route] = pair
-        return pair
+        return self.ttft.child(route), self.itl.child(route)
 
     def error(self, cause: str) -> None:
-        self._errors.labels(cause).inc()
+        self.errors[cause] = self.errors.get(cause, 0) + 1
 
     def retry(self, role: str) -> None:
-        self._retries.labels(role).inc()
+        self.retries[role] = self.retries.get(role, 0) + 1
 
     def render(self) -> bytes:
         """The exposition text for /metrics."""
         return generate_latest(self.registry)
+
+    def families(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "pdkit_lb_requests", "Client requests by route and status", labels=["route", "status"]
+        )
+        for (route, status), count in sorted(self.requests.items()):
+            requests.add_metric([route, str(status)], count)
+        errors = CounterMetricFamily(
+            "pdkit_lb_errors", "Failed requests by cause", labels=["cause"]
+        )
+        for cause, count in sorted(self.errors.items()):
+            errors.add_metric([cause], count)
+        retries = CounterMetricFamily(
+            "pdkit_lb_retries", "Retries on another worker", labels=["role"]
+        )
+        for role, count in sorted(self.retries.items()):
+            retries.add_metric([role], count)
+        yield from (
+            requests,
+            self.duration.family(),
+            self.ttft.family(),
+            self.itl.family(),
+            errors,
+            retries,
+        )
+        yield GaugeMetricFamily(
+            "pdkit_lb_inflight_requests", "Client requests in flight", value=self.inflight
+        )
+        yield GaugeMetricFamily(
+            "pdkit_lb_draining",
+            "1 while draining after SIGTERM",
+            value=1.0 if self.draining else 0.0,
+        )
+        yield from _worker_families(self._workers())
+
+
+def _worker_families(workers: Iterable[Worker]) -> Iterator[Metric]:
+    inflight = GaugeMetricFamily(
+        "pdkit_lb_worker_inflight",
+        "Requests in flight on a worker (legs)",
+        labels=["worker", "role"],
+    )
+    healthy = GaugeMetricFamily(
+        "pdkit_lb_worker_healthy", "1 if the worker is routable, else 0", labels=["worker", "role"]
+    )
+    out = GaugeMetricFamily(
+        "pdkit_lb_worker_out",
+        "1 while a worker is out, by reason",
+        labels=["worker", "role", "reason"],
+    )
+    requests = CounterMetricFamily(
+        "pdkit_lb_worker_requests", "Requests sent to a worker", labels=["worker", "role"]
+    )
+    ejections = CounterMetricFamily(
+        "pdkit_lb_worker_ejections",
+        "Times a worker was taken out, by reason",
+        labels=["worker", "role", "reason"],
+    )
+    probes = CounterMetricFamily(
+        "pdkit_lb_health_probes", "Active health probes by result", labels=["worker", "result"]
+    )
+    for w in workers:
+        inflight.add_metric([w.url, w.role], w.inflight)
+        healthy.add_metric([w.url, w.role], 1.0 if w.routable else 0.0)
+        if not w.routable:
+            out.add_metric([w.url, w.role, w.reason_kind or w.state.value], 1.0)
+        requests.add_metric([w.url, w.role], w.requests)
+        for reason, count in sorted(w.ejections.items()):
+            ejections.add_metric([w.url, w.role, reason], count)
+        probes.add_metric([w.url, "ok"], w.probes_ok)
+        probes.add_metric([w.url, "failed"], w.probes_failed)
+    yield from (inflight, healthy, out, requests, ejections, probes)
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: LbMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics.families()

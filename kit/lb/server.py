@@ -134,7 +134,10 @@ class LoadBalancer:
             ttl_dns_cache=300,
         )
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),  # workers set no cookies; skip the jar work
         )
         self._dispatcher = Dispatcher(
             cfg,
@@ -170,7 +173,7 @@ class LoadBalancer:
     def start_drain(self) -> None:
         """SIGTERM: /readiness says 503 and new requests are refused; in-flight ones finish."""
         self.draining = True
-        self.metrics.draining.set(1)
+        self.metrics.draining = True
 
     async def _forget(self, worker: Worker) -> None:
         if self._monitor is not None:
@@ -325,7 +328,8 @@ class LoadBalancer:
             except ApiError as error:
                 response = await self._fail(ex, error)
             except asyncio.CancelledError:
-                self.metrics.error("client_disconnect")
+                # The client went away (or the drain grace period ran out).
+                self.metrics.error("shutdown" if self.draining else "client_disconnect")
                 raise
             except Exception:
                 log.exception("internal error on %s", path)
@@ -333,6 +337,8 @@ class LoadBalancer:
                     ex, ApiError(500, "internal error in pdkit lb (see its log)", "internal")
                 )
             status = response.status
+            if ex is not None and "client_disconnect" in ex.causes:
+                status = CLIENT_CLOSED
             return response
         finally:
             self.inflight -= 1
@@ -383,7 +389,7 @@ class LoadBalancer:
         return web.json_response(report, status=200 if ready else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self.metrics.inflight.set(self.inflight)
+        self.metrics.inflight = self.inflight
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _method_not_allowed(self, request: web.Request) -> web.Response:

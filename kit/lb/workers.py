@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from yarl import URL
+
 from kit.lb.config import Role, WorkerSpec
 
 
@@ -71,6 +73,7 @@ class Worker:
     ejections: dict[str, int] = field(default_factory=dict)
     # Stable per-worker value mixed into prefix_affinity scores.
     affinity_seed: int = 0
+    _urls: dict[str, URL] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.url = self.spec.url
@@ -78,6 +81,13 @@ class Worker:
         self.bootstrap_host = self.spec.bootstrap_host
         digest = hashlib.blake2b(self.url.encode(), digest_size=8).digest()
         self.affinity_seed = int.from_bytes(digest, "little")
+
+    def endpoint(self, path: str) -> URL:
+        """The worker's URL for `path`, parsed once (URL parsing is per-request work)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self.url + path)
+        return url
 
     @property
     def bootstrap_port(self) -> int | None:
