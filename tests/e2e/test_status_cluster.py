@@ -36,6 +36,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama-test"
 SMG = Path(os.environ.get("PDKIT_SMG") or REPO / ".venv-smg" / "bin" / "smg")
 FAST_SIM = {"PDKIT_SIM_LOAD_SECONDS": "0.2"}
+ADMIN_KEY = "test-admin-key"
 LONG_PROMPT = 60_000  # tokens: seconds of emulated prefill, time to kill the prefill mid-way
 
 
@@ -146,11 +147,11 @@ class Cluster:
         argv = w.command.argv(sys.executable)
         self._spawn(name, edit(argv) if edit else argv, {**FAST_SIM, **w.env, **env})
 
-    def start_router(self) -> None:
+    def start_router(self, **env: str) -> None:
         argv = self.plan.router.command.argv(sys.executable)
         if self.plan.router.kind == "smg":
             argv[0] = str(SMG)
-        self._spawn("router", argv, dict(self.plan.router.env))
+        self._spawn("router", argv, {**self.plan.router.env, **env})
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log = (self.logs / f"{self.plan.name}-{name}.log").open("ab")
@@ -259,7 +260,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running(write_topology(tmp, "healthy", prefill=2), tmp) as cluster:
         for w in cluster.plan.workers:
             cluster.start_worker(w.name)
-        cluster.start_router()
+        cluster.start_router(PDKIT_LB_ADMIN_KEY=ADMIN_KEY)
         cluster.wait_healthy("prefill-0", "prefill-1", "decode-0")
         cluster.wait_router_ready()
         stream_completions(cluster.plan.router.url, 6)
@@ -327,6 +328,59 @@ def post_json(url: str, body: dict, timeout: float = 60) -> int:
         return exc.code
     except OSError:
         return -1
+
+
+def admin(method: str, url: str, body: dict | None = None) -> int:
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_prefill_the_router_drains_is_draining_until_its_request_ends(healthy):
+    """An operator removes a prefill at the router while it still prefills a long prompt."""
+    router = healthy.plan.router.url
+    body = {
+        "input_ids": [9] * LONG_PROMPT,
+        "sampling_params": {"max_new_tokens": 2, "ignore_eos": True},
+    }
+    with ThreadPoolExecutor(1) as pool:
+        request = pool.submit(post_json, router + "/generate", body)
+
+        def busy_prefill() -> WorkerProcess | None:
+            for name in ("prefill-0", "prefill-1"):
+                w = healthy.worker(name)
+                loads = get_json(w.url + "/v1/loads?include=all")["loads"]
+                if sum(e["num_running_reqs"] + e["num_waiting_reqs"] for e in loads) > 0:
+                    return w
+            return None
+
+        wait_until("a prefill working on the long prompt", lambda: busy_prefill() is not None)
+        busy = busy_prefill()
+        assert busy is not None
+        assert admin("DELETE", f"{router}/workers?url={busy.url}") == 202
+        result = pdkit("health", str(healthy.topology), "--json", "--timeout", "2")
+        assert result.returncode == 1
+        data = json.loads(result.stdout)
+        states = {w["name"]: w["state"] for w in data["workers"]}
+        assert states[busy.name] == "draining"
+        assert [p["line"] for p in data["problems"]] == [
+            f"{busy.name} (127.0.0.1:{busy.http_port}): the router is draining it: no new requests"
+        ]
+        assert request.result(timeout=120) == 200  # the drained prefill finished its request
+    # once drained the router forgets it: put it back as an operator would
+    port = {"bootstrap_port": busy.bootstrap_port, "role": "prefill", "url": busy.url}
+    assert admin("POST", f"{router}/workers", port) == 201
+    wait_until(
+        "the prefill routable again", lambda: pdkit("health", str(healthy.topology)).returncode == 0
+    )
 
 
 def test_a_prefill_killed_mid_transfer_is_down_and_the_decode_counts_the_failure(healthy):
