@@ -131,10 +131,8 @@ def reported_version(server_info: dict[str, Any]) -> str | None:
 def mismatches(server_info: dict[str, Any], expected: Expected) -> list[str]:
     """How the server at this port differs from what the topology says runs there."""
     found: list[str] = []
-    served = server_info.get("served_model_name") or server_info.get("model_path")
-    if isinstance(served, list):  # some SGLang versions keep a list of aliases
-        served = served[0] if served else None
-    if served is not None and str(served) != expected.served_model:
+    served = _served(server_info)
+    if served is not None and served != expected.served_model:
         found.append(f"serves model {served!r}, the topology expects {expected.served_model!r}")
     mode = server_info.get("disaggregation_mode")
     if mode is not None and str(mode) != expected.mode:
@@ -247,6 +245,48 @@ def _kv(
     )
 
 
+@dataclass(frozen=True)
+class _Load:
+    running: int | None
+    queued: int | None
+    token_usage: float | None
+    gen_throughput: float | None
+    pd_queues: dict[str, int | None]
+
+
+def _load(entries: list[dict[str, Any]], metrics: MetricSet | None) -> _Load:
+    """Load numbers from /v1/loads (summed over DP ranks; KV usage of the fullest), with the
+    /metrics gauges filling what it did not say."""
+    usage = [v for v in (_float(e.get("token_usage")) for e in entries) if v is not None]
+    throughput = [v for v in (_float(e.get("gen_throughput")) for e in entries) if v is not None]
+    load = _Load(
+        running=_sum(entries, "num_running_reqs"),
+        queued=_sum(entries, "num_waiting_reqs"),
+        token_usage=max(usage) if usage else None,
+        gen_throughput=math.fsum(throughput) if throughput else None,
+        pd_queues={
+            name: _sum(entries, field_name, "disaggregation")
+            for name, (field_name, _) in PD_QUEUES.items()
+        },
+    )
+    if metrics is None:
+        return load
+    return _Load(
+        running=load.running if load.running is not None else _int(metrics.total(RUNNING)),
+        queued=load.queued if load.queued is not None else _int(metrics.total(QUEUED)),
+        token_usage=load.token_usage
+        if load.token_usage is not None
+        else metrics.maximum(TOKEN_USAGE),
+        gen_throughput=load.gen_throughput
+        if load.gen_throughput is not None
+        else metrics.total(GEN_THROUGHPUT),
+        pd_queues={
+            name: value if value is not None else _int(metrics.total(PD_QUEUES[name][1]))
+            for name, value in load.pd_queues.items()
+        },
+    )
+
+
 def _state_from_health(health: Fetched, busy: int) -> tuple[State, str]:
     if health.failure in ("refused", "unreachable", "connect_timeout"):
         return "down", health.detail
@@ -288,31 +328,8 @@ def evaluate_worker(
     entries = _rank_loads(answers.loads)
     info = answers.server_info.json()
     server_info: dict[str, Any] = info if isinstance(info, dict) else {}
-
-    running = _sum(entries, "num_running_reqs")
-    queued = _sum(entries, "num_waiting_reqs")
-    usage_values = [_float(e.get("token_usage")) for e in entries]
-    usage_known = [v for v in usage_values if v is not None]
-    token_usage = max(usage_known) if usage_known else None
-    throughput_values = [_float(e.get("gen_throughput")) for e in entries]
-    throughput_known = [v for v in throughput_values if v is not None]
-    gen_throughput = math.fsum(throughput_known) if throughput_known else None
-    pd_queues: dict[str, int | None] = {
-        name: _sum(entries, field_name, "disaggregation")
-        for name, (field_name, _) in PD_QUEUES.items()
-    }
-    if metrics is not None:
-        if running is None:
-            running = _int(metrics.total(RUNNING))
-        if queued is None:
-            queued = _int(metrics.total(QUEUED))
-        if token_usage is None:
-            token_usage = metrics.maximum(TOKEN_USAGE)
-        if gen_throughput is None:
-            gen_throughput = metrics.total(GEN_THROUGHPUT)
-        for name, (_, metric) in PD_QUEUES.items():
-            if pd_queues[name] is None:
-                pd_queues[name] = _int(metrics.total(metric))
+    load = _load(entries, metrics)
+    running, queued = load.running, load.queued
 
     state, cause = _state_from_health(answers.health, (running or 0) + (queued or 0))
     problems = [cause] if cause else []
@@ -329,7 +346,10 @@ def evaluate_worker(
                 cause = "answers /health but has no /server_info: not an SGLang server?"
                 problems = [cause]
         elif state == "healthy":
-            notes.append(f"/server_info: {_why(answers.server_info)}; identity not checked")
+            why = _why(answers.server_info)
+            if answers.server_info.status == 401:
+                why += " (it needs the worker's --api-key)"
+            notes.append(f"/server_info: {why}; model, mode and version not checked")
         if state == "healthy" and not entries and metrics is None:
             notes.append("no load numbers: /v1/loads and /metrics did not answer")
 
@@ -350,17 +370,18 @@ def evaluate_worker(
         uptime_s=_uptime(server_info, metrics, now) if server_info or metrics else None,
         running=running,
         queued=queued,
-        token_usage=token_usage,
-        pd_queues=pd_queues,
+        token_usage=load.token_usage,
+        pd_queues=load.pd_queues,
         kv=_kv(metrics, entries, earlier_metrics),
-        gen_throughput=gen_throughput,
+        gen_throughput=load.gen_throughput,
         health_ms=answers.health.seconds * 1000 if answers.health.answered else None,
     )
 
 
 def _served(server_info: dict[str, Any]) -> str | None:
+    """The model name clients use (SGLang defaults it to the model path)."""
     served = server_info.get("served_model_name") or server_info.get("model_path")
-    if isinstance(served, list):
+    if isinstance(served, list):  # a list of aliases: the first is the name
         served = served[0] if served else None
     return str(served) if served is not None else None
 
