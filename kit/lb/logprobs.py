@@ -5,7 +5,8 @@ first output token's logprob is copied from prefill) and empty input ones. So:
 
 - native `/generate` with `return_logprob`: every `meta_info.input_*logprobs` list of the prefill
   goes in front of decode's (per batch item; in a stream, in every event, as SGLang repeats the
-  input logprobs there);
+  input logprobs there), unless decode's list already starts with it (an emulated decode may
+  return the prompt logprobs itself: they are not counted twice);
 - `/v1/completions` with `echo` and `logprobs`: each choice's `logprobs` (tokens,
   token_logprobs, text_offset, top_logprobs) is prefill's prompt part followed by decode's. The
   prefill's entries end with its one output token, which decode repeats; that overlap is
@@ -38,7 +39,10 @@ def _merge_meta(prefill_meta: Any, decode_item: Any) -> None:
         if not isinstance(head, list):
             continue
         tail = meta.get(key)
-        meta[key] = head + tail if isinstance(tail, list) else list(head)
+        if not isinstance(tail, list):
+            meta[key] = list(head)
+        elif tail[: len(head)] != head:  # a decode that already has them is left alone
+            meta[key] = head + tail
 
 
 def merge_native(prefill: Any, decode: Any) -> Any:

@@ -164,6 +164,15 @@ def test_native_merge_puts_prefill_input_logprobs_first_per_batch_item():
     assert merged[1]["meta_info"]["input_token_logprobs"] == [[None, 9, None]]
 
 
+def test_native_merge_does_not_count_prompt_logprobs_twice():
+    prompt = [[None, 1, None], [-0.5, 2, None]]
+    decode = {"meta_info": {"input_token_logprobs": list(prompt)}}
+    merged = merge_native({"meta_info": {"input_token_logprobs": prompt}}, decode)
+    assert merged["meta_info"]["input_token_logprobs"] == prompt
+    missing = merge_native({"meta_info": {"input_token_logprobs": prompt}}, {"meta_info": {}})
+    assert missing["meta_info"]["input_token_logprobs"] == prompt
+
+
 def test_echo_merge_counts_the_shared_first_output_token_once():
     prefill = {
         "tokens": ["a", "b", " x"],

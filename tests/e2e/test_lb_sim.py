@@ -1,0 +1,137 @@
+"""pdkit's load balancer in front of real emulated workers (`python -m kit.sim`, PD over Mooncake).
+
+The sim workers are separate processes doing the real PD handshake (bootstrap server, KV moved
+over the transfer engine), so a request only completes if the load balancer sent both legs the
+right bootstrap fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import time
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+
+from kit.lb.config import parse_args
+from kit.lb.server import LoadBalancer
+from tests.conftest import REPO
+from tests.lb_fake_worker import FAST_HEALTH, run
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_sim(role: str, port: int, extra: list[str]) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "PDKIT_SIM_LOAD_SECONDS": "0.1",
+        "PDKIT_SIM_SPEED": "20",
+        "PDKIT_SIM_GPU": "H100-SXM",
+    }
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kit.sim",
+        "--model-path",
+        MODEL,
+        "--disaggregation-mode",
+        role,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disaggregation-transfer-backend",
+        "mooncake_tcp",
+        *extra,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
+    async def scenario():
+        p_port, d_port, boot = free_port(), free_port(), free_port()
+        procs = [
+            await start_sim("prefill", p_port, ["--disaggregation-bootstrap-port", str(boot)]),
+            await start_sim("decode", d_port, ["--base-gpu-id", "1"]),
+        ]
+        runner = None
+        try:
+            config = parse_args(
+                [
+                    "--prefill",
+                    f"http://127.0.0.1:{p_port}",
+                    str(boot),
+                    "--decode",
+                    f"http://127.0.0.1:{d_port}",
+                    *FAST_HEALTH,
+                ],
+                {"PDKIT_LB_API_KEY": "sk-sim"},
+            )
+            lb = LoadBalancer(config)
+            runner = web.AppRunner(lb.build_app(), handler_cancellation=True, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            deadline = time.monotonic() + 60
+            while not lb.readiness_report()[0]:
+                assert time.monotonic() < deadline, lb.readiness_report()[1]
+                assert all(p.returncode is None for p in procs), "a sim worker exited"
+                await asyncio.sleep(0.1)
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-sim", max_retries=0)
+            try:
+                stream = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Say hello."}],
+                    max_tokens=8,
+                    stream=True,
+                )
+                pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+                assert "".join(pieces).strip()
+                reply = await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Again."}], max_tokens=4
+                )
+                assert reply.usage.completion_tokens == 4
+            finally:
+                await client.close()
+            async with aiohttp.ClientSession(headers={"Authorization": "Bearer sk-sim"}) as session:
+                async with session.post(
+                    url + "/generate",
+                    json={
+                        "text": ["one two three", "four five"],
+                        "return_logprob": True,
+                        "sampling_params": {"max_new_tokens": 3},
+                    },
+                ) as resp:
+                    assert resp.status == 200
+                    items = await resp.json()
+                for item in items:
+                    meta = item["meta_info"]
+                    assert len(meta["output_token_logprobs"]) == 3
+                    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                await proc.wait()
+
+    run(scenario(), timeout=120)
