@@ -28,7 +28,7 @@ from kit.deploy.context import DeployContext
 from kit.deploy.logs import tail
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.secrets import ansible_secret_env, router_api_key
-from kit.deploy.services import host_processes
+from kit.deploy.services import can_probe, host_processes
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
 from kit.deploy.wait import ProcessStatus, Target, router_targets, wait_ready, worker_targets
 from kit.errors import DeployError, PdkitError
@@ -161,6 +161,9 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
     """Stop the router, then the workers; keep configuration and logs."""
     plan = ctx.plan
     console.print(f"[bold]pdkit down {plan.name}[/]: router first, then workers")
+    if _nothing_deployed(ctx):
+        console.print(f"Nothing of deployment {plan.name} was running.")
+        return
     with deployment_lock(ctx):
         result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
     logs = sorted({h.layout.log_dir for h in ctx.hosts})
@@ -173,6 +176,17 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
         )
     else:
         console.print(f"Nothing of deployment {plan.name} was running.")
+
+
+def _nothing_deployed(ctx: DeployContext) -> bool:
+    """True when every host is local under supervisord with neither a running supervisord nor
+    program definitions: down.yml would change nothing there, so it need not run."""
+    return all(
+        can_probe(host)
+        and host_processes(host) is None
+        and not os.path.exists(host.layout.supervisord_program_dir)
+        for host in ctx.hosts
+    )
 
 
 def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage: str) -> None:
