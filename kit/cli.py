@@ -120,7 +120,12 @@ def lb(
 
 
 ProbeTimeoutOpt = Annotated[
-    float, typer.Option("--timeout", min=0.05, help="Seconds each probe request may take.")
+    float,
+    typer.Option(
+        "--timeout",
+        min=0.05,
+        help="Seconds each probe request may take (SGLang's /health itself takes about 1 s).",
+    ),
 ]
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", min=1, help="Probe requests in flight at most.")
