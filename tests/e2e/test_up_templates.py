@@ -1,0 +1,138 @@
+"""What the pdkit_process role writes on a host, rendered by Ansible itself for the branches the
+local e2e test does not run: a systemd host (unit, launch script that tees into the log) and an
+smg router whose API key is passed as a secret argument. Only the control machine is touched:
+the role's file list is rendered with lookup('template') into a file under tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_hosts
+from kit.sglang.resolve import resolve
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+TEMPLATES = REPO / "playbooks" / "roles" / "pdkit_process" / "templates"
+
+
+def render_files(tmp_path: Path, inventory: dict, host: str, stage: str) -> dict[str, dict]:
+    """The `files` list pdkit_files would get on `host` for `stage`, keyed by path."""
+    out = tmp_path / f"{host}-{stage}.yml"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Render",
+                    "hosts": host,
+                    "gather_facts": False,
+                    "vars_files": [str(TEMPLATES.parent / "defaults" / "main.yml")],
+                    "tasks": [
+                        {
+                            "name": "Render the role's file list",
+                            "delegate_to": "localhost",
+                            "vars": {
+                                "pdkit_process_list": (
+                                    "{{ pdkit_processes | selectattr('stage', 'equalto', "
+                                    f"'{stage}') | list }}}}"
+                                )
+                            },
+                            "ansible.builtin.copy": {
+                                "content": "{{ lookup('ansible.builtin.template', '"
+                                + str(TEMPLATES / "process-files.yml.j2")
+                                + "') }}",
+                                "dest": str(out),
+                                "mode": "0600",
+                            },
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    inventory_arg = str(tmp_path / "inventory.json")
+    env = {**os.environ, CONTROL_ROUTER_KEY_ENV: "k3y-for-test", "ANSIBLE_NOCOLOR": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["ANSIBLE_LOCALHOST_WARNING"] = "False"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            inventory_arg,
+            "-e",
+            "ansible_connection=local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {entry["path"]: entry for entry in yaml.safe_load(out.read_text())}
+
+
+@pytest.fixture
+def systemd_topology(write_topology):
+    return write_topology(
+        {
+            "name": "prod",
+            "engine": "sim",
+            "model": {"path": "m"},
+            "hosts": [
+                {"name": "a", "address": "10.0.0.1", "gpus": 2},
+                {"name": "b", "address": "10.0.0.2", "gpus": 2, "root": "/srv/b"},
+            ],
+            "prefill": {"hosts": ["a"]},
+            "decode": {"hosts": ["b"]},
+            "transfer": {"backend": "mooncake_tcp"},
+            "router": {"host": "b", "kind": "smg", "api_key_env": "ROUTER_KEY"},
+        }
+    )
+
+
+def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
+    plan = resolve(systemd_topology)
+    inventory = build_inventory(plan, deploy_hosts(plan, systemd_topology, "/unused"))
+    files = render_files(tmp_path, inventory, "a", "workers")
+    assert set(files) == {
+        "/etc/pdkit/prod/prefill-0.env",
+        "/opt/pdkit/prod/bin/prefill-0.sh",
+        "/etc/systemd/system/pdkit-prod-prefill-0.service",
+    }
+    unit = files["/etc/systemd/system/pdkit-prod-prefill-0.service"]
+    assert unit["mode"] == "0644"
+    assert "ExecStart=/opt/pdkit/prod/bin/prefill-0.sh\n" in unit["content"]
+    assert "LimitMEMLOCK=infinity\n" in unit["content"]
+    script = files["/opt/pdkit/prod/bin/prefill-0.sh"]["content"]
+    assert "exec > >(exec tee -a /var/log/pdkit/prod/prefill-0.log) 2>&1\n" in script
+    assert "exec /opt/pdkit/venv/bin/python -m kit.sim \\\n  --model-path m \\\n" in script
+    env = files["/etc/pdkit/prod/prefill-0.env"]
+    assert env["mode"] == "0600"
+    assert "PDKIT_PROCESS=prefill-0\n" in env["content"]
+
+
+def test_smg_router_reads_its_key_from_the_env_file_only(tmp_path, systemd_topology):
+    plan = resolve(systemd_topology)
+    inventory = build_inventory(plan, deploy_hosts(plan, systemd_topology, "/unused"))
+    files = render_files(tmp_path, inventory, "b", "router")
+    env = files["/srv/b/etc/pdkit/prod/router.env"]["content"]
+    assert "PDKIT_ROUTER_API_KEY=k3y-for-test\n" in env
+    script = files["/srv/b/opt/pdkit/prod/bin/router.sh"]["content"]
+    assert "exec smg launch \\\n  --pd-disaggregation" in script
+    assert script.rstrip().endswith('--api-key "$PDKIT_ROUTER_API_KEY"')
+    assert "k3y-for-test" not in script
