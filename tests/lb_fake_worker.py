@@ -102,6 +102,7 @@ class FakeWorker:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.cancelled: list[str] = []
         self.health_probes = 0
+        self.auth: list[str | None] = []  # Authorization header of every request seen
         self._runner: web.AppRunner | None = None
 
     @property
@@ -133,6 +134,7 @@ class FakeWorker:
 
     async def _health(self, request: web.Request) -> web.Response:
         self.health_probes += 1
+        self.auth.append(request.headers.get("Authorization"))
         return web.Response(
             status=self.health_status, text="" if self.health_status < 300 else "starting"
         )
@@ -203,6 +205,7 @@ class FakeWorker:
         path = request.path
         body = await request.json()
         self.requests.append((path, body))
+        self.auth.append(request.headers.get("Authorization"))
         batch = None
         if path == "/generate" and isinstance(body.get("text"), list):
             batch = len(body["text"])

@@ -211,6 +211,7 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
+        usage=f"{prog} --prefill URL [BOOTSTRAP_PORT|none] ... --decode URL ... [options]",
     )
     p.add_argument(
         "--api-key", "--admin-key", "--worker-api-key", action=_RefuseSecret, help=argparse.SUPPRESS
@@ -220,17 +221,18 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         "--prefill",
         action=_WorkerAction,
         nargs="+",
-        metavar="URL [PORT]",
+        metavar=("URL", "BOOTSTRAP_PORT"),
         default=[],
-        help="prefill worker URL and its bootstrap port (or none); repeat",
+        help="prefill worker URL, then its bootstrap port, or none (decode then uses its own "
+        "default); repeat per prefill",
     )
     w.add_argument(
         "--decode",
         action=_WorkerAction,
-        nargs="+",
+        nargs=1,
         metavar="URL",
         default=[],
-        help="decode worker URL; repeat",
+        help="decode worker URL; repeat per decode",
     )
     w.add_argument(
         "--prefill-policy",

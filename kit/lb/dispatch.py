@@ -74,12 +74,13 @@ class _Send:
 class _Pair:
     """The two legs of one attempt; a failed prefill cancels the decode (or closes its stream)."""
 
-    __slots__ = ("decode_response", "decode_task", "prefill_error", "prefill_task")
+    __slots__ = ("decode_response", "decode_task", "prefill_error", "prefill_task", "reported")
 
     def __init__(self, prefill_task: asyncio.Task[bytes], decode_task: asyncio.Task[Any]) -> None:
         self.prefill_task = prefill_task
         self.decode_task = decode_task
         self.prefill_error: LegError | None = None
+        self.reported = False  # the prefill's error reached the client (or was raised)
         self.decode_response: aiohttp.ClientResponse | None = None
         prefill_task.add_done_callback(self._prefill_done)
 
@@ -100,6 +101,13 @@ class _Pair:
             self.decode_task.cancel()
         elif self.decode_response is not None:
             self.decode_response.close()
+
+    def take_error(self) -> LegError:
+        """The prefill's error, now reported to the client (not to be counted again)."""
+        if self.prefill_error is None:
+            raise RuntimeError("no prefill error to report")
+        self.reported = True
+        return self.prefill_error
 
     def cancel(self) -> None:
         for task in (self.prefill_task, self.decode_task):
@@ -310,7 +318,8 @@ class Dispatcher:
         """Let a prefill leg that is still reading its answer finish; count a late failure."""
         task = pair.prefill_task
         if task.done():
-            self._late_failure(task)
+            if not pair.reported:
+                self._late_failure(task)
             return
         self._background.add(task)
         task.add_done_callback(self._late_failure)
@@ -331,7 +340,7 @@ class Dispatcher:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if pair.prefill_error is not None and task is not None and not task.cancelling():
-                raise pair.prefill_error from None
+                raise pair.take_error() from None
             raise
 
     # -- non-streaming -----------------------------------------------------------------------
@@ -376,7 +385,7 @@ class Dispatcher:
                 raise TypeError("decode leg returned no response")
             pair.decode_response = upstream
             if pair.prefill_error is not None:
-                raise pair.prefill_error
+                raise pair.take_error()
             if upstream.status >= 300:
                 data = await self._read_error(decode, upstream)
                 pair.cancel()
@@ -430,7 +439,7 @@ class Dispatcher:
 
     def _stream_failure(self, pair: _Pair, decode: Worker, exc: BaseException) -> ApiError:
         if pair.prefill_error is not None:
-            return pair.prefill_error
+            return pair.take_error()
         if isinstance(exc, TimeoutError):
             return LegError(
                 504,
@@ -449,7 +458,7 @@ class Dispatcher:
             return await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             if pair.prefill_error is not None:
-                raise pair.prefill_error from None
+                raise pair.take_error() from None
             if isinstance(exc, TimeoutError):
                 raise LegError(
                     504,

@@ -43,6 +43,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
+# Seconds between two log lines about failures of the same cause.
+LOG_EVERY = 1.0
 
 
 def _error_response(error: ApiError) -> web.Response:
@@ -76,6 +78,7 @@ class LoadBalancer:
         }
         self.draining = False
         self.inflight = 0
+        self._logged: dict[str, tuple[float, int]] = {}
         self._worker_headers: dict[str, str] = {}
         if config.worker_api_key:
             self._worker_headers["Authorization"] = f"Bearer {config.worker_api_key}"
@@ -347,9 +350,24 @@ class LoadBalancer:
                     self.metrics.error(cause)
             self.metrics.request(path, status, time.monotonic() - started, stream)
 
+    def _log_failure(self, error: ApiError) -> None:
+        """Log worker trouble (5xx), at most once a second per cause: a dead worker under load
+        must not flood the log; the metrics count every one."""
+        if error.status < 500:
+            return
+        now = time.monotonic()
+        last, suppressed = self._logged.get(error.cause, (0.0, 0))
+        if now - last < LOG_EVERY:
+            self._logged[error.cause] = (last, suppressed + 1)
+            return
+        more = f" ({suppressed} more like it not logged)" if suppressed else ""
+        log.warning("%s %s: %s%s", error.status, error.cause, error.message, more)
+        self._logged[error.cause] = (now, 0)
+
     async def _fail(self, ex: Exchange | None, error: ApiError) -> web.StreamResponse:
         """Answer with `error`: a JSON error, or an error event if the stream already started."""
         self.metrics.error(error.cause)
+        self._log_failure(error)
         if ex is not None and ex.out is not None and ex.relay is not None:
             try:
                 await ex.relay.fail(error)

@@ -31,6 +31,18 @@ def test_inference_and_info_routes_need_the_api_key():
     run(scenario())
 
 
+def test_workers_get_the_worker_key_never_the_client_key():
+    async def scenario():
+        env = {**KEYS, "PDKIT_LB_WORKER_API_KEY": "worker-key"}
+        async with running_cluster(1, 1, env=env) as c:
+            status, _, _ = await c.post("/generate", {"text": "x"}, key="client-key")
+            assert status == 200
+            for worker in (*c.prefill, *c.decode):
+                assert worker.auth and set(worker.auth) == {"Bearer worker-key"}
+
+    run(scenario())
+
+
 def test_openai_client_with_a_wrong_key_gets_authentication_error():
     async def scenario():
         async with running_cluster(1, 1, env=KEYS) as c:

@@ -111,7 +111,7 @@ def test_inconsistent_options_are_refused_with_the_fix(argv, needle):
         (["--prefill", "ftp://a:1", "--decode", "http://b:2"], "must look like http"),
         (["--prefill", "http://a:1", "port", "--decode", "http://b:2"], "not a number"),
         (["--prefill", "http://a:1", "1", "2", "--decode", "http://b:2"], "URL [BOOTSTRAP_PORT"),
-        (["--prefill", "http://a:1", "--decode", "http://b:2", "3"], "takes URL"),
+        (["--prefill", "http://a:1", "--decode", "http://b:2", "3"], "unrecognized arguments: 3"),
         (["--prefill", "http://a:1", "--decode", "http://b:2", "--retries", "-1"], ">= 0"),
     ],
 )

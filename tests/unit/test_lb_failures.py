@@ -132,6 +132,21 @@ def test_an_unreachable_prefill_is_retried_on_another_and_ejected():
     run(scenario())
 
 
+def test_an_unreachable_decode_is_retried_on_another():
+    async def scenario():
+        async with running_cluster(1, 2, args=["--decode-policy", "round_robin"]) as c:
+            dead = c.decode[1]
+            await dead.stop()
+            for _ in range(3):
+                status, body, _ = await c.post("/generate", {"text": "x", "stream": True})
+                assert status == 200, body
+            assert not c.lb.pool.get(dead.url).routable
+            # the prefill leg of the failed attempt was cancelled, not left waiting
+            await c.wait_for(lambda: all(w.inflight == 0 for w in c.lb.pool), what="no load")
+
+    run(scenario())
+
+
 def test_no_reachable_worker_is_a_502_then_503_with_the_reason():
     async def scenario():
         async with running_cluster(
