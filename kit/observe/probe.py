@@ -101,7 +101,6 @@ class Round:
     router: RouterAnswers
     taken_at: float
     seconds: float
-    monotonic: float
     router_metrics_before: Fetched | None = None
 
 
@@ -273,7 +272,6 @@ class Prober:
             router=router,
             taken_at=taken_at,
             seconds=seconds,
-            monotonic=started,
             router_metrics_before=before,
         )
 

@@ -111,9 +111,6 @@ class MetricSet:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_name.values())
 
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
-
     def samples(self, name: str, **match: str) -> list[Sample]:
         """Samples called `name` whose labels include every `match` pair."""
         return [
@@ -130,10 +127,6 @@ class MetricSet:
     def maximum(self, name: str, **match: str) -> float | None:
         found = [s.value for s in self.samples(name, **match) if not math.isnan(s.value)]
         return max(found) if found else None
-
-    def mean(self, name: str, **match: str) -> float | None:
-        found = [s.value for s in self.samples(name, **match) if not math.isnan(s.value)]
-        return math.fsum(found) / len(found) if found else None
 
     def first_total(self, names: Iterable[str], **match: str) -> float | None:
         """`total` of the first of `names` that is exposed (for renamed metrics)."""

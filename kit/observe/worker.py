@@ -27,7 +27,6 @@ from kit.observe.prom import Histogram, MetricSet, parse_metrics
 from kit.observe.targets import Expected, WorkerTarget
 
 State = Literal["down", "starting", "healthy", "unhealthy", "draining"]
-STATES: tuple[State, ...] = ("healthy", "starting", "draining", "unhealthy", "down")
 
 KV_LATENCY = "sglang:kv_transfer_latency_ms"
 KV_SPEED = "sglang:kv_transfer_speed_gb_s"
@@ -190,10 +189,15 @@ def _uptime(server_info: dict[str, Any], metrics: MetricSet | None, now: float) 
             return max(value, 0.0)
     # The sim's `startup_time` is when it started (epoch s); SGLang's is a dict of phase
     # durations, which says nothing about when.
-    for key in ("startup_time", "started_at", "start_time"):
-        value = _float(server_info.get(key))
-        if value is not None:
-            return max(now - value, 0.0)
+    nested = server_info.get("sim")
+    sim: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    for value in (
+        *(server_info.get(k) for k in ("startup_time", "started_at", "start_time")),
+        *(sim.get(k) for k in ("started_at", "startup_time")),
+    ):
+        started = _float(value)
+        if started is not None:
+            return max(now - started, 0.0)
     if metrics is not None:
         started = metrics.maximum(PROCESS_START)
         if started is not None:

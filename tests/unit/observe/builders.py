@@ -240,4 +240,4 @@ def cluster(*, p1=None, d0=None, router=None):
     )
     router = router or pdkit_answers()
     targets = Targets("demo", tuple(w.target for w in workers), router.target, SLO())
-    return targets, Round(workers, router, taken_at=NOW, seconds=0.05, monotonic=100.0)
+    return targets, Round(workers, router, taken_at=NOW, seconds=0.05)
