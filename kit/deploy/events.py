@@ -178,6 +178,8 @@ class RunProgress:
                 lines.append(f"warning: {text}")
         elif kind == "playbook_on_stats":
             self.finished = True
+            for progress in self.hosts.values():
+                progress.task, progress.item = "done", None
         return lines
 
     def _fail(self, host: str, task: str, item: str | None, res: Mapping[str, Any]) -> TaskFailure:
