@@ -301,6 +301,68 @@ def logs(
         raise typer.Exit(0) from None
 
 
+@app.command(
+    epilog="Examples:\n\n  pdkit provision topologies/llama-8b-1p1d.yaml\n\n"
+    "  pdkit provision T --wheelhouse wheelhouse/   (hosts without a package index)\n\n"
+    "  pdkit provision T --check\n\n"
+    "  pdkit provision T --skip nvidia --skip model -e pdkit_base_install_packages=false\n\n"
+    "Runs playbooks/provision.yml over the same inventory as `pdkit up`. Roles: base (OS "
+    "packages, locked-memory limit, huge pages), nvidia (driver check, persistence mode, fabric "
+    "manager), rdma (devices, link state, GID table), python (a venv under the root prefix "
+    "with SGLang, Mooncake and this pdkit), model (weights). A second run changes nothing."
+)
+def provision(
+    topology: TopologyArg,
+    *,
+    check: Annotated[
+        bool, typer.Option("--check", help="Report what would change; change nothing.")
+    ] = False,
+    wheelhouse: Annotated[
+        Path | None,
+        typer.Option(
+            "--wheelhouse",
+            help="Install Python packages only from this folder of wheels (or tar of them), "
+            "pushed over SSH; the hosts need no package index.",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    index: Annotated[
+        bool, typer.Option("--index", help="Hosts install from a package index (default).")
+    ] = False,
+    skip: Annotated[
+        list[str] | None,
+        typer.Option("--skip", help="Leave out a role (repeatable).", metavar="ROLE"),
+    ] = None,
+    extra_vars: Annotated[
+        list[str] | None,
+        typer.Option("-e", "--extra-var", help="Set a role variable.", metavar="NAME=VALUE"),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="As for `pdkit up`.", metavar="DIR", show_default=False),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
+    ] = False,
+) -> None:
+    """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
+    from kit.deploy import load_context  # noqa: PLC0415
+    from kit.deploy.provision import ProvisionOptions, parse_extra_vars  # noqa: PLC0415
+    from kit.deploy.provision import provision as run_provision  # noqa: PLC0415
+
+    if index and wheelhouse is not None:
+        raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
+    options = ProvisionOptions(
+        check=check,
+        wheelhouse=wheelhouse,
+        skip=tuple(skip or ()),
+        extra_vars=parse_extra_vars(extra_vars or []),
+        verbose=verbose,
+    )
+    run_provision(load_context(topology, state_dir), out, options)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

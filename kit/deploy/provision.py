@@ -14,8 +14,10 @@ can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
 from __future__ import annotations
 
 import json
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,7 +29,7 @@ from kit.deploy.inventory import DeployHost
 from kit.deploy.rollout import deployment_lock
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.view import AnsibleView
-from kit.deploy.wheels import pack_wheelhouse, pdkit_version, pdkit_wheel
+from kit.deploy.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.errors import DeployError
 from kit.topology.plan import Plan
 
@@ -148,8 +150,39 @@ def provision_inventory(
         )
         hosts[host.name] |= dict(extra_vars)
     if pdkit_wheel_path is not None:
-        inventory["all"]["vars"]["pdkit_python_pdkit_version"] = pdkit_version()
+        inventory["all"]["vars"]["pdkit_python_pdkit_version"] = wheel_version(pdkit_wheel_path)
     return inventory
+
+
+def _pdkit_wheel(wheelhouse: Path | None, work: Path) -> Path:
+    """pdkit's wheel for the hosts: the one in the wheelhouse when it holds one (what the user
+    chose to ship), else one made from this pdkit."""
+    pattern = f"{wheel_name(PDKIT_DISTRIBUTION)}-*.whl"
+    if wheelhouse is not None and wheelhouse.is_dir():
+        found = sorted(wheelhouse.glob(pattern))
+        if found:
+            return found[-1].absolute()
+    elif wheelhouse is not None and wheelhouse.is_file() and tarfile.is_tarfile(wheelhouse):
+        with tarfile.open(wheelhouse) as tar:
+            members = sorted(
+                (m for m in tar.getmembers() if m.isfile() and fnmatch(Path(m.name).name, pattern)),
+                key=lambda m: m.name,
+            )
+            if members:
+                data = tar.extractfile(members[-1])
+                target = work / "dist" / Path(members[-1].name).name
+                if data is not None:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    content = data.read()
+                    if not (target.exists() and target.read_bytes() == content):
+                        target.write_bytes(content)
+                    return target
+    return pdkit_wheel(work / "dist")
+
+
+def wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name (name-version-tags.whl)."""
+    return wheel.name.split("-")[1]
 
 
 def _wheelhouse_archive(wheelhouse: Path, work: Path) -> Path:
@@ -185,7 +218,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     work = ctx.state_dir / "provision"
     remote = [h for h in ctx.hosts if not h.local]
     python_role = "python" not in skip and bool(remote)
-    wheel = pdkit_wheel(work / "dist") if python_role else None
+    wheel = _pdkit_wheel(options.wheelhouse, work) if python_role else None
     archive = (
         _wheelhouse_archive(options.wheelhouse, work)
         if options.wheelhouse is not None and python_role

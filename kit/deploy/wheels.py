@@ -89,10 +89,11 @@ def _dist_info_name(dist: metadata.Distribution) -> str:
     for entry in dist.files or []:
         if entry.name == "METADATA" and entry.parent.name.endswith(".dist-info"):
             return entry.parent.as_posix()
-    return f"{_escape(dist.metadata['Name'])}-{dist.version}.dist-info"
+    return f"{wheel_name(dist.metadata['Name'])}-{dist.version}.dist-info"
 
 
-def _escape(name: str) -> str:
+def wheel_name(name: str) -> str:
+    """A distribution name as spelled in wheel file names (sglang-pdkit -> sglang_pdkit)."""
     return re.sub(r"[-_.]+", "_", name)
 
 
@@ -138,7 +139,7 @@ def wheel_from_installed(dist: metadata.Distribution, out_dir: Path) -> Path:
     dist_info = _dist_info_name(dist)
     wheel_text = dist.read_text("WHEEL") or ""
     tags = "py3-none-any" if _editable_source(dist) else _tags(wheel_text)
-    name = f"{_escape(dist.metadata['Name'])}-{dist.version}-{tags}.whl"
+    name = f"{wheel_name(dist.metadata['Name'])}-{dist.version}-{tags}.whl"
     target = out_dir / name
     buffer = io.BytesIO()
     record = io.StringIO()
@@ -180,19 +181,10 @@ def pdkit_wheel(out_dir: Path) -> Path:
     return wheel_from_installed(_distribution(PDKIT_DISTRIBUTION), out_dir)
 
 
-def pdkit_version() -> str:
-    return _distribution(PDKIT_DISTRIBUTION).version
-
-
 def build_wheelhouse(requirements: Iterable[str], out_dir: Path) -> list[Path]:
-    """Wheels of every installed distribution `requirements` need, pdkit itself excluded
-    (`pdkit provision` pushes that one separately). Existing identical wheels are kept."""
-    wheels = []
-    for dist in requirement_closure(requirements):
-        if canonicalize_name(dist.metadata["Name"]) == PDKIT_DISTRIBUTION:
-            continue
-        wheels.append(wheel_from_installed(dist, out_dir))
-    return wheels
+    """Wheels of every installed distribution `requirements` need (pdkit too, when asked for).
+    Existing identical wheels are kept."""
+    return [wheel_from_installed(dist, out_dir) for dist in requirement_closure(requirements)]
 
 
 def pack_wheelhouse(folder: Path, archive: Path) -> Path:

@@ -8,12 +8,19 @@ stop running.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.conftest import REPO
 from tests.netns import TestBed, unavailable_reason
+
+HOST_REQUIREMENTS = ["sglang-pdkit[sim]", "supervisor"]
+"""What a sim host's venv needs: pdkit with the non-CUDA Mooncake build, and supervisord."""
 
 
 def require_testbed() -> None:
@@ -35,3 +42,59 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
         yield bed
     finally:
         bed.destroy()
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sim hosts' wheels, packed once per session from this environment (no index)."""
+    from kit.deploy.wheels import build_wheelhouse  # noqa: PLC0415
+
+    folder = Path(tmp_path_factory.mktemp("wheelhouse"))
+    build_wheelhouse(HOST_REQUIREMENTS, folder)
+    return folder
+
+
+def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
+    """A sim topology over the bed: prefill on a, decode on b, router on c, KV over Mooncake
+    TCP between the namespaces, supervisord on every host, each host its own root."""
+    a, b, c = bed.hosts[:3]
+    data = {
+        "name": name,
+        "engine": "sim",
+        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct", "served_name": "llama-3.1-8b"},
+        "hosts": [
+            {
+                "name": host.name,
+                "address": host.address,
+                "ssh": {"user": "root", "port": host.ssh_port, "key": str(bed.ssh_key)},
+                "gpus": 1,
+                "gpu_type": "H100-SXM",
+                "service_manager": "supervisord",
+                "root": str(host.root),
+            }
+            for host in (a, b, c)
+        ],
+        "prefill": {"count": 1, "hosts": [a.name]},
+        "decode": {"count": 1, "hosts": [b.name]},
+        "defaults": {"args": {"page-size": 16}},
+        "transfer": {"backend": "mooncake_tcp"},
+        "router": {"kind": "pdkit", "host": c.name, "port": 8000, "bind": c.address},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_pdkit(
+    bed: TestBed, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={**os.environ, **bed.ansible_env(), "COLUMNS": "200"},
+    )

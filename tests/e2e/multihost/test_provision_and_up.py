@@ -1,0 +1,140 @@
+"""The multi-host story on three namespace hosts reached over real SSH: provision from a pushed
+wheelhouse (the hosts have no route to any package index), provision again (no change) and in
+check mode (clean), `pdkit up` with prefill on a, decode on b and the router on c, a chat
+completion whose KV crosses hosts over Mooncake TCP, `pdkit status` seeing all three and then
+the killed decode, and `pdkit down` leaving nothing running.
+
+The steps share one deployment and run in file order; a failed step fails the ones after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.multihost.conftest import bed_topology, run_pdkit
+from tests.netns import TestBed
+
+pytestmark = [pytest.mark.netns, pytest.mark.e2e]
+
+VENV_PYTHON = "opt/pdkit/venv/bin/python"
+
+
+@pytest.fixture(scope="module")
+def topology(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = bed_topology(testbed, Path(tmp_path_factory.mktemp("multihost")))
+    yield path
+    run_pdkit(testbed, "down", str(path), timeout=120)
+
+
+@pytest.fixture(scope="module")
+def provisioned(testbed: TestBed, topology: Path, wheelhouse: Path) -> subprocess.CompletedProcess:
+    # The hosts' OS packages are the machine's own (shared file system): check, don't install.
+    return run_pdkit(
+        testbed,
+        "provision",
+        str(topology),
+        "--wheelhouse",
+        str(wheelhouse),
+        "-e",
+        "pdkit_base_install_packages=false",
+    )
+
+
+def _status(testbed: TestBed, topology: Path) -> dict:
+    result = run_pdkit(testbed, "status", str(topology), "--json", "--timeout", "2", timeout=60)
+    assert result.stdout.strip(), result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _states(report: dict) -> dict[str, str]:
+    states = {w["name"]: w["state"] for w in report["workers"]}
+    states["router"] = report["router"]["state"]
+    return states
+
+
+def test_provision_installs_a_venv_from_the_wheelhouse_on_every_host(testbed, provisioned):
+    assert provisioned.returncode == 0, provisioned.stdout + provisioned.stderr
+    assert "changed a, b, c" in provisioned.stdout
+    for host in testbed.hosts:
+        # The venv's pdkit is the control machine's; the packages came from the pushed wheels.
+        result = testbed.ssh(
+            host,
+            f"{host.root}/{VENV_PYTHON} -c 'import kit, mooncake.engine, supervisor; "
+            "print(kit.__file__)'",
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(str(host.root))
+        limits = host.root / "etc/security/limits.d/90-pdkit-memlock.conf"
+        assert "* hard memlock unlimited" in limits.read_text()
+
+
+def test_a_second_provision_changes_nothing_and_check_mode_is_clean(
+    testbed, topology, wheelhouse, provisioned
+):
+    assert provisioned.returncode == 0
+    common = ["--wheelhouse", str(wheelhouse), "-e", "pdkit_base_install_packages=false"]
+    again = run_pdkit(testbed, "provision", str(topology), *common)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "no change: already provisioned" in again.stdout
+    check = run_pdkit(testbed, "provision", str(topology), "--check", *common)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "nothing would change" in check.stdout
+
+
+def test_up_serves_a_chat_completion_whose_kv_crosses_hosts(testbed, topology, provisioned):
+    assert provisioned.returncode == 0
+    up = run_pdkit(testbed, "up", str(topology))
+    assert up.returncode == 0, up.stdout + up.stderr
+    a, b, c = testbed.hosts
+    # Each process runs in its own host's namespace, from that host's venv.
+    for host, module in ((a, "kit.sim"), (b, "kit.sim"), (c, "kit.lb")):
+        commands = host.processes().values()
+        assert any(f"{host.root}/{VENV_PYTHON} -m {module}" in cmd for cmd in commands), commands
+
+    from openai import OpenAI  # noqa: PLC0415
+
+    client = OpenAI(base_url=f"http://{c.address}:8000/v1", api_key="none", timeout=30)
+    reply = client.chat.completions.create(
+        model="llama-3.1-8b",
+        messages=[{"role": "user", "content": "Say hello across hosts."}],
+        max_tokens=8,
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+    # The decode on b pulled the KV from the prefill on a: a TCP connection between the two
+    # namespaces, to the transfer engine's RPC ports.
+    connections = testbed.ssh(b, f"ss -tn state established dst {a.address}").stdout
+    assert a.address in connections, connections
+
+
+def test_status_shows_all_three_then_the_killed_decode(testbed, topology):
+    report = _status(testbed, topology)
+    assert _states(report) == {"prefill-0": "healthy", "decode-0": "healthy", "router": "healthy"}
+    b = testbed.host("b")
+    decode = [pid for pid, cmd in b.processes().items() if "-m kit.sim" in cmd]
+    assert len(decode) == 1
+    os.kill(decode[0], signal.SIGTERM)  # exit 0: supervisord does not restart it
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = _states(_status(testbed, topology))
+        if states["decode-0"] == "down":
+            break
+        time.sleep(0.5)
+    assert states["decode-0"] == "down"
+    assert states["prefill-0"] == "healthy"
+
+
+def test_down_leaves_nothing_running_on_any_host(testbed, topology):
+    down = run_pdkit(testbed, "down", str(topology))
+    assert down.returncode == 0, down.stdout + down.stderr
+    for host in testbed.hosts:
+        assert host.processes() == {}, (host.name, host.processes())
+        for port in (8000, 30000, 30100, 8998):
+            assert not host.listening(port)
