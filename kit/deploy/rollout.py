@@ -190,21 +190,28 @@ def _nothing_deployed(ctx: DeployContext) -> bool:
 
 
 def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage: str) -> None:
-    bad = [s for s in statuses if s.verdict.state != "ready"]
-    if not bad:
+    settled = [s for s in statuses if s.verdict.state in ("failed", "timeout")]
+    if not settled and all(s.verdict.state == "ready" for s in statuses):
         return
     lines = []
-    for status in bad:
+    for status in settled:
         target = status.target
         lines.append(
             f"{target.name} on {target.host} {_state_phrase(status)}: {status.verdict.detail}."
         )
         lines += _log_tail(ctx, target.name)
+    unsettled = [s for s in statuses if s.verdict.state in ("waiting", "starting")]
+    if unsettled:
+        lines.append(
+            "Not ready yet when pdkit stopped waiting: "
+            + ", ".join(f"{s.target.name} ({s.verdict.state})" for s in unsettled)
+            + "."
+        )
     if stage == "workers":
         lines.append("The router was not started by this run.")
     lines.append(_running_now(ctx))
     topology = shlex.quote(str(ctx.topology_file))
-    name = shlex.quote(bad[0].target.name)
+    name = shlex.quote((settled or unsettled)[0].target.name)
     lines.append(
         f"To fix: correct the cause above, then run `pdkit up {topology}` again (it restarts "
         f"only what changed). `pdkit logs {topology} {name}` shows the whole log; "
@@ -243,9 +250,9 @@ def _running_now(ctx: DeployContext) -> str:
                 unknown.append(host.name)
             continue
         running += [
-            f"{name} (pid {info.pid})"
+            f"{name} ({info.state.lower()}" + (f", pid {info.pid})" if info.pid else ")")
             for name, info in sorted(view.items())
-            if info.state in ("RUNNING", "STARTING")
+            if info.state in ("RUNNING", "STARTING", "BACKOFF")
         ]
     text = f"Still running: {', '.join(running)}." if running else "Nothing of it is running."
     if unknown:
