@@ -1,0 +1,188 @@
+"""What `pdkit provision` asks of each host, derived from the Plan: which roles apply, the RDMA
+devices and GID index the workers use, the GPUs counted on, where the model and the Python
+packages come from; and the option parsing a user meets."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.deploy.context import load_context
+from kit.deploy.provision import (
+    _pdkit_wheel,
+    check_skip,
+    describe_facts,
+    ib_devices,
+    parse_extra_vars,
+    provision_inventory,
+    wheel_version,
+)
+from kit.errors import DeployError
+from tests.conftest import REPO, base_topology
+
+WHEEL = Path("/ctl/dist/sglang_pdkit-0.1.0-py3-none-any.whl")
+
+
+def host_vars(path: Path, wheelhouse: Path | None = None) -> dict[str, dict]:
+    ctx = load_context(path, control_python="/ctl/venv/bin/python")
+    inventory = provision_inventory(
+        ctx, pdkit_wheel_path=WHEEL, wheelhouse_archive=wheelhouse, extra_vars={}
+    )
+    return inventory["all"]["children"]["pdkit_hosts"]["hosts"]
+
+
+@pytest.fixture
+def gpu_topology(write_topology):
+    data = base_topology()
+    data["hosts"].append({"name": "lb", "address": "10.0.0.3", "gpus": 0})
+    data["router"]["host"] = "lb"
+    data["transfer"]["gid_index"] = 3
+    return write_topology(data)
+
+
+def test_gpu_hosts_get_the_nics_gid_index_and_gpu_count_their_workers_use(gpu_topology):
+    hosts = host_vars(gpu_topology)
+    a = hosts["a"]
+    assert a["pdkit_provision_gpu_roles"] is True
+    assert a["pdkit_nvidia_expected_gpus"] == 8
+    # Prefill on a: 2 instances x tp 2 on GPUs 0-3, one NIC per GPU.
+    assert a["pdkit_rdma_expected_devices"] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert a["pdkit_rdma_required"] is True
+    assert a["pdkit_rdma_gid_index"] == "3"
+    assert a["pdkit_model_source"] == "hub"
+    assert a["pdkit_model_path"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert a["pdkit_python_sglang_version"] == "0.5.23"
+    assert a["pdkit_python_venv"] == "/opt/pdkit/venv"  # the venv `pdkit up` runs
+    assert a["pdkit_python_source"] == "index"
+    assert a["pdkit_python_pdkit_wheel"] == str(WHEEL)
+
+
+def test_a_router_only_host_gets_no_gpu_rdma_or_model_work(gpu_topology):
+    lb = host_vars(gpu_topology)["lb"]
+    assert lb["pdkit_provision_gpu_roles"] is False
+    assert lb["pdkit_rdma_required"] is False
+    assert lb["pdkit_model_source"] == "none"
+
+
+def test_sim_needs_no_gpu_rdma_tools_or_weights_and_local_hosts_no_venv():
+    localhost = host_vars(REPO / "topologies" / "local.yaml")["localhost"]
+    assert localhost["pdkit_provision_gpu_roles"] is False
+    assert localhost["pdkit_base_rdma_tools"] is False
+    assert localhost["pdkit_model_source"] == "none"
+    assert "pdkit_python_venv" not in localhost  # the control machine's own venv runs it
+
+
+def test_an_absolute_model_path_is_checked_not_downloaded(write_topology):
+    data = base_topology()
+    data["model"]["path"] = "/models/llama"
+    assert host_vars(write_topology(data))["a"]["pdkit_model_source"] == "path"
+
+
+def test_a_wheelhouse_turns_the_index_off_and_extra_vars_win(gpu_topology):
+    ctx = load_context(gpu_topology, control_python="/ctl/venv/bin/python")
+    inventory = provision_inventory(
+        ctx,
+        pdkit_wheel_path=WHEEL,
+        wheelhouse_archive=Path("/ctl/wheelhouse.tar"),
+        extra_vars={"pdkit_model_source": "none"},
+    )
+    a = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["a"]
+    assert a["pdkit_python_source"] == "wheelhouse"
+    assert a["pdkit_python_wheelhouse"] == "/ctl/wheelhouse.tar"
+    assert a["pdkit_model_source"] == "none"
+    assert inventory["all"]["vars"]["pdkit_python_pdkit_version"] == "0.1.0"
+    # Still the inventory `pdkit up` uses: same connection and layout.
+    assert a["ansible_host"] == "10.0.0.1"
+    assert a["pdkit_log_dir"] == "/var/log/pdkit/t"
+
+
+@pytest.mark.parametrize(
+    ("value", "devices"),
+    [
+        (None, []),
+        ("mlx5_0", ["mlx5_0"]),
+        ("mlx5_1,mlx5_0", ["mlx5_0", "mlx5_1"]),
+        ('{"0":"mlx5_0","1":"mlx5_0","2":"mlx5_2"}', ["mlx5_0", "mlx5_2"]),
+    ],
+)
+def test_ib_device_values_name_their_devices(value, devices):
+    assert ib_devices(value) == devices
+
+
+def test_extra_vars_are_read_as_yaml_values():
+    assert parse_extra_vars(["a=false", "b=3", "c=[x, y]", "d=text", "e="]) == {
+        "a": False,
+        "b": 3,
+        "c": ["x", "y"],
+        "d": "text",
+        "e": "",
+    }
+    with pytest.raises(DeployError, match="expected NAME=VALUE"):
+        parse_extra_vars(["no-equals"])
+
+
+def test_unknown_roles_to_skip_are_named():
+    assert check_skip(["nvidia", "model"]) == ("nvidia", "model")
+    with pytest.raises(DeployError, match=r"--skip nvida: no such role\. Roles: base, nvidia"):
+        check_skip(["nvida"])
+
+
+def test_the_wheelhouse_s_own_pdkit_wheel_is_the_one_pushed(tmp_path):
+    folder = tmp_path / "wh"
+    folder.mkdir()
+    (folder / "sglang_pdkit-9.9-py3-none-any.whl").write_bytes(b"pdkit")
+    (folder / "rich-1.0-py3-none-any.whl").write_bytes(b"rich")
+    assert _pdkit_wheel(folder, tmp_path / "work") == folder / "sglang_pdkit-9.9-py3-none-any.whl"
+    archive = tmp_path / "wh.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(folder / "sglang_pdkit-9.9-py3-none-any.whl", "sglang_pdkit-9.9-py3-none-any.whl")
+    extracted = _pdkit_wheel(archive, tmp_path / "work")
+    assert extracted.read_bytes() == b"pdkit"
+    assert wheel_version(extracted) == "9.9"
+
+
+def test_facts_read_as_one_line_per_kind():
+    found = {
+        "pdkit_nvidia_facts": {
+            "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8,
+            "driver_version": "570.86.15",
+            "cuda_version": "12.8",
+            "nvswitches": 4,
+        },
+        "pdkit_rdma_facts": {
+            "devices": [
+                {"name": "mlx5_0", "ports": [{"state": "ACTIVE", "link_layer": "Ethernet"}]},
+                {"name": "mlx5_1", "ports": [{"state": "DOWN", "link_layer": "InfiniBand"}]},
+            ]
+        },
+    }
+    assert describe_facts(found) == [
+        "8 GPU(s) NVIDIA H100 80GB HBM3; driver 570.86.15, CUDA 12.8, 4 NVSwitch(es)",
+        "RDMA: mlx5_0 ACTIVE Ethernet, mlx5_1 DOWN InfiniBand",
+    ]
+    assert describe_facts({"pdkit_rdma_facts": {"devices": []}}) == ["RDMA: no device"]
+
+
+def test_every_role_default_is_documented_and_prefixed():
+    for defaults in sorted((REPO / "playbooks" / "roles").glob("*/defaults/main.yml")):
+        role = defaults.parent.parent.name
+        if role not in {"pdkit_base", "pdkit_nvidia", "pdkit_rdma", "pdkit_python", "pdkit_model"}:
+            continue
+        lines = defaults.read_text().splitlines()
+        names = yaml.safe_load(defaults.read_text())
+        for name in names:
+            assert name.startswith(f"{role}_"), (defaults, name)
+            index = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+            assert lines[index - 1].startswith("#"), (defaults, name)
+
+
+def test_the_python_role_pins_the_mooncake_version_pdkit_s_sim_extra_pins():
+    import tomllib  # noqa: PLC0415
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    sim = pyproject["project"]["optional-dependencies"]["sim"]
+    defaults = yaml.safe_load((REPO / "playbooks/roles/pdkit_python/defaults/main.yml").read_text())
+    assert f"mooncake-transfer-engine-non-cuda=={defaults['pdkit_python_mooncake_version']}" in sim

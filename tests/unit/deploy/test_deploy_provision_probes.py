@@ -1,0 +1,126 @@
+"""The read-only probe scripts of the nvidia and rdma roles, run as Ansible runs them on a host:
+on a fake sysfs tree and a fake nvidia-smi."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+ROLES = REPO / "playbooks" / "roles"
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def fake_device(root: Path, name: str, state: str, gids: dict[int, tuple[str, str]]) -> None:
+    port = root / name / "ports" / "1"
+    write(root / name / "node_type", "1: CA")
+    write(root / name / "fw_ver", "28.39.1002")
+    write(root / name / "device" / "numa_node", "1")
+    write(port / "state", state)
+    write(port / "phys_state", "5: LinkUp")
+    write(port / "link_layer", "Ethernet")
+    write(port / "rate", "400 Gb/sec (4X NDR)")
+    write(port / "gids" / "0", "fe80:0000:0000:0000:0000:0000:0000:0000")  # empty slot
+    for index, (gid, kind) in gids.items():
+        write(port / "gids" / str(index), gid)
+        write(port / "gid_attrs" / "types" / str(index), kind)
+        write(port / "gid_attrs" / "ndevs" / str(index), "ens1f0")
+
+
+def rdma_facts(*args: str) -> dict:
+    script = ROLES / "pdkit_rdma" / "files" / "rdma_facts.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)
+
+
+def test_rdma_facts_list_devices_ports_and_real_gids(tmp_path):
+    fake_device(
+        tmp_path, "mlx5_0", "4: ACTIVE", {3: ("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2")}
+    )
+    fake_device(tmp_path, "mlx5_1", "1: DOWN", {})
+    facts = rdma_facts(str(tmp_path), "3")
+    assert facts["active_devices"] == ["mlx5_0"]
+    assert facts["devices_with_gid_index"] == ["mlx5_0"]
+    first = facts["devices"][0]
+    assert (first["name"], first["numa_node"], first["active"]) == ("mlx5_0", 1, True)
+    port = first["ports"][0]
+    assert (port["state"], port["link_layer"], port["rate"]) == (
+        "ACTIVE",
+        "Ethernet",
+        "400 Gb/sec (4X NDR)",
+    )
+    assert port["gids"] == [
+        {
+            "index": 3,
+            "gid": "0000:0000:0000:0000:0000:ffff:0a00:0001",
+            "type": "RoCE v2",
+            "netdev": "ens1f0",
+        }
+    ]
+    assert rdma_facts(str(tmp_path), "5")["devices_with_gid_index"] == []
+
+
+def test_a_host_without_rdma_has_no_devices(tmp_path):
+    assert rdma_facts(str(tmp_path / "none")) == {
+        "devices": [],
+        "active_devices": [],
+        "gid_index": None,
+        "devices_with_gid_index": [],
+    }
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*)
+    echo '0, NVIDIA H100 80GB HBM3, 570.86.15, Enabled'
+    echo '1, NVIDIA H100 80GB HBM3, 570.86.15, Disabled' ;;
+  *) echo '| NVIDIA-SMI 570.86.15    Driver Version: 570.86.15    CUDA Version: 12.8 |' ;;
+esac
+"""
+
+
+def nvidia_facts(path_dirs: list[Path]) -> dict:
+    script = ROLES / "pdkit_nvidia" / "files" / "nvidia_facts.py"
+    env = {**os.environ, "PATH": os.pathsep.join(str(p) for p in path_dirs)}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, env=env
+    )
+    return json.loads(done.stdout)
+
+
+def test_nvidia_facts_read_gpus_driver_and_cuda(tmp_path):
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    facts = nvidia_facts([tmp_path])
+    assert facts["ok"] is True
+    assert [g["persistence_mode"] for g in facts["gpus"]] == ["Enabled", "Disabled"]
+    assert facts["gpus"][0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "driver_version": "570.86.15",
+        "persistence_mode": "Enabled",
+    }
+    assert (facts["driver_branch"], facts["cuda_version"], facts["nvswitches"]) == (
+        "570",
+        "12.8",
+        0,
+    )
+
+
+def test_no_driver_is_reported_not_raised(tmp_path):
+    facts = nvidia_facts([tmp_path])
+    assert facts["ok"] is False
+    assert facts["error"]
+    assert facts["gpus"] == []
