@@ -250,7 +250,7 @@ def _running_now(ctx: DeployContext) -> str:
                 unknown.append(host.name)
             continue
         running += [
-            f"{name} ({info.state.lower()}" + (f", pid {info.pid})" if info.pid else ")")
+            f"{name} (pid {info.pid})" if info.pid else f"{name} (exited; supervisord retries it)"
             for name, info in sorted(view.items())
             if info.state in ("RUNNING", "STARTING", "BACKOFF")
         ]
