@@ -55,6 +55,8 @@ deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check kit tests tools
 	$(VENV)/bin/ruff format --check kit tests tools
+	$(VENV)/bin/ansible-lint playbooks/
+	$(PY) -m tools.gen_readme_reference --check
 
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
@@ -70,8 +72,9 @@ check: lint typecheck test
 catalog: $(SGLANG_VENV)/.stamp
 	$(SGLANG_VENV)/bin/python tools/gen_catalog.py --out kit/sglang/catalogs/$(SGLANG_VERSION).json
 
-up: $(VENV)/.stamp
-	$(VENV)/bin/pdkit up topologies/local.yaml
+# From a fresh machine: OS packages (as root, else the apt-get line to run), .venv, then pdkit up.
+up:
+	PYTHON=$(PYTHON) tools/up_local.sh
 
 down: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local.yaml
