@@ -113,6 +113,11 @@ class NetnsHost:
         return self.home / "home-root"
 
     @property
+    def bin_dir(self) -> Path:
+        """First on PATH in the host's SSH sessions: for fake tools (nvidia-smi, ...)."""
+        return self.home / "bin"
+
+    @property
     def sshd_dir(self) -> Path:
         return self.home / "sshd"
 
@@ -300,6 +305,7 @@ class TestBed:
         ):
             subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
         host.root.mkdir(parents=True, exist_ok=True)
+        host.bin_dir.mkdir(parents=True, exist_ok=True)
         host.sshd_dir.mkdir(parents=True, exist_ok=True)
         _keygen(host.sshd_dir / "ssh_host_ed25519_key", f"pdkit-testbed host {name}")
         (host.sshd_dir / "authorized_keys").write_text(self.ssh_key.with_suffix(".pub").read_text())
@@ -321,6 +327,9 @@ class TestBed:
                     "MaxStartups 50",
                     "MaxSessions 50",
                     "LogLevel ERROR",
+                    # The host's own bin/ first: tests put fake tools there (nvidia-smi).
+                    f"SetEnv PATH={host.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                    "/usr/bin:/sbin:/bin",
                     "",
                 ]
             )

@@ -38,6 +38,7 @@ ROLES = ("base", "nvidia", "rdma", "python", "model")
 
 FACT_TASKS = {
     "Read the NVIDIA facts": "pdkit_nvidia_facts",
+    "Note persistence mode in the facts": "pdkit_nvidia_facts",
     "Read the RDMA facts": "pdkit_rdma_facts",
 }
 """provision.yml tasks whose `set_fact` results pdkit shows after the run."""

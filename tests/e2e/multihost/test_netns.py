@@ -20,6 +20,12 @@ def test_every_host_answers_over_ssh_with_strict_host_keys(testbed: TestBed):
         uid, addr = result.stdout.splitlines()
         assert uid == "0"
         assert f"inet {host.address}/24" in addr
+        # A host of its own: its home, its bin/ first on PATH, not the machine's shell setup.
+        env = testbed.ssh(host, "echo $HOME; echo $PATH; ls -d ~/.pyenv 2>/dev/null").stdout
+        home, path = env.splitlines()[:2]
+        assert home == "/root"
+        assert path.startswith(f"{host.bin_dir}:")
+        assert ".pyenv" not in env
 
 
 def test_a_wrong_host_key_is_refused(testbed: TestBed, tmp_path: Path):

@@ -1,0 +1,98 @@
+"""The GPU and RDMA roles over SSH on a namespace host, with a fake nvidia-smi and a fake sysfs
+(this machine has neither GPU nor RDMA card): a missing driver fails with a clear message,
+found GPUs and NICs are recorded as facts pdkit shows, persistence mode is turned on once, and
+a NIC the topology names but that is down fails the run."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.multihost.conftest import run_pdkit
+from tests.netns import NetnsHost, TestBed
+from tests.unit.deploy.test_deploy_provision_probes import fake_device
+
+pytestmark = [pytest.mark.netns, pytest.mark.e2e]
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# Two H100s; persistence mode is remembered in the host's home, like the driver would.
+state="$HOME/nvidia-persistence"
+pm=Disabled; [ -f "$state" ] && pm=Enabled
+case "$1" in
+  --query-gpu=*)
+    echo "0, NVIDIA H100 80GB HBM3, 570.86.15, $pm"
+    echo "1, NVIDIA H100 80GB HBM3, 570.86.15, $pm" ;;
+  -pm) touch "$state"; echo "Persistence mode set" ;;
+  *) echo "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |" ;;
+esac
+"""
+
+
+def gpu_topology(host: NetnsHost, key: Path, folder: Path) -> Path:
+    data = {
+        "name": "gpu",
+        "engine": "sglang",
+        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hosts": [
+            {
+                "name": host.name,
+                "address": host.address,
+                "ssh": {"key": str(key)},
+                "gpus": 2,
+                "rdma_devices": ["mlx5_0"],
+                "service_manager": "supervisord",
+                "root": str(host.root),
+            }
+        ],
+        "transfer": {"backend": "mooncake", "gid_index": 3},
+    }
+    path = folder / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def host_a(testbed: TestBed):
+    host = testbed.host("a")
+    yield host
+    (host.bin_dir / "nvidia-smi").unlink(missing_ok=True)
+    (host.home_dir / "nvidia-persistence").unlink(missing_ok=True)
+
+
+def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path):
+    topology = gpu_topology(host_a, testbed.ssh_key, tmp_path)
+    sysfs = host_a.root / "sys-class-infiniband"
+    only = ["--skip", "base", "--skip", "python", "--skip", "model"]
+    only += ["-e", f"pdkit_rdma_sysfs={sysfs}"]
+
+    no_driver = run_pdkit(testbed, "provision", str(topology), *only)
+    assert no_driver.returncode == 1
+    assert "nvidia-smi does not work" in no_driver.stderr
+    assert "To fix: install the driver" in no_driver.stderr
+
+    tool = host_a.bin_dir / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    gid = ("0000:0000:0000:0000:0000:ffff:0ad5:000b", "RoCE v2")
+    fake_device(sysfs, "mlx5_0", "4: ACTIVE", {3: gid})
+    first = run_pdkit(testbed, "provision", str(topology), *only)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "a: 2 GPU(s) NVIDIA H100 80GB HBM3; driver 570.86.15, CUDA 12.8" in first.stdout
+    assert "a: RDMA: mlx5_0 ACTIVE Ethernet" in first.stdout
+    assert "Ensure persistence mode is on: changed" in first.stdout
+    facts = json.loads((host_a.root / "var/lib/pdkit/facts/rdma.json").read_text())
+    assert facts["devices_with_gid_index"] == ["mlx5_0"]
+    assert (host_a.root / "var/lib/pdkit/facts/nvidia.json").exists()
+
+    again = run_pdkit(testbed, "provision", str(topology), *only)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "no change: already provisioned" in again.stdout
+
+    (sysfs / "mlx5_0/ports/1/state").write_text("1: DOWN\n")
+    down = run_pdkit(testbed, "provision", str(topology), *only)
+    assert down.returncode == 1
+    assert "mlx5_0 named in the topology missing or without an ACTIVE port" in down.stderr
