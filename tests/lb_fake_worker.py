@@ -602,32 +602,38 @@ class running_cluster:
         argv += ["--host", "127.0.0.1", "--port", "1", "--seed", "7", *FAST_HEALTH, *self.args]
         config = parse_args(argv, self.env)
         lb = LoadBalancer(config)
-        runner = web.AppRunner(
-            lb.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
-        )
+        await lb.start()
+        runner = web.ServerRunner(lb.make_server(), shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
         session = aiohttp.ClientSession()
-        self._runner, self._session, self._workers = runner, session, (*prefill, *decode)
+        self._runner, self._session, self._lb = runner, session, lb
+        self._workers = (*prefill, *decode)
         cluster = Cluster(f"http://127.0.0.1:{port}", prefill, decode, ledger, lb, session)
-        if self.wait_ready:
-            await cluster.wait_for(
-                lambda: lb.readiness_report()[0] and all(w.routable for w in lb.pool),
-                what="all workers healthy",
-            )
         self.cluster = cluster
+        if self.wait_ready:
+            try:
+                await cluster.wait_for(
+                    lambda: lb.readiness_report()[0] and all(w.routable for w in lb.pool),
+                    what="all workers healthy",
+                )
+            except BaseException:
+                await self._close()
+                raise
         return cluster
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def _close(self) -> None:
         await self._session.close()
         await self._runner.cleanup()
+        await self._lb.close()
         for worker in self._workers:
             await worker.stop()
-        assert not self.cluster.ledger.problems if hasattr(self, "cluster") else True, (
-            self.cluster.ledger.problems
-        )
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+        assert not self.cluster.ledger.problems, self.cluster.ledger.problems
 
 
 def run(coro: Any, timeout: float = 30.0) -> Any:

@@ -52,11 +52,11 @@ class AdminRoutes:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def list_workers(self, request: web.Request) -> web.Response:
+    async def list_workers(self, request: web.BaseRequest) -> web.Response:
         now = time.monotonic()
         return web.json_response({"workers": [w.describe(now) for w in self._pool]})
 
-    async def add(self, request: web.Request) -> web.Response:
+    async def add(self, request: web.BaseRequest) -> web.Response:
         try:
             body = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError):
@@ -97,7 +97,7 @@ class AdminRoutes:
         log.info("added %s worker %s (pending its first health probe)", role, url)
         return web.json_response({"worker": worker.describe(time.monotonic())}, status=201)
 
-    async def remove(self, request: web.Request) -> web.Response:
+    async def remove(self, request: web.BaseRequest) -> web.Response:
         raw = request.query.get("url")
         if not raw:
             raise ApiError(

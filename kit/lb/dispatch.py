@@ -53,7 +53,7 @@ _HOP_BY_HOP = frozenset(
 class Exchange:
     """One client request in flight: what the server needs to finish and count it."""
 
-    request: web.Request
+    request: web.BaseRequest
     pd: PdRequest
     started: float
     out: web.StreamResponse | None = None

@@ -92,17 +92,17 @@ class InfoRoutes:
             raise ApiError(503, "no worker is configured", "no_worker")
         raise ApiError(502, f"no worker answered {path}: " + "; ".join(problems), "info_failed")
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         return await self._first_good("/v1/models")
 
-    async def model_info(self, request: web.Request) -> web.Response:
+    async def model_info(self, request: web.BaseRequest) -> web.Response:
         return await self._first_good("/model_info")
 
     async def _everyone(self, method: str, path: str) -> list[Answer]:
         workers = list(self._pool)
         return list(await asyncio.gather(*(self.ask(w, method, path) for w in workers)))
 
-    async def server_info(self, request: web.Request) -> web.Response:
+    async def server_info(self, request: web.BaseRequest) -> web.Response:
         """Every worker's /server_info; `internal_states` gathers the decodes' (as SGLang's
         benchmark scripts expect)."""
         answers = await self._everyone("GET", "/server_info")
@@ -120,7 +120,7 @@ class InfoRoutes:
         status = 200 if any(a.ok for a in answers) else 502
         return web.json_response(out, status=status)
 
-    async def flush_cache(self, request: web.Request) -> web.Response:
+    async def flush_cache(self, request: web.BaseRequest) -> web.Response:
         """POST /flush_cache to every worker; 200 only if all of them flushed."""
         answers = await self._everyone("POST", "/flush_cache")
         results = [

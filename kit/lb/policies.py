@@ -108,15 +108,21 @@ class PrefixAffinity:
     def choose(self, workers: Sequence[Worker], key: bytes | None) -> Worker:
         if key is None:
             return self._fallback.choose(workers, None)
-        if len(workers) == 1:
+        count = len(workers)
+        if count == 1:
             return workers[0]
-        total = sum(w.inflight for w in workers) + 1
-        cap = math.ceil(self.load_factor * total / len(workers))
-        ranked = self.preference(workers, key)
-        for worker in ranked:
+        total = 1
+        for w in workers:
+            total += w.inflight
+        cap = math.ceil(self.load_factor * total / count)
+        h = prefix_hash(key)
+        best = max(workers, key=lambda w: _mix64(h ^ w.affinity_seed))
+        if best.inflight + 1 <= cap:
+            return best
+        for worker in self.preference(workers, key)[1:]:
             if worker.inflight + 1 <= cap:
                 return worker
-        return ranked[0]  # unreachable: the least loaded worker is always under the cap
+        return best  # unreachable: the least loaded worker is always under the cap
 
 
 def make_policy(name: str, rng: random.Random, load_factor: float = 1.25) -> Policy:

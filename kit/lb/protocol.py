@@ -14,6 +14,7 @@ a long prompt is never re-encoded.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -54,22 +55,38 @@ class PdRequest:
     def encode(self, host: str, port: int | None, rng: random.Random) -> bytes:
         """The body for both legs, with fresh bootstrap fields (new rooms on every call)."""
         if self.batch_size is None:
-            hosts: Any = host
-            ports: Any = port
-            rooms: Any = rng.randrange(ROOM_SPAN)
+            room = rng.getrandbits(63) % ROOM_SPAN
+            if self.spliceable:
+                return b'%s,%s,"bootstrap_room":%d}' % (
+                    self.raw[: self.raw.rindex(b"}")],
+                    _host_port(host, port),
+                    room,
+                )
+            fields: dict[str, Any] = {
+                "bootstrap_host": host,
+                "bootstrap_port": port,
+                "bootstrap_room": room,
+            }
         else:
-            hosts = [host] * self.batch_size
-            ports = [port] * self.batch_size
-            rooms = [rng.randrange(ROOM_SPAN) for _ in range(self.batch_size)]
+            fields = {
+                "bootstrap_host": [host] * self.batch_size,
+                "bootstrap_port": [port] * self.batch_size,
+                "bootstrap_room": [rng.getrandbits(63) % ROOM_SPAN for _ in range(self.batch_size)],
+            }
         if self.spliceable:
-            tail = json.dumps(
-                {"bootstrap_host": hosts, "bootstrap_port": ports, "bootstrap_room": rooms},
-                separators=(",", ":"),
-            ).encode()
+            tail = json.dumps(fields, separators=(",", ":")).encode()
             return self.raw[: self.raw.rindex(b"}")] + b"," + tail[1:]
         body = dict(self.body)
-        body.update(bootstrap_host=hosts, bootstrap_port=ports, bootstrap_room=rooms)
+        body.update(fields)
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_port(host: str, port: int | None) -> bytes:
+    """`"bootstrap_host":...,"bootstrap_port":...` as JSON, once per prefill."""
+    return json.dumps(
+        {"bootstrap_host": host, "bootstrap_port": port}, separators=(",", ":")
+    ).encode()[1:-1]
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:

@@ -42,12 +42,9 @@ async def serve(
     `on_ready` gets the bound port once listening (useful with `--port 0` in tests).
     """
     lb = LoadBalancer(config)
-    runner = web.AppRunner(
-        lb.build_app(),
-        handle_signals=False,
-        access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
-        shutdown_timeout=config.drain_grace,
-        handler_cancellation=True,
+    await lb.start()
+    runner = web.ServerRunner(
+        lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace
     )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
@@ -55,6 +52,7 @@ async def serve(
         await site.start()
     except OSError as exc:
         await runner.cleanup()
+        await lb.close()
         raise LbError(
             f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
             "To fix: pick a free --port or stop what holds it."
@@ -86,7 +84,8 @@ async def serve(
             loop.remove_signal_handler(sig)
         lb.start_drain()
         log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
-        await runner.cleanup()
+        await runner.cleanup()  # stops listening, waits for handlers up to the grace period
+        await lb.close()
         log.info("stopped")
 
 

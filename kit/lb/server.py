@@ -1,7 +1,9 @@
-"""The load balancer as an aiohttp application: routes, keys, errors, and its shared state.
+"""The load balancer as an aiohttp server: routes, keys, errors, and its shared state.
 
 One `LoadBalancer` owns everything a running instance needs (pool, policies, pooled client
 session, metrics, health monitor); nothing lives in module globals, so tests can run several.
+Lifecycle: `await lb.start()`, serve `lb.make_server()` (e.g. with `web.ServerRunner`), then
+`await lb.close()`.
 Every handler is wrapped so that a failure becomes an OpenAI-style JSON error, never a
 traceback: `ApiError` with its own status, anything unexpected as 500 (logged here).
 
@@ -25,6 +27,10 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
 
 from kit.lb.admin import AdminRoutes
 from kit.lb.config import LbConfig, Role
@@ -39,7 +45,7 @@ from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 log = logging.getLogger("kit.lb")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
@@ -87,48 +93,91 @@ class LoadBalancer:
         self._monitor: HealthMonitor | None = None
         self._info: InfoRoutes | None = None
         self._admin: AdminRoutes | None = None
+        self._routes = self._build_routes()
+        self._not_found = self._open("other", self._no_route)
+        self._method_not_allowed = self._open("other", self._refuse_method)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def build_app(self) -> web.Application:
-        """The application; its startup opens the upstream pool and starts health probes."""
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.on_startup.append(self._startup)
-        app.on_cleanup.append(self._cleanup)
-        r = app.router
+    def make_server(self) -> web.Server:
+        """aiohttp's low-level server with this instance's router (call inside the loop).
+
+        The low-level server skips aiohttp's Application machinery (URL dispatcher, match info,
+        middleware chain): the routes are a fixed table, and that saves a tenth of the CPU time
+        of a request.
+        """
+        return web.Server(
+            self.handle,
+            request_factory=self._make_request,
+            handler_cancellation=True,  # a client that goes away cancels both legs
+            access_log=logging.getLogger("aiohttp.access") if self.config.access_log else None,
+        )
+
+    def _make_request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        return web.BaseRequest(
+            message,
+            payload,
+            protocol,
+            writer,
+            task,
+            asyncio.get_running_loop(),
+            client_max_size=self.config.max_body_bytes,
+        )
+
+    def _build_routes(self) -> dict[str, dict[str, Handler]]:
+        routes: dict[str, dict[str, Handler]] = {}
+
+        def add(method: str, path: str, handler: Handler) -> None:
+            routes.setdefault(path, {})[method] = handler
+
         for path in (GENERATE, COMPLETIONS, CHAT):
-            self._add(r, "POST", path, self._pd_handler(path))
-        self._add(r, "GET", "/v1/models", self._keyed(lambda q: self._info_routes().models(q)))
+            add("POST", path, self._pd_handler(path))
+        add("GET", "/v1/models", self._keyed("/v1/models", lambda q: self._info_routes().models(q)))
         for path in ("/model_info", "/get_model_info"):
-            self._add(r, "GET", path, self._keyed(lambda q: self._info_routes().model_info(q)))
+            add("GET", path, self._keyed(path, lambda q: self._info_routes().model_info(q)))
         for path in ("/server_info", "/get_server_info"):
-            self._add(r, "GET", path, self._keyed(lambda q: self._info_routes().server_info(q)))
-        self._add(
-            r,
+            add("GET", path, self._keyed(path, lambda q: self._info_routes().server_info(q)))
+        add(
             "POST",
             "/flush_cache",
-            self._admin_only(lambda q: self._info_routes().flush_cache(q)),
+            self._admin_only("/flush_cache", lambda q: self._info_routes().flush_cache(q)),
         )
         for path in ("/health", "/liveness"):
-            self._add(r, "GET", path, self._open(self._health))
-        self._add(r, "GET", "/readiness", self._open(self._readiness))
-        self._add(r, "GET", "/metrics", self._open(self._metrics))
-        admin = {
-            "GET": lambda q: self._admin_routes().list_workers(q),
-            "POST": lambda q: self._admin_routes().add(q),
-            "DELETE": lambda q: self._admin_routes().remove(q),
-        }
-        for method, handler in admin.items():
-            r.add_route(method, "/workers", self._admin_only(handler))
-        r.add_route("*", "/workers", self._open(self._method_not_allowed))
-        r.add_route("*", "/{tail:.*}", self._open(self._not_found))
-        return app
+            add("GET", path, self._open(path, self._health))
+        add("GET", "/readiness", self._open("/readiness", self._readiness))
+        add("GET", "/metrics", self._open("/metrics", self._metrics))
+        add(
+            "GET",
+            "/workers",
+            self._admin_only("/workers", lambda q: self._admin_routes().list_workers(q)),
+        )
+        add("POST", "/workers", self._admin_only("/workers", lambda q: self._admin_routes().add(q)))
+        add(
+            "DELETE",
+            "/workers",
+            self._admin_only("/workers", lambda q: self._admin_routes().remove(q)),
+        )
+        return routes
 
-    def _add(self, router: web.UrlDispatcher, method: str, path: str, handler: Handler) -> None:
-        router.add_route(method, path, handler)
-        router.add_route("*", path, self._open(self._method_not_allowed))
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Route one request: a table lookup by path, then by method."""
+        methods = self._routes.get(request.path)
+        if methods is None:
+            return await self._not_found(request)
+        handler = methods.get(request.method)
+        if handler is None:
+            return await self._method_not_allowed(request)
+        return await handler(request)
 
-    async def _startup(self, app: web.Application) -> None:
+    async def start(self) -> None:
+        """Open the upstream connection pool and start probing the workers."""
         cfg = self.config
         connector = aiohttp.TCPConnector(
             limit=cfg.max_connections,
@@ -163,7 +212,8 @@ class LoadBalancer:
         for worker in self.pool:
             self._monitor.watch(worker)
 
-    async def _cleanup(self, app: web.Application) -> None:
+    async def close(self) -> None:
+        """Stop probing, cancel background legs, close the upstream pool."""
         if self._admin is not None:
             await self._admin.close()
         if self._monitor is not None:
@@ -211,7 +261,7 @@ class LoadBalancer:
     # -- guards ------------------------------------------------------------------------------
 
     @staticmethod
-    def _check_key(request: web.Request, key: str | None, what: str) -> None:
+    def _check_key(request: web.BaseRequest, key: str | None, what: str) -> None:
         if key is None:
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
@@ -222,10 +272,12 @@ class LoadBalancer:
                 401, f"missing or wrong {what}: send 'Authorization: Bearer KEY'", "unauthorized"
             )
 
-    def _wrap(self, handler: Handler, check: Callable[[web.Request], None] | None) -> Handler:
+    def _wrap(
+        self, label: str, handler: Handler, check: Callable[[web.BaseRequest], None] | None
+    ) -> Handler:
         metrics = self.metrics
 
-        async def guarded(request: web.Request) -> web.StreamResponse:
+        async def guarded(request: web.BaseRequest) -> web.StreamResponse:
             started = time.monotonic()
             status = 500
             try:
@@ -250,25 +302,21 @@ class LoadBalancer:
                     content_type="application/json",
                 )
             finally:
-                route = request.match_info.route.resource
-                label = route.canonical if route is not None else "other"
-                metrics.request(
-                    label if status != 404 else "other", status, time.monotonic() - started, False
-                )
+                metrics.request(label, status, time.monotonic() - started, False)
 
         return guarded
 
-    def _open(self, handler: Handler) -> Handler:
-        return self._wrap(handler, None)
+    def _open(self, label: str, handler: Handler) -> Handler:
+        return self._wrap(label, handler, None)
 
-    def _keyed(self, handler: Handler) -> Handler:
+    def _keyed(self, label: str, handler: Handler) -> Handler:
         key = self.config.api_key
-        return self._wrap(handler, lambda q: self._check_key(q, key, "API key"))
+        return self._wrap(label, handler, lambda q: self._check_key(q, key, "API key"))
 
-    def _admin_only(self, handler: Handler) -> Handler:
+    def _admin_only(self, label: str, handler: Handler) -> Handler:
         key = self.config.admin_key
 
-        def check(request: web.Request) -> None:
+        def check(request: web.BaseRequest) -> None:
             if key is None:
                 raise ApiError(
                     403,
@@ -278,17 +326,17 @@ class LoadBalancer:
                 )
             self._check_key(request, key, "admin key")
 
-        return self._wrap(handler, check)
+        return self._wrap(label, handler, check)
 
     # -- PD routes ---------------------------------------------------------------------------
 
     def _pd_handler(self, path: str) -> Handler:
-        async def handle(request: web.Request) -> web.StreamResponse:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
             return await self._serve_pd(request, path)
 
         return handle
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -300,7 +348,7 @@ class LoadBalancer:
                 "payload_too_large",
             ) from None
 
-    async def _serve_pd(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _serve_pd(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         started = time.monotonic()
         self.inflight += 1
         status = CLIENT_CLOSED
@@ -381,7 +429,7 @@ class LoadBalancer:
 
     # -- open routes -------------------------------------------------------------------------
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: web.BaseRequest) -> web.Response:
         return web.json_response({"status": "draining" if self.draining else "ok"})
 
     def readiness_report(self) -> tuple[bool, dict[str, object]]:
@@ -402,18 +450,21 @@ class LoadBalancer:
         out = [w.describe(now) for w in self.pool if not w.routable]
         return ready, {"ready": ready, "draining": self.draining, **counts, "out": out}
 
-    async def _readiness(self, request: web.Request) -> web.Response:
+    async def _readiness(self, request: web.BaseRequest) -> web.Response:
         ready, report = self.readiness_report()
         return web.json_response(report, status=200 if ready else 503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.BaseRequest) -> web.Response:
         self.metrics.inflight = self.inflight
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def _method_not_allowed(self, request: web.Request) -> web.Response:
+    async def _refuse_method(self, request: web.BaseRequest) -> web.Response:
+        allowed = ", ".join(sorted(self._routes.get(request.path, {})))
         raise ApiError(
-            405, f"{request.method} is not allowed on {request.path}", "method_not_allowed"
+            405,
+            f"{request.method} is not allowed on {request.path} (use {allowed})",
+            "method_not_allowed",
         )
 
-    async def _not_found(self, request: web.Request) -> web.Response:
+    async def _no_route(self, request: web.BaseRequest) -> web.Response:
         raise ApiError(404, f"no route {request.path}", "not_found")

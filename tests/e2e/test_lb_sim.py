@@ -85,7 +85,8 @@ def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
                 {"PDKIT_LB_API_KEY": "sk-sim"},
             )
             lb = LoadBalancer(config)
-            runner = web.AppRunner(lb.build_app(), handler_cancellation=True, access_log=None)
+            await lb.start()
+            runner = web.ServerRunner(lb.make_server())
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
@@ -129,6 +130,7 @@ def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
         finally:
             if runner is not None:
                 await runner.cleanup()
+                await lb.close()
             for proc in procs:
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
