@@ -93,3 +93,11 @@ def test_the_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path):
 def test_an_empty_wheelhouse_is_refused(tmp_path):
     with pytest.raises(DeployError, match="holds no wheels"):
         pack_wheelhouse(tmp_path, tmp_path / "wh.tar")
+
+
+def test_the_wheelhouse_tool_packs_a_sim_host_s_venv_from_this_environment(tmp_path):
+    from tools.wheelhouse import main  # noqa: PLC0415
+
+    assert main(["--out", str(tmp_path / "wh"), "--engine", "sim", "--from-installed"]) == 0
+    built = {p.name.split("-")[0] for p in (tmp_path / "wh").glob("*.whl")}
+    assert {"sglang_pdkit", "mooncake_transfer_engine_non_cuda", "supervisor"} <= built

@@ -1,0 +1,102 @@
+"""Build a wheelhouse for hosts without a package index (`pdkit provision --wheelhouse DIR`).
+
+    python -m tools.wheelhouse --out wheelhouse --engine sglang --cuda 12
+    python -m tools.wheelhouse --out wheelhouse --engine sim --from-installed
+
+Default: `pip download` (on this control machine, which reaches the index) of every package the
+hosts' venv needs, as binary wheels for the hosts' Python and platform (`--python-version`,
+`--platform`; default: this machine's), plus pdkit itself as a wheel of this checkout.
+`--from-installed`: no index at all; the wheels are packed from this environment
+(kit.deploy.wheels), so the hosts must run this Python on this platform (engine sim, tests).
+
+What the venv needs, per engine (the pdkit_python role installs the same list):
+  sglang: sglang==<version>, the Mooncake build for the hosts' CUDA, pdkit, supervisor;
+  sim:    pdkit with the non-CUDA Mooncake build (pdkit[sim]), supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+from kit.deploy.wheels import (
+    PDKIT_DISTRIBUTION,
+    build_wheelhouse,
+    pack_wheelhouse,
+    pdkit_wheel,
+    requirement_closure,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON_DEFAULTS = REPO / "playbooks/roles/pdkit_python/defaults/main.yml"
+
+
+def role_defaults() -> dict:
+    return yaml.safe_load(PYTHON_DEFAULTS.read_text())
+
+
+def host_requirements(engine: str, cuda: int, sglang_version: str) -> list[str]:
+    """The requirements of a host's venv besides pdkit itself."""
+    defaults = role_defaults()
+    mooncake = defaults["pdkit_python_mooncake_version"]
+    supervisor = defaults["pdkit_python_supervisor_requirement"]
+    if engine == "sim":
+        return [f"mooncake-transfer-engine-non-cuda=={mooncake}", supervisor]
+    package = "mooncake-transfer-engine-cuda13" if cuda >= 13 else "mooncake-transfer-engine"
+    return [f"sglang=={sglang_version}", f"{package}=={mooncake}", supervisor]
+
+
+def pdkit_dependencies() -> list[str]:
+    """pdkit's own runtime requirements (its metadata, no extras)."""
+    pdkit = next(
+        d for d in requirement_closure([PDKIT_DISTRIBUTION]) if d.name == PDKIT_DISTRIBUTION
+    )
+    out = []
+    for text in pdkit.requires or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            out.append(str(req))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="Folder for the wheels.")
+    parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
+    parser.add_argument("--cuda", type=int, default=12, help="CUDA major version of the hosts.")
+    parser.add_argument("--sglang-version", default=role_defaults()["pdkit_python_sglang_version"])
+    parser.add_argument("--python-version", help="Hosts' Python, e.g. 3.11 (pip download).")
+    parser.add_argument("--platform", help="Hosts' platform tag, e.g. manylinux_2_28_x86_64.")
+    parser.add_argument(
+        "--from-installed",
+        action="store_true",
+        help="Pack this environment's packages instead of downloading (no index needed).",
+    )
+    parser.add_argument("--tar", type=Path, help="Also write the wheels as one tar archive.")
+    args = parser.parse_args(argv)
+    requirements = host_requirements(args.engine, args.cuda, args.sglang_version)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_installed:
+        wheels = build_wheelhouse([PDKIT_DISTRIBUTION, *requirements], args.out)
+    else:
+        command = [sys.executable, "-m", "pip", "download", "-d", str(args.out)]
+        command += ["--only-binary=:all:"]
+        if args.python_version:
+            command += ["--python-version", args.python_version]
+        if args.platform:
+            command += ["--platform", args.platform]
+        subprocess.run([*command, *pdkit_dependencies(), *requirements], check=True)
+        wheels = [pdkit_wheel(args.out), *sorted(args.out.glob("*.whl"))]
+    print(f"{len(set(wheels))} wheels in {args.out}")
+    if args.tar:
+        print(f"archive: {pack_wheelhouse(args.out, args.tar)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
