@@ -203,6 +203,7 @@ class Engine:
         source = tokens.OutputSource(self.seed, inp.prompt_ids, inp.sample_index)
         eos_after = None if inp.ignore_eos else source.answer_length(self.settings.answer_tokens)
         state = RequestState(inp, source, eos_after)
+        state.decode_side = self.mode is Mode.DECODE
         for observer in self.observers:
             observer.on_submit(state)
         if inp.prompt_len >= self.context_len:

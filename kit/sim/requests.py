@@ -66,6 +66,8 @@ class RequestState:
         self.dp_rank = 0
         # Decode: the first token the prefill sampled (id, logprob).
         self.prefill_first_token: int | None = None
+        # A decode does not compute the prompt: its input logprobs come from the prefill.
+        self.decode_side = False
         self._first: int | None = None
         self.changed = asyncio.Event()
         self.seq: Sequence | None = None
@@ -87,11 +89,10 @@ class RequestState:
         ):
             reason = None  # the emulated EOS is suppressed (ignore_eos, min_new_tokens)
         if first:
-            token = (
-                self.prefill_first_token
-                if self.prefill_first_token is not None
-                else self.sample_first_token()
-            )
+            # A decode takes the prefill's first token; drawing its own keeps the emulated
+            # sequence the same as a colocated worker's.
+            own = self.sample_first_token()
+            token = self.prefill_first_token if self.prefill_first_token is not None else own
         elif reason is not None:
             token = tokens.EOS_TOKEN_ID if reason.kind == "stop" else self.source.next_token()
         else:
@@ -209,7 +210,7 @@ class RequestState:
         return meta
 
     def logprob_meta(self) -> dict[str, Any]:
-        ids = self.inp.prompt_ids
+        ids = [] if self.decode_side else self.inp.prompt_ids
         inp: list[list[Any]] = [[None, ids[0], None]] if ids else []
         inp += [[tokens.token_logprob(i, t), t, None] for i, t in enumerate(ids) if i > 0]
         out = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids, strict=True)]
@@ -225,9 +226,11 @@ class RequestState:
                 [[lp, tid, None] for lp, tid in tokens.top_logprobs(start + i, t, k)]
                 for i, t in enumerate(self.output_ids)
             ]
-            meta["input_top_logprobs"] = [None] + [
+            tops: list[Any] = [None] if ids else []
+            tops += [
                 [[lp, tid, None] for lp, tid in tokens.top_logprobs(i, t, k)]
                 for i, t in enumerate(ids)
                 if i > 0
             ]
+            meta["input_top_logprobs"] = tops
         return meta

@@ -5,7 +5,8 @@ Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023):
 
     step = max(FLOPs / (GPUs x peak x COMPUTE_EFFICIENCY),
                bytes / (HBM bandwidth x MEMORY_EFFICIENCY))
-           + tensor-parallel all-reduces + pipeline hops + STEP_OVERHEAD_S
+           + tensor-parallel all-reduces + pipeline hops
+           + STEP_OVERHEAD_S + LAYER_OVERHEAD_S x layers
 
 * FLOPs: 2 x active parameters per token (linear layers, LM head for the tokens that sample),
   plus attention (QK^T and AV) for every (query, context) pair. A prefill is compute-bound.
@@ -48,6 +49,9 @@ MEMORY_EFFICIENCY = 0.7
 # scheduler", Dec 2024) shows per-step CPU work of a few ms moved off the critical path; the
 # residual on Nsight traces is about 1-2 ms.
 STEP_OVERHEAD_S = 0.0015
+# Per decoder layer and step: the ~10 small kernels of a layer (norms, rotary, activation,
+# residual adds) each cost a few microseconds of launch and tail even inside a CUDA graph.
+LAYER_OVERHEAD_S = 10e-6
 
 # NCCL all-reduce: per-call latency for small messages and achieved bus bandwidth as a
 # fraction of link bandwidth (nccl-tests all_reduce_perf: ~10 us small-message latency on
@@ -290,7 +294,8 @@ class TimingModel:
             + (kv_read + tokens) * self.kv_bytes_per_token_per_gpu
         )
         memory_s = moved / self._mem_bw
-        return max(compute_s, memory_s) + self._comm_seconds(tokens) + STEP_OVERHEAD_S
+        overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers / self.par.pp
+        return max(compute_s, memory_s) + self._comm_seconds(tokens) + overhead
 
     def _touched_experts(self, tokens: int) -> float:
         """Expected distinct experts per MoE layer that `tokens` tokens route to, with

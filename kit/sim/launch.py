@@ -1,0 +1,144 @@
+"""Start sim workers as subprocesses (tests, benchmarks, demos) and always stop them.
+
+``SimProcess`` runs ``sys.executable -m kit.sim ARGV`` with its own session and log file,
+waits until ``/health`` answers 200 (or the process dies, with its log in the error), and
+kills it on exit, at interpreter exit at the latest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _kill_all() -> None:
+    for proc in list(_LIVE):
+        _terminate(proc, grace_s=0.5)
+
+
+atexit.register(_kill_all)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    _LIVE.discard(proc)
+
+
+class SimProcess:
+    """One ``python -m kit.sim`` worker; a context manager."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
+                 host: str = "127.0.0.1", port: int | None = None,
+                 log_dir: str | Path | None = None) -> None:
+        self.argv = list(argv)
+        self.env = {**os.environ, **(env or {})}
+        self.host = host
+        self.port = port if port is not None else int(self._flag("--port", "30000"))
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="pdkit-sim-"))
+        self.log_path = self.log_dir / f"sim-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _flag(self, name: str, default: str) -> str:
+        if name in self.argv:
+            return self.argv[self.argv.index(name) + 1]
+        return default
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> SimProcess:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kit.sim", *self.argv], stdout=log, stderr=subprocess.STDOUT,
+            env=self.env, start_new_session=True,
+        )
+        log.close()
+        _LIVE.add(self.proc)
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout_s: float = 30.0, path: str = "/health") -> SimProcess:
+        """Poll `path` until 200; raise RuntimeError (with the log) if the worker dies or
+        the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"sim worker exited ({code}):\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"sim worker not ready after {timeout_s}s:\n{self.log()[-3000:]}")
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after `grace_s`; returns the exit code."""
+        if self.proc is None:
+            return None
+        _terminate(self.proc, grace_s)
+        return self.proc.returncode
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def __enter__(self) -> SimProcess:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def worker_argv(*, port: int, mode: str = "null", model: str = "meta-llama/Llama-3.1-8B-Instruct",
+                served_name: str = "llama", bootstrap_port: int | None = None,
+                page_size: int = 16, host: str = "127.0.0.1",
+                extra: Sequence[str] = ()) -> list[str]:
+    """launch_server-style argv, as pdkit renders it for one worker."""
+    argv = ["--model-path", model, "--served-model-name", served_name, "--host", host,
+            "--port", str(port), "--page-size", str(page_size), "--enable-metrics"]
+    if mode != "null":
+        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend",
+                 "mooncake_tcp"]
+        if bootstrap_port is not None:
+            argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+    return [*argv, *extra]

@@ -1,0 +1,171 @@
+"""Request parsing and the HTTP API in-process (real sockets, no Mooncake)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from kit.sim.api_native import ApiError, parse_generate
+from kit.sim.api_openai import parse_chat, parse_completion
+from kit.sim.args import parse_args
+from kit.sim.clock import RealClock
+from kit.sim.engine import Engine
+from kit.sim.server import Api
+from kit.sim.settings import SimSettings
+
+VOCAB = 32000
+
+
+def test_generate_single_and_batch_with_pd_lists():
+    inputs, as_list, stream = parse_generate({"text": "hello", "stream": True}, VOCAB)
+    assert len(inputs) == 1 and not as_list and stream
+    assert inputs[0].max_new_tokens == 128
+    body = {"text": ["a", "bb"], "sampling_params": {"max_new_tokens": 3, "n": 2},
+            "bootstrap_host": ["h1", "h2"], "bootstrap_port": [1, 2],
+            "bootstrap_room": [10, 20]}
+    inputs, as_list, _ = parse_generate(body, VOCAB)
+    assert as_list and len(inputs) == 4
+    assert [i.bootstrap_room for i in inputs] == [10, 11, 20, 21]
+    assert [i.bootstrap_host for i in inputs] == ["h1", "h1", "h2", "h2"]
+    ids, _, _ = parse_generate({"input_ids": [[5, 6, 7], [8]]}, VOCAB)
+    assert [i.prompt_len for i in ids] == [3, 1]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "Either text, input_ids or input_embeds should be provided."),
+    ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least"),
+    ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature must be"),
+    ({"text": "x", "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
+    ({"text": "x", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 2}},
+     "min_new_tokens must be in"),
+    ({"text": ["a", "b"], "bootstrap_room": [1]}, "bootstrap_room has 1 items"),
+    ({"text": "x", "bootstrap_room": -3}, "non-negative"),
+])
+def test_generate_errors_use_sglang_messages(body, message):
+    with pytest.raises(ApiError) as err:
+        parse_generate(body, VOCAB)
+    assert message in str(err.value)
+
+
+def test_openai_bodies():
+    chat = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                       "n": 2, "bootstrap_room": 7}, VOCAB, 4096)
+    assert [c.max_new_tokens for c in chat] == [4, 4]
+    assert [c.bootstrap_room for c in chat] == [7, 8]
+    assert parse_completion({"prompt": "x"}, VOCAB)[0].max_new_tokens == 16
+    long = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, VOCAB, 4096)
+    assert long[0].max_new_tokens == 4096 - long[0].prompt_len
+    with pytest.raises(ApiError, match="max_tokens must be positive"):
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, VOCAB, 9)
+    with pytest.raises(ApiError, match="messages"):
+        parse_chat({"messages": []}, VOCAB, 9)
+
+
+async def serve(argv, env=None):
+    args = parse_args(["--model-path", "meta-llama/Llama-3.1-8B-Instruct",
+                       "--served-model-name", "llama", *argv])
+    settings = SimSettings.from_env({"PDKIT_SIM_SPEED": "20", **(env or {})})
+    engine = Engine(args, settings, RealClock(asyncio.get_running_loop(), settings.speed))
+    api = Api(engine)
+    server = TestServer(api.app(), host="127.0.0.1")
+    await server.start_server()
+    return api, server
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_health_is_503_until_loaded_and_404_is_json():
+    async def main():
+        api, server = await serve([])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.make_url("/health")) as r:
+                assert r.status == 503
+            async with http.post(server.make_url("/generate"), json={"text": "x"}) as r:
+                assert r.status == 503
+            api.ready = True
+            async with http.get(server.make_url("/health")) as r:
+                assert r.status == 200
+            async with http.get(server.make_url("/nope")) as r:
+                assert (r.status, await r.json()) == (404, {"detail": "Not Found"})
+            async with http.get(server.make_url("/metrics")) as r:
+                assert r.status == 404  # only with --enable-metrics, as in SGLang
+        await server.close()
+        await api.engine.close()
+
+    run(main())
+
+
+def test_api_key_protects_all_but_health():
+    async def main():
+        api, server = await serve(["--api-key", "sekret"])
+        api.ready = True
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.make_url("/v1/models")) as r:
+                assert (r.status, await r.json()) == (401, {"error": "Unauthorized"})
+            headers = {"Authorization": "Bearer sekret"}
+            async with http.get(server.make_url("/v1/models"), headers=headers) as r:
+                assert r.status == 200
+                assert (await r.json())["data"][0]["id"] == "llama"
+            async with http.get(server.make_url("/health_generate")) as r:
+                assert r.status == 200
+        await server.close()
+        await api.engine.close()
+
+    run(main())
+
+
+def test_pd_request_without_room_gets_sglangs_400():
+    async def main():
+        api, server = await serve(["--disaggregation-mode", "decode",
+                                   "--disaggregation-transfer-backend", "fake"])
+        api.ready = True
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.make_url("/generate"), json={"text": "x"}) as r:
+                body = await r.json()
+                assert r.status == 400
+                assert body["error"]["message"].startswith(
+                    "Invalid request: Disaggregated request received without bootstrap room id.")
+            chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            async with http.post(server.make_url("/v1/chat/completions"), json=chat) as r:
+                body = await r.json()
+                assert r.status == 400 and body["object"] == "error" and body["code"] == 400
+            # The fake backend (decode only) makes up the KV: the request is served.
+            async with http.post(server.make_url("/generate"), json={
+                    "text": "x", "bootstrap_room": 5, "sampling_params": {"max_new_tokens": 3}
+            }) as r:
+                assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
+        await server.close()
+        await api.engine.close()
+
+    run(main())
+
+
+def test_loads_and_server_info_shapes():
+    async def main():
+        api, server = await serve(["--dp-size", "2", "--enable-metrics"])
+        api.ready = True
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.make_url("/v1/loads?include=core,disagg")) as r:
+                data = await r.json()
+                assert [x["dp_rank"] for x in data["loads"]] == [0, 1]
+                assert data["loads"][0]["disaggregation"]["mode"] == "null"
+                assert "memory" not in data["loads"][0]
+            async with http.get(server.make_url("/v1/loads?format=prometheus")) as r:
+                assert 'sglang_num_running_reqs{dp_rank="1"} 0' in await r.text()
+            async with http.get(server.make_url("/v1/loads?include=bogus")) as r:
+                assert r.status == 400
+            async with http.get(server.make_url("/server_info")) as r:
+                info = await r.json()
+                assert info["engine"] == "pdkit-sim" and info["dp_size"] == 2
+                assert len(info["internal_states"]) == 2
+            async with http.get(server.make_url("/metrics")) as r:
+                assert 'sglang:num_running_reqs{dp_rank="1"' in await r.text()
+        await server.close()
+        await api.engine.close()
+
+    run(main())

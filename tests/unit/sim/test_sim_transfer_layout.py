@@ -1,0 +1,45 @@
+"""How a request's KV bytes map onto pages and Mooncake writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.sim.kvpool import KvPool, page_runs
+from kit.sim.transfer import (
+    MAX_BUFFER_BYTES,
+    TransferError,
+    extents,
+    pair_extents,
+    room_bytes,
+    scaled_bytes_per_token,
+)
+
+
+def test_pool_hands_out_contiguous_pages_first():
+    pool = KvPool(10, 16)
+    assert pool.alloc(3) == [0, 1, 2]
+    assert pool.alloc(20) is None and pool.free_pages == 7
+    assert page_runs([0, 1, 2, 7, 8, 4]) == [(0, 3), (7, 2), (4, 1)]
+
+
+def test_extents_cover_exactly_the_request_bytes():
+    ext = extents(1000, 64, [0, 1, 5], 150)
+    assert ext == [(1000, 128), (1000 + 5 * 64, 22)]
+    with pytest.raises(TransferError):
+        extents(0, 64, [0], 100)
+
+
+def test_pairing_splits_at_every_boundary():
+    writes = pair_extents([(0, 100), (500, 50)], [(1000, 60), (2000, 90)])
+    assert writes == [(0, 1000, 60), (60, 2000, 40), (500, 2040, 50)]
+    assert sum(n for *_, n in writes) == 150
+
+
+def test_scaled_bytes_per_token():
+    assert scaled_bytes_per_token(131072, 1024, 10_000) == 128
+    assert scaled_bytes_per_token(100, 1024, 10) == 1
+    assert scaled_bytes_per_token(131072, 1, 10**6) * 10**6 <= MAX_BUFFER_BYTES
+
+
+def test_room_bytes_are_deterministic():
+    assert room_bytes(7, 64) == room_bytes(7, 64) != room_bytes(8, 64)
