@@ -85,9 +85,7 @@ def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
     return path
 
 
-def run_pdkit(
-    bed: TestBed, *args: str, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
+def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
     return subprocess.run(
         [sys.executable, "-c", "from kit.cli import main; main()", *args],

@@ -1,8 +1,9 @@
-"""The multi-host story on three namespace hosts reached over real SSH: provision from a pushed
-wheelhouse (the hosts have no route to any package index), provision again (no change) and in
-check mode (clean), `pdkit up` with prefill on a, decode on b and the router on c, a chat
-completion whose KV crosses hosts over Mooncake TCP, `pdkit status` seeing all three and then
-the killed decode, and `pdkit down` leaving nothing running.
+"""The multi-host story on three namespace hosts reached over real SSH: check mode on fresh
+hosts (nothing changed), provision from a pushed wheelhouse (the hosts have no route to any
+package index), provision again (no change) and in check mode (clean), `pdkit up` with prefill
+on a, decode on b and the router on c, a chat completion whose KV crosses hosts over Mooncake
+TCP, `pdkit status` seeing all three and then the killed decode, and `pdkit down` leaving
+nothing running.
 
 The steps share one deployment and run in file order; a failed step fails the ones after it.
 """
@@ -57,6 +58,25 @@ def _states(report: dict) -> dict[str, str]:
     states = {w["name"]: w["state"] for w in report["workers"]}
     states["router"] = report["router"]["state"]
     return states
+
+
+def test_check_mode_on_fresh_hosts_says_what_would_change_and_changes_nothing(
+    testbed, topology, wheelhouse
+):
+    check = run_pdkit(
+        testbed,
+        "provision",
+        str(topology),
+        "--check",
+        "--wheelhouse",
+        str(wheelhouse),
+        "-e",
+        "pdkit_base_install_packages=false",
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "would change a, b, c" in check.stdout
+    for host in testbed.hosts:
+        assert list(host.root.iterdir()) == []
 
 
 def test_provision_installs_a_venv_from_the_wheelhouse_on_every_host(testbed, provisioned):
