@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -142,3 +143,22 @@ def worker_argv(*, port: int, mode: str = "null", model: str = "meta-llama/Llama
         if bootstrap_port is not None:
             argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
     return [*argv, *extra]
+
+
+def request_json(url: str, body: object | None = None, timeout_s: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> tuple[int, object]:
+    """GET (no body) or POST JSON; returns (status, decoded JSON or text) for any status."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    text = raw.decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
