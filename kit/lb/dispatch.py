@@ -32,6 +32,7 @@ from kit.lb.metrics import LbMetrics
 from kit.lb.policies import Policy
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.stream import ClientGone, StreamRelay
+from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
@@ -74,13 +75,21 @@ class _Send:
 class _Pair:
     """The two legs of one attempt; a failed prefill cancels the decode (or closes its stream)."""
 
-    __slots__ = ("decode_response", "decode_task", "prefill_error", "prefill_task", "reported")
+    __slots__ = (
+        "decode_response",
+        "decode_task",
+        "guard",
+        "prefill_error",
+        "prefill_task",
+        "reported",
+    )
 
     def __init__(self, prefill_task: asyncio.Task[bytes], decode_task: asyncio.Task[Any]) -> None:
         self.prefill_task = prefill_task
         self.decode_task = decode_task
         self.prefill_error: LegError | None = None
         self.reported = False  # the prefill's error reached the client (or was raised)
+        self.guard: Guard | None = None  # streams: the watchdog's view of this attempt
         self.decode_response: aiohttp.ClientResponse | None = None
         prefill_task.add_done_callback(self._prefill_done)
 
@@ -97,6 +106,13 @@ class _Pair:
                 502, f"prefill leg failed: {exc!r}", "prefill_transport", role="prefill", worker=""
             )
         )
+        if not self.decode_task.done():
+            self.decode_task.cancel()
+        elif self.decode_response is not None:
+            self.decode_response.close()
+
+    def expire(self) -> None:
+        """The watchdog's verdict: stop waiting for the decode (its read then fails)."""
         if not self.decode_task.done():
             self.decode_task.cancel()
         elif self.decode_response is not None:
@@ -129,9 +145,10 @@ def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
             unsent=True,
         )
     if isinstance(exc, TimeoutError):
+        limit = "--prefill-timeout" if role == "prefill" else "--request-timeout"
         return LegError(
             504,
-            f"{role} worker {worker.url} timed out",
+            f"{role} worker {worker.url} did not answer within {limit}",
             f"{role}_timeout",
             role=role,
             worker=worker.url,
@@ -174,15 +191,16 @@ class Dispatcher:
         self._unary_timeout = aiohttp.ClientTimeout(
             total=config.request_timeout or None, sock_connect=connect
         )
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect, sock_read=config.idle_timeout or None
-        )
+        # No sock_read: stream limits are the watchdog's (no timer churn per token).
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect)
+        self._watchdog = Watchdog(config.idle_timeout or None, config.request_timeout or None)
         self._base_headers = {"Content-Type": "application/json"}
         if config.worker_api_key:
             self._base_headers["Authorization"] = f"Bearer {config.worker_api_key}"
 
     async def close(self) -> None:
-        """Cancel prefill legs still finishing in the background."""
+        """Stop the stream watchdog; cancel prefill legs still finishing in the background."""
+        await self._watchdog.close()
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -333,14 +351,18 @@ class Dispatcher:
         self._metrics.error(cause)
         log.warning("prefill leg failed after the decode answered: %s", exc)
 
-    async def _await_decode(self, pair: _Pair) -> Any:
+    async def _await_decode(self, pair: _Pair, decode: Worker) -> Any:
         """The decode task's result; a prefill failure that cancelled it is raised instead."""
         try:
             return await pair.decode_task
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if pair.prefill_error is not None and task is not None and not task.cancelling():
+            if task is None or task.cancelling():
+                raise  # the client went away (or the drain ended): not the legs' doing
+            if pair.prefill_error is not None:
                 raise pair.take_error() from None
+            if pair.guard is not None and pair.guard.expired:
+                raise self._expired(pair.guard, decode) from None
             raise
 
     # -- non-streaming -----------------------------------------------------------------------
@@ -353,7 +375,7 @@ class Dispatcher:
         pair = self._start(prefill, send, keep, self._decode_unary(decode, send))
         finished = False
         try:
-            status, data, content_type = await self._await_decode(pair)
+            status, data, content_type = await self._await_decode(pair, decode)
             if status >= 300:
                 pair.cancel()
                 ex.causes.append("decode_status")
@@ -377,17 +399,18 @@ class Dispatcher:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
         pair = self._start(prefill, send, keep, self._decode_open(decode, send))
+        guard = pair.guard = self._watchdog.watch(pair.expire)
         decode.inflight += 1
         finished = False
         try:
-            upstream = await self._await_decode(pair)
+            upstream = await self._await_decode(pair, decode)
             if not isinstance(upstream, aiohttp.ClientResponse):
                 raise TypeError("decode leg returned no response")
             pair.decode_response = upstream
             if pair.prefill_error is not None:
                 raise pair.take_error()
             if upstream.status >= 300:
-                data = await self._read_error(decode, upstream)
+                data = await self._read_error(pair, decode, upstream)
                 pair.cancel()
                 ex.causes.append("decode_status")
                 finished = True
@@ -401,7 +424,10 @@ class Dispatcher:
             merger = None
             if keep:
                 merger = StreamMerger(pd.merge, await pair.prefill_task)
-            first = await self._first_bytes(pair, decode, upstream)
+            try:
+                first = await upstream.content.readany()
+            except aiohttp.ClientError as exc:
+                raise self._stream_failure(pair, decode, exc) from None
             out = web.StreamResponse(
                 status=upstream.status,
                 headers=self._response_headers(
@@ -416,11 +442,11 @@ class Dispatcher:
             relay = StreamRelay(out, ex.started, ttft, itl, merger)
             ex.relay = relay
             try:
-                await relay.run(upstream, first)
+                await relay.run(upstream, first, guard)
             except ClientGone:
                 ex.causes.append("client_disconnect")
                 return out
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except aiohttp.ClientError as exc:
                 error = self._stream_failure(pair, decode, exc)
                 ex.causes.append(error.cause)
                 try:
@@ -431,49 +457,44 @@ class Dispatcher:
             self._finish_in_background(pair)
             return out
         finally:
+            self._watchdog.release(guard)
             decode.inflight -= 1
             if not finished:
                 pair.cancel()
             elif pair.decode_response is not None:
                 pair.decode_response.release()
 
+    def _expired(self, guard: Guard, decode: Worker) -> ApiError:
+        """The error for a stream the watchdog stopped."""
+        if guard.expired == "total":
+            limit = self._config.request_timeout
+            return ApiError(
+                504, f"the request took longer than --request-timeout {limit:g} s", "timeout"
+            )
+        return LegError(
+            504,
+            f"decode worker {decode.url} sent nothing for {self._config.idle_timeout:g} s "
+            "(--idle-timeout)",
+            "decode_timeout",
+            role="decode",
+            worker=decode.url,
+        )
+
     def _stream_failure(self, pair: _Pair, decode: Worker, exc: BaseException) -> ApiError:
+        """Why a decode stream broke: a limit, the prefill's failure, or the decode itself."""
+        if pair.guard is not None and pair.guard.expired:
+            return self._expired(pair.guard, decode)
         if pair.prefill_error is not None:
             return pair.take_error()
-        if isinstance(exc, TimeoutError):
-            return LegError(
-                504,
-                f"decode worker {decode.url} sent nothing for {self._config.idle_timeout:g} s",
-                "decode_timeout",
-                role="decode",
-                worker=decode.url,
-            )
         return _leg_error("decode", decode, exc)
 
-    async def _first_bytes(
+    async def _read_error(
         self, pair: _Pair, decode: Worker, upstream: aiohttp.ClientResponse
     ) -> bytes:
-        """The decode's first bytes; the prefill's error instead if it failed meanwhile."""
-        try:
-            return await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if pair.prefill_error is not None:
-                raise pair.take_error() from None
-            if isinstance(exc, TimeoutError):
-                raise LegError(
-                    504,
-                    f"decode worker {decode.url} sent nothing for {self._config.idle_timeout:g} s",
-                    "decode_timeout",
-                    role="decode",
-                    worker=decode.url,
-                ) from None
-            raise _leg_error("decode", decode, exc) from exc
-
-    async def _read_error(self, decode: Worker, upstream: aiohttp.ClientResponse) -> bytes:
         try:
             return await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _leg_error("decode", decode, exc) from exc
+        except aiohttp.ClientError as exc:
+            raise self._stream_failure(pair, decode, exc) from exc
 
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:
         headers = {"Content-Type": content_type}

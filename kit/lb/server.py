@@ -364,18 +364,7 @@ class LoadBalancer:
                 ex = Exchange(request, pd, started)
                 if self._dispatcher is None:
                     raise ApiError(503, "the load balancer is starting", "starting")
-                async with asyncio.timeout(self.config.request_timeout or None):
-                    response = await self._dispatcher.dispatch(ex)
-            except TimeoutError:
-                response = await self._fail(
-                    ex,
-                    ApiError(
-                        504,
-                        f"the request took longer than --request-timeout "
-                        f"{self.config.request_timeout:g} s",
-                        "timeout",
-                    ),
-                )
+                response = await self._dispatcher.dispatch(ex)
             except ApiError as error:
                 response = await self._fail(ex, error)
             except asyncio.CancelledError:

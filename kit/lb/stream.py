@@ -18,6 +18,7 @@ from aiohttp import web
 from kit.lb.errors import ApiError
 from kit.lb.logprobs import StreamMerger
 from kit.lb.metrics import Histogram
+from kit.lb.watchdog import Guard
 
 DONE_EVENT = b"data: [DONE]\n\n"
 # A stream that never shows an event boundary is flushed anyway past this many bytes.
@@ -57,16 +58,19 @@ class StreamRelay:
         self._last_event_at = 0.0
         self.stats = StreamStats()
 
-    async def run(self, upstream: aiohttp.ClientResponse, first: bytes) -> None:
+    async def run(self, upstream: aiohttp.ClientResponse, first: bytes, guard: Guard) -> None:
         """Forward `first` and the rest of `upstream` until EOF.
 
-        Upstream read errors propagate (aiohttp.ClientError, TimeoutError): the caller decides
-        which error event ends the stream. A client that went away raises ClientGone.
+        Upstream read errors propagate (aiohttp.ClientError; the watchdog expiring `guard`
+        closes the upstream, which shows up the same way): the caller decides which error event
+        ends the stream. A client that went away raises ClientGone.
         """
         chunk = first
         read = upstream.content.readany
         write = self._out.write
+        touch = guard.touch
         while chunk:
+            touch()
             if self._pending or self._merger is not None or not chunk.endswith(b"\n\n"):
                 await self.feed(chunk)
             else:  # the common case, whole events: no copy, no extra await layer

@@ -216,6 +216,17 @@ def test_a_stalled_stream_ends_with_a_timeout_event():
     run(scenario())
 
 
+def test_a_stream_whose_decode_never_answers_is_a_504_before_anything_is_sent():
+    async def scenario():
+        async with running_cluster(1, 1, args=["--idle-timeout", "0.2"]) as c:
+            c.decode[0].hang = True
+            status, body, _ = await c.post("/generate", {"text": "x", "stream": True})
+            assert status == 504 and "--idle-timeout" in body["error"]["message"]
+            await c.wait_for(lambda: c.decode[0].cancelled, what="decode leg cancelled")
+
+    run(scenario())
+
+
 def test_the_whole_request_timeout_applies_to_streams_too():
     async def scenario():
         async with running_cluster(1, 1, args=["--request-timeout", "0.4"]) as c:

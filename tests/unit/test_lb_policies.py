@@ -10,6 +10,7 @@ import pytest
 from kit.lb.config import WorkerSpec
 from kit.lb.health import evaluate
 from kit.lb.policies import LeastInflight, PrefixAffinity, RandomChoice, RoundRobin, make_policy
+from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 
@@ -159,6 +160,22 @@ def test_draining_worker_is_never_routable_whatever_the_probes_say():
     pool.record_probe(w, True, "ok", 2.0)
     assert w.state is State.DRAINING and pool.routable("decode") == []
     assert w.describe(3.0)["reason"] == "removed by admin, draining"
+
+
+def test_watchdog_expires_idle_and_overlong_streams_once():
+    fired: list[str] = []
+    dog = Watchdog(idle=1.0, total=10.0)
+    dog._guards.add(quiet := Guard(0.0, 10.0, lambda: fired.append("quiet")))
+    dog._guards.add(busy := Guard(0.0, 10.0, lambda: fired.append("busy")))
+    busy.last = 0.9
+    dog.check(1.5)
+    assert fired == ["quiet"] and quiet.expired == "idle" and busy.expired is None
+    busy.last = 10.5
+    dog.check(10.6)
+    dog.check(11.0)
+    assert fired == ["quiet", "busy"] and busy.expired == "total"
+    assert Watchdog(idle=300.0, total=None).tick == 1.0
+    assert Watchdog(idle=0.2, total=None).tick == 0.05
 
 
 def test_health_evaluate_is_a_pure_verdict():
