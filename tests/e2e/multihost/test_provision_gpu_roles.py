@@ -1,7 +1,8 @@
 """The GPU and RDMA roles over SSH on a namespace host, with a fake nvidia-smi and a fake sysfs
 (this machine has neither GPU nor RDMA card): a missing driver fails with a clear message,
 found GPUs and NICs are recorded as facts pdkit shows, persistence mode is turned on once, and
-a NIC the topology names but that is down fails the run."""
+a NIC the topology names but that is down fails the run. The model role checks or copies the
+weights."""
 
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ esac
 """
 
 
-def gpu_topology(host: NetnsHost, key: Path, folder: Path) -> Path:
+def gpu_topology(
+    host: NetnsHost, key: Path, folder: Path, model: str = "meta-llama/Llama-3.1-8B-Instruct"
+) -> Path:
     data = {
         "name": "gpu",
         "engine": "sglang",
-        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "model": {"path": model},
         "hosts": [
             {
                 "name": host.name,
@@ -96,3 +99,28 @@ def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path)
     down = run_pdkit(testbed, "provision", str(topology), *only)
     assert down.returncode == 1
     assert "mlx5_0 named in the topology missing or without an ACTIVE port" in down.stderr
+
+
+def test_model_weights_are_checked_at_their_path_or_copied_there(
+    testbed: TestBed, host_a: NetnsHost, tmp_path: Path
+):
+    weights = host_a.root / "models" / "tiny"
+    topology = gpu_topology(host_a, testbed.ssh_key, tmp_path, model=str(weights))
+    only = ["--skip", "base", "--skip", "nvidia", "--skip", "rdma", "--skip", "python"]
+
+    missing = run_pdkit(testbed, "provision", str(topology), *only)
+    assert missing.returncode == 1
+    assert f"{weights}/config.json does not exist" in missing.stderr
+
+    source = tmp_path / "tiny"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "llama"}\n')
+    (source / "model.safetensors").write_bytes(b"\0" * 1024)
+    copy = [*only, "-e", "pdkit_model_source=copy", "-e", f"pdkit_model_copy_from={source}"]
+    copied = run_pdkit(testbed, "provision", str(topology), *copy)
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    assert (weights / "model.safetensors").read_bytes() == b"\0" * 1024
+    again = run_pdkit(testbed, "provision", str(topology), *copy)
+    assert "no change: already provisioned" in again.stdout
+    checked = run_pdkit(testbed, "provision", str(topology), *only)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
