@@ -644,6 +644,11 @@ def report(
         f"{args.latency_requests} requests; {args.rounds} interleaved rounds"
     )
     print("+ms = added over direct: end to end (non-streaming), time to first chunk (streaming)")
+    print(
+        "req/s is bounded by the CPU share the router got (cpu busy: other tenants of a shared "
+        "machine take the rest);\nreq/cpu-s = requests per second of one whole core "
+        "(1 / cpu ms/req), which that noise does not move"
+    )
     for stream in (False, True):
         base = direct[stream] if direct else None
         print()
@@ -651,8 +656,8 @@ def report(
         lat = "ttft" if stream else "e2e"
         print(
             f"  {'target':8} {'req/s':>8} {'x direct':>8} {lat + ' p50':>9} {lat + ' p99':>9} "
-            f"{'+ms p50':>8} {'+ms p99':>8} {'cpu ms/req':>10} {'cpu busy':>8} {'errors':>6}"
-            f"  policies"
+            f"{'+ms p50':>8} {'+ms p99':>8} {'cpu ms/req':>10} {'cpu busy':>8} "
+            f"{'req/cpu-s':>9} {'errors':>6}  policies"
         )
         for name, modes in results.items():
             m = modes[stream]
@@ -669,10 +674,11 @@ def report(
                 else f"{'-':>8}"
             )
             errors = m.throughput.errors + m.latency.errors
+            capacity = f"{1 / per_req:9.0f}" if per_req else f"{'-':>9}"
             print(
                 f"  {name:8} {rate:8.0f} {ratio:8.2f} {m.latency.pct(50, stream) * 1000:9.2f} "
                 f"{m.latency.pct(99, stream) * 1000:9.2f} {add50 * 1000:8.2f} {add99 * 1000:8.2f} "
-                f"{cpu} {busy} {errors:6d}  {policies[name]}"
+                f"{cpu} {busy} {capacity} {errors:6d}  {policies[name]}"
             )
     for name, note in notes.items():
         print(f"  {name}: {note}")
@@ -690,11 +696,11 @@ def report(
                 continue
             o = results[other][stream]
             parts = [f"throughput x{p.throughput.rate / max(o.throughput.rate, 1e-9):.2f}"]
+            if p.cpu_per_request and o.cpu_per_request:
+                parts[0] += f" (x{o.cpu_per_request / p.cpu_per_request:.2f} per CPU-second)"
             if base is not None:
                 ours, theirs = added(p, base, 99, stream), added(o, base, 99, stream)
                 parts.append(f"added p99 {ratio_text(ours, theirs)}")
-            if p.cpu_per_request and o.cpu_per_request:
-                parts.append(f"cpu/req {p.cpu_per_request / o.cpu_per_request:.2f}x theirs")
             print(f"  {kind:13} vs {other:7}: " + ", ".join(parts))
 
 
