@@ -162,7 +162,6 @@ class Engine:
         self._rr = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
-        self.observers: list[Any] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -204,8 +203,6 @@ class Engine:
         eos_after = None if inp.ignore_eos else source.answer_length(self.settings.answer_tokens)
         state = RequestState(inp, source, eos_after)
         state.decode_side = self.mode is Mode.DECODE
-        for observer in self.observers:
-            observer.on_submit(state)
         if inp.prompt_len >= self.context_len:
             state.fail(
                 f"The input ({inp.prompt_len} tokens) is longer than the model's context "
@@ -224,12 +221,11 @@ class Engine:
         rank_index = self._pick_rank(inp)
         rank = self.ranks[rank_index]
         state.dp_rank = rank_index
+        # A sequence always samples at least one token (max_new_tokens 0 still prefills).
         seq = Sequence(inp.rid, inp.prompt_len, max(max_new, 1), state, eos_after, owner=state)
         if self.mode is Mode.PREFILL:
             seq.max_new_tokens = 1
         state.seq = seq
-        if inp.max_new_tokens == 0 and self.mode is Mode.NULL:
-            seq.max_new_tokens = 1  # SGLang still runs the prefill; report no tokens
         fake = (
             inp.health_check or inp.bootstrap_host == FAKE_BOOTSTRAP_HOST or not self.uses_mooncake
         )

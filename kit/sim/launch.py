@@ -58,9 +58,14 @@ def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 class SimProcess:
     """One ``python -m kit.sim`` worker; a context manager."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
-                 host: str = "127.0.0.1", port: int | None = None,
-                 log_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_dir: str | Path | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.env = {**os.environ, **(env or {})}
         self.host = host
@@ -81,8 +86,11 @@ class SimProcess:
     def start(self) -> SimProcess:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kit.sim", *self.argv], stdout=log, stderr=subprocess.STDOUT,
-            env=self.env, start_new_session=True,
+            [sys.executable, "-m", "kit.sim", *self.argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
         )
         log.close()
         _LIVE.add(self.proc)
@@ -125,33 +133,61 @@ class SimProcess:
     def __enter__(self) -> SimProcess:
         return self.start() if self.proc is None else self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 
-def worker_argv(*, port: int, mode: str = "null", model: str = "meta-llama/Llama-3.1-8B-Instruct",
-                served_name: str = "llama", bootstrap_port: int | None = None,
-                page_size: int = 16, host: str = "127.0.0.1",
-                extra: Sequence[str] = ()) -> list[str]:
+def worker_argv(
+    *,
+    port: int,
+    mode: str = "null",
+    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    served_name: str = "llama",
+    bootstrap_port: int | None = None,
+    page_size: int = 16,
+    host: str = "127.0.0.1",
+    extra: Sequence[str] = (),
+) -> list[str]:
     """launch_server-style argv, as pdkit renders it for one worker."""
-    argv = ["--model-path", model, "--served-model-name", served_name, "--host", host,
-            "--port", str(port), "--page-size", str(page_size), "--enable-metrics"]
+    argv = [
+        "--model-path",
+        model,
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--page-size",
+        str(page_size),
+        "--enable-metrics",
+    ]
     if mode != "null":
-        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend",
-                 "mooncake_tcp"]
+        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", "mooncake_tcp"]
         if bootstrap_port is not None:
             argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
     return [*argv, *extra]
 
 
-def request_json(url: str, body: object | None = None, timeout_s: float = 30.0,
-                 headers: Mapping[str, str] | None = None) -> tuple[int, object]:
+def request_json(
+    url: str,
+    body: object | None = None,
+    timeout_s: float = 30.0,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, object]:
     """GET (no body) or POST JSON; returns (status, decoded JSON or text) for any status."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json",
-                                              **(headers or {})})
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as r:
             status, raw = r.status, r.read()

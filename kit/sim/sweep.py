@@ -22,6 +22,7 @@ from kit.sim.models import ModelShape
 from kit.sim.scheduler import FinishReason, Mode, Scheduler
 from kit.sim.scheduler import Sequence as Seq
 from kit.sim.timing import (
+    Efficiency,
     GpuSpec,
     Parallelism,
     TimingModel,
@@ -69,11 +70,19 @@ class InstanceConfig:
     mixed_chunk: bool = False
     reserved_decode_tokens: int = 512
     kv_dtype_bytes: float = 2.0
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    def build_timing(self) -> TimingModel:
+        return TimingModel(
+            self.model,
+            self.gpu,
+            Parallelism(tp=self.tp, attn_tp=self.tp),
+            self.kv_dtype_bytes,
+            self.efficiency,
+        )
 
     def build(self, mode: Mode, clock: VirtualClock) -> Scheduler:
-        timing = TimingModel(
-            self.model, self.gpu, Parallelism(tp=self.tp, attn_tp=self.tp), self.kv_dtype_bytes
-        )
+        timing = self.build_timing()
         chunk = self.chunked_prefill_size or default_chunked_prefill_size(self.gpu)
         fraction = self.mem_fraction_static or default_mem_fraction_static(
             self.gpu, chunk, self.tp, 1
@@ -159,7 +168,9 @@ class Cluster:
 
     @property
     def gpus(self) -> int:
-        count = self.prefill + self.decode if self.kind == "pd" else self.prefill
+        count = {"pd": self.prefill + self.decode, "decode-only": self.decode}.get(
+            self.kind, self.prefill
+        )
         return count * self.config.tp
 
     def run(self, workload: Sequence[Request]) -> list[Outcome]:

@@ -228,19 +228,34 @@ class StepShape:
         return sum(c for c, _ in self.prefill) + self.decode_reqs
 
 
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak; the defaults are the sourced constants above. Other values
+    calibrate the model to a measured system (a planner fits them to benchmarks)."""
+
+    compute: float = COMPUTE_EFFICIENCY
+    memory: float = MEMORY_EFFICIENCY
+
+
 class TimingModel:
     """Step times and KV capacity for one DP rank of one instance."""
 
     def __init__(
-        self, model: ModelShape, gpu: GpuSpec, par: Parallelism, kv_dtype_bytes: float = 2.0
+        self,
+        model: ModelShape,
+        gpu: GpuSpec,
+        par: Parallelism,
+        kv_dtype_bytes: float = 2.0,
+        efficiency: Efficiency = Efficiency(),
     ) -> None:
         self.model = model
         self.gpu = gpu
         self.par = par
         self.kv_dtype_bytes = kv_dtype_bytes
+        self.efficiency = efficiency
         m = model
-        self._flops = gpu.flops(m.weight_bytes) * COMPUTE_EFFICIENCY * par.attn_tp
-        self._mem_bw = gpu.hbm_bandwidth * MEMORY_EFFICIENCY
+        self._flops = gpu.flops(m.weight_bytes) * efficiency.compute * par.attn_tp
+        self._mem_bw = gpu.hbm_bandwidth * efficiency.memory
         attn_weights = m.layers * m.attention_params()
         other_dense = m.layer_params() - attn_weights + m.vocab * m.hidden  # + LM head
         # Bytes every GPU of the rank reads per step whatever the batch.

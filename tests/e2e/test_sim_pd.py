@@ -19,10 +19,13 @@ ROOM = iter(range(1000, 10**6))
 
 def start_pair(prefill_env=None, decode_env=None):
     bootstrap = free_port()
-    prefill = SimProcess(worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap),
-                         env={**FAST, **(prefill_env or {})}).start()
-    decode = SimProcess(worker_argv(port=free_port(), mode="decode"),
-                        env={**FAST, **(decode_env or {})}).start()
+    prefill = SimProcess(
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap),
+        env={**FAST, **(prefill_env or {})},
+    ).start()
+    decode = SimProcess(
+        worker_argv(port=free_port(), mode="decode"), env={**FAST, **(decode_env or {})}
+    ).start()
     return prefill, decode, bootstrap
 
 
@@ -30,7 +33,8 @@ def start_pair(prefill_env=None, decode_env=None):
 def pair():
     prefill, decode, bootstrap = start_pair(
         prefill_env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2"},
-        decode_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3"})
+        decode_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3"},
+    )
     try:
         prefill.wait_ready()
         decode.wait_ready()
@@ -41,8 +45,12 @@ def pair():
 
 
 def pd_body(bootstrap, **body):
-    return {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
-            "bootstrap_room": next(ROOM)}
+    return {
+        **body,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap,
+        "bootstrap_room": next(ROOM),
+    }
 
 
 def both(prefill, decode, path, body):
@@ -57,8 +65,7 @@ def test_generate_moves_the_kv_over_mooncake(pair):
     prefill, decode, bootstrap = pair
     before = request_json(decode.url + "/server_info")[1]["sim"]
     text = "The quick brown fox jumps over the lazy dog. " * 8  # 360 bytes: 90 tokens
-    body = pd_body(bootstrap, text=text, sampling_params={"max_new_tokens": 8},
-                   return_logprob=True)
+    body = pd_body(bootstrap, text=text, sampling_params={"max_new_tokens": 8}, return_logprob=True)
     (p_status, p_out), (d_status, d_out) = both(prefill, decode, "/generate", body)
     assert (p_status, d_status) == (200, 200)
     # Prefill: one token, finish length 0, the input logprobs; decode: the real answer,
@@ -86,17 +93,21 @@ def test_pd_output_equals_colocated_output_for_the_same_seed(pair):
     _, (_, d_out) = both(prefill, decode, "/generate", body)
     with SimProcess(worker_argv(port=free_port()), env=FAST) as solo:
         solo.wait_ready()
-        _, s_out = request_json(solo.url + "/generate", {
-            "text": "same seed", "sampling_params": {"max_new_tokens": 6}})
+        _, s_out = request_json(
+            solo.url + "/generate", {"text": "same seed", "sampling_params": {"max_new_tokens": 6}}
+        )
     assert d_out["output_ids"] == s_out["output_ids"]
 
 
 def test_batched_generate_takes_lists_of_bootstrap_fields(pair):
     prefill, decode, bootstrap = pair
-    body = {"text": ["first prompt", "second, longer prompt"],
-            "sampling_params": {"max_new_tokens": 3},
-            "bootstrap_host": ["127.0.0.1"] * 2, "bootstrap_port": [bootstrap] * 2,
-            "bootstrap_room": [next(ROOM), next(ROOM)]}
+    body = {
+        "text": ["first prompt", "second, longer prompt"],
+        "sampling_params": {"max_new_tokens": 3},
+        "bootstrap_host": ["127.0.0.1"] * 2,
+        "bootstrap_port": [bootstrap] * 2,
+        "bootstrap_room": [next(ROOM), next(ROOM)],
+    }
     (p_status, _), (d_status, d_out) = both(prefill, decode, "/generate", body)
     assert (p_status, d_status) == (200, 200)
     assert [o["meta_info"]["completion_tokens"] for o in d_out] == [3, 3]
@@ -104,14 +115,18 @@ def test_batched_generate_takes_lists_of_bootstrap_fields(pair):
 
 def test_chat_through_both_legs_streamed(pair):
     prefill, decode, bootstrap = pair
-    extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
-             "bootstrap_room": next(ROOM)}
+    extra = {
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap,
+        "bootstrap_room": next(ROOM),
+    }
     messages = [{"role": "user", "content": "Hello over PD"}]
 
     def leg(url, stream):
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-        reply = client.chat.completions.create(model="llama", messages=messages, max_tokens=7,
-                                               stream=stream, extra_body=extra)
+        reply = client.chat.completions.create(
+            model="llama", messages=messages, max_tokens=7, stream=stream, extra_body=extra
+        )
         if not stream:
             return reply.choices[0].message.content
         return "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
@@ -128,8 +143,9 @@ def test_pd_request_without_room_gets_sglangs_400(pair):
     for worker in (prefill, decode):
         status, body = request_json(worker.url + "/generate", {"text": "x"})
         assert status == 400
-        assert "Disaggregated request received without bootstrap room id" in \
-            body["error"]["message"]
+        assert (
+            "Disaggregated request received without bootstrap room id" in body["error"]["message"]
+        )
 
 
 def test_timeouts_use_sglangs_variables(pair):
@@ -142,28 +158,41 @@ def test_timeouts_use_sglangs_variables(pair):
     status, body = request_json(decode.url + "/generate", pd_body(bootstrap, text="lonely"))
     assert status == 500 and "KVPoll.WaitingForInput" in body["message"]
     assert 2.9 < time.monotonic() - t0 < 8  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT=3
-    status, body = request_json(decode.url + "/generate", {
-        "text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(),
-        "bootstrap_room": next(ROOM)})
+    status, body = request_json(
+        decode.url + "/generate",
+        {
+            "text": "x",
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": free_port(),
+            "bootstrap_room": next(ROOM),
+        },
+    )
     assert status == 500 and "Decode handshake failed" in body["message"]
 
 
 def test_killed_prefill_fails_the_waiting_decode_request_promptly():
     prefill, decode, bootstrap = start_pair(
-        decode_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"})
+        decode_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
+    )
     try:
         prefill.wait_ready()
         decode.wait_ready()
-        client = openai.OpenAI(base_url=decode.url + "/v1", api_key="x", max_retries=0,
-                               timeout=60)
-        extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
-                 "bootstrap_room": next(ROOM)}
+        client = openai.OpenAI(base_url=decode.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        extra = {
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": bootstrap,
+            "bootstrap_room": next(ROOM),
+        }
 
         def ask():
             # Only the decode leg: its KV never comes, so it waits on the prefill.
             return client.chat.completions.create(
-                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                stream=True, extra_body=extra)
+                model="llama",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=5,
+                stream=True,
+                extra_body=extra,
+            )
 
         with ThreadPoolExecutor(1) as pool:
             future = pool.submit(lambda: list(ask()))

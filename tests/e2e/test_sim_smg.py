@@ -24,8 +24,9 @@ def gateway(tmp_path_factory):
     if not Path(SMG).exists():
         pytest.skip(f"smg not installed at {SMG} (make .venv-smg/.stamp)")
     bootstrap = free_port()
-    prefill = SimProcess(worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap),
-                         env=FAST).start()
+    prefill = SimProcess(
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap), env=FAST
+    ).start()
     decode = SimProcess(worker_argv(port=free_port(), mode="decode"), env=FAST).start()
     router = None
     log = (tmp_path_factory.mktemp("smg") / "smg.log").open("wb")
@@ -35,13 +36,34 @@ def gateway(tmp_path_factory):
         decode.wait_ready()
         port, metrics = free_port(), free_port()
         router = subprocess.Popen(
-            [SMG, "launch", "--pd-disaggregation",
-             "--prefill", prefill.url, str(bootstrap), "--decode", decode.url,
-             "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
-             "--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "1",
-             "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                SMG,
+                "launch",
+                "--pd-disaggregation",
+                "--prefill",
+                prefill.url,
+                str(bootstrap),
+                "--decode",
+                decode.url,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(metrics),
+                "--worker-startup-check-interval",
+                "1",
+                "--shutdown-grace-period-secs",
+                "1",
+                "--log-level",
+                "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -74,8 +96,8 @@ def test_chat_completion_through_smg(gateway):
     before = request_json(decode.url + "/server_info")[1]["sim"]["kv_transfers"]
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     reply = client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Hello through smg"}],
-        max_tokens=9)
+        model="llama", messages=[{"role": "user", "content": "Hello through smg"}], max_tokens=9
+    )
     assert reply.choices[0].finish_reason == "length"
     assert len(reply.choices[0].message.content.split()) == 9
     assert request_json(decode.url + "/server_info")[1]["sim"]["kv_transfers"] == before + 1
@@ -84,9 +106,14 @@ def test_chat_completion_through_smg(gateway):
 def test_streamed_chat_completion_through_smg(gateway):
     url, _ = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Stream through smg"}],
-        max_tokens=6, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "Stream through smg"}],
+            max_tokens=6,
+            stream=True,
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 6
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -94,6 +121,7 @@ def test_streamed_chat_completion_through_smg(gateway):
 
 def test_generate_through_smg(gateway):
     url, _ = gateway
-    status, out = request_json(url + "/generate", {"text": "native API",
-                                                   "sampling_params": {"max_new_tokens": 4}})
+    status, out = request_json(
+        url + "/generate", {"text": "native API", "sampling_params": {"max_new_tokens": 4}}
+    )
     assert status == 200 and out["meta_info"]["completion_tokens"] == 4

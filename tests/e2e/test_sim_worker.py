@@ -19,9 +19,10 @@ FAST = {"PDKIT_SIM_SPEED": "20", "PDKIT_SIM_LOAD_SECONDS": "1.0", "PDKIT_SIM_SEE
 @pytest.fixture(scope="module")
 def worker():
     port = free_port()
-    proc = SimProcess(worker_argv(port=port, extra=["--max-running-requests", "64",
-                                                     "--watchdog-timeout", "600"]),
-                      env=FAST).start()
+    proc = SimProcess(
+        worker_argv(port=port, extra=["--max-running-requests", "64", "--watchdog-timeout", "600"]),
+        env=FAST,
+    ).start()
     try:
         # Right after start the worker answers, but 503 while the emulated model loads.
         deadline = time.monotonic() + 20
@@ -52,7 +53,8 @@ def test_health_is_503_while_loading_then_200(worker):
 
 def test_chat_completion_non_streamed(client):
     reply = client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Say hello"}], max_tokens=12)
+        model="llama", messages=[{"role": "user", "content": "Say hello"}], max_tokens=12
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "length" and choice.message.role == "assistant"
     assert len(choice.message.content.split()) == 12
@@ -62,8 +64,12 @@ def test_chat_completion_non_streamed(client):
 
 def test_chat_completion_streamed_with_usage(client):
     stream = client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Count"}], max_tokens=10,
-        stream=True, stream_options={"include_usage": True})
+        model="llama",
+        messages=[{"role": "user", "content": "Count"}],
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 10
@@ -74,78 +80,102 @@ def test_chat_completion_streamed_with_usage(client):
 
 def test_outputs_are_deterministic_for_the_seed(client):
     def ask():
-        return client.completions.create(model="llama", prompt="Once upon a time",
-                                         max_tokens=8).choices[0].text
+        return (
+            client.completions.create(model="llama", prompt="Once upon a time", max_tokens=8)
+            .choices[0]
+            .text
+        )
 
     assert ask() == ask()
 
 
 def test_completions_stream_n_and_logprobs(client):
-    reply = client.completions.create(model="llama", prompt="abc", max_tokens=4, n=2,
-                                      logprobs=2)
+    reply = client.completions.create(model="llama", prompt="abc", max_tokens=4, n=2, logprobs=2)
     assert [c.index for c in reply.choices] == [0, 1]
     assert reply.choices[0].text != reply.choices[1].text
     assert len(reply.choices[0].logprobs.token_logprobs) == 4
     assert len(reply.choices[0].logprobs.top_logprobs[0]) == 2
-    pieces = [c.choices[0].text for c in client.completions.create(
-        model="llama", prompt="abc", max_tokens=5, stream=True) if c.choices]
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(model="llama", prompt="abc", max_tokens=5, stream=True)
+        if c.choices
+    ]
     assert len("".join(pieces).split()) == 5
 
 
 def test_answer_ends_with_eos_unless_ignore_eos(client):
     free = client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Tell me a story"}])
+        model="llama", messages=[{"role": "user", "content": "Tell me a story"}]
+    )
     assert free.choices[0].finish_reason == "stop"
     assert 64 <= free.usage.completion_tokens <= 192  # PDKIT_SIM_ANSWER_TOKENS 128
     forced = client.chat.completions.create(
-        model="llama", messages=[{"role": "user", "content": "Tell me a story"}],
-        max_tokens=300, extra_body={"ignore_eos": True})
+        model="llama",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=300,
+        extra_body={"ignore_eos": True},
+    )
     assert forced.usage.completion_tokens == 300
 
 
 def test_generate_variants(worker):
     url = worker.url + "/generate"
-    status, one = request_json(url, {"text": "Hello", "sampling_params": {
-        "max_new_tokens": 5}, "return_logprob": True})
+    status, one = request_json(
+        url, {"text": "Hello", "sampling_params": {"max_new_tokens": 5}, "return_logprob": True}
+    )
     assert status == 200 and len(one["output_ids"]) == 5
     meta = one["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 5}
     assert meta["prompt_tokens"] == 2 and len(meta["input_token_logprobs"]) == 2
     assert len(meta["output_token_logprobs"]) == 5
-    status, batch = request_json(url, {"input_ids": [[1001, 1002], [1003]],
-                                       "sampling_params": {"max_new_tokens": 2}})
+    status, batch = request_json(
+        url, {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}}
+    )
     assert status == 200 and [b["meta_info"]["prompt_tokens"] for b in batch] == [2, 1]
     # A stop string taken from the output itself ends it early, trimmed.
     word = one["text"].split()[2]
-    status, stopped = request_json(url, {"text": "Hello", "sampling_params": {
-        "max_new_tokens": 5, "stop": [word]}})
+    status, stopped = request_json(
+        url, {"text": "Hello", "sampling_params": {"max_new_tokens": 5, "stop": [word]}}
+    )
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
     assert word not in stopped["text"] and stopped["meta_info"]["completion_tokens"] == 3
-    status, by_id = request_json(url, {"text": "Hello", "sampling_params": {
-        "max_new_tokens": 5, "stop_token_ids": [one["output_ids"][1]]}})
+    status, by_id = request_json(
+        url,
+        {
+            "text": "Hello",
+            "sampling_params": {"max_new_tokens": 5, "stop_token_ids": [one["output_ids"][1]]},
+        },
+    )
     assert by_id["meta_info"]["finish_reason"]["matched"] == one["output_ids"][1]
 
 
 def test_generate_stream(worker):
     request = urllib.request.Request(
-        worker.url + "/generate", method="POST", headers={"Content-Type": "application/json"},
-        data=json.dumps({"text": "Hi", "stream": True,
-                         "sampling_params": {"max_new_tokens": 6}}).encode())
+        worker.url + "/generate",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {"text": "Hi", "stream": True, "sampling_params": {"max_new_tokens": 6}}
+        ).encode(),
+    )
     with urllib.request.urlopen(request, timeout=30) as r:
         lines = [line.decode().strip() for line in r if line.strip()]
     assert lines[-1] == "data: [DONE]"
-    outputs = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    outputs = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
     assert outputs[-1]["meta_info"]["completion_tokens"] == 6
     assert outputs[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert len(outputs) >= 2  # streamed as it was generated
 
 
-@pytest.mark.parametrize("path, body, status, key", [
-    ("/generate", {"text": "x", "sampling_params": {"top_p": 2}}, 400, "error"),
-    ("/generate", {"sampling_params": {}}, 400, "error"),
-    ("/v1/chat/completions", {"model": "llama", "messages": []}, 400, "message"),
-    ("/v1/completions", {"model": "llama", "prompt": "x", "max_tokens": -1}, 400, "message"),
-])
+@pytest.mark.parametrize(
+    "path, body, status, key",
+    [
+        ("/generate", {"text": "x", "sampling_params": {"top_p": 2}}, 400, "error"),
+        ("/generate", {"sampling_params": {}}, 400, "error"),
+        ("/v1/chat/completions", {"model": "llama", "messages": []}, 400, "message"),
+        ("/v1/completions", {"model": "llama", "prompt": "x", "max_tokens": -1}, 400, "message"),
+    ],
+)
 def test_bad_requests_get_sglang_errors(worker, path, body, status, key):
     code, reply = request_json(worker.url + path, body)
     assert code == status and key in reply
@@ -160,12 +190,12 @@ def test_openai_errors_reach_the_client(client):
 
 
 def test_info_loads_and_metrics(worker):
-    status, info = request_json(worker.url + "/server_info")
+    _, info = request_json(worker.url + "/server_info")
     assert info["engine"] == "pdkit-sim" and info["sim"]["gpu"] == "H100-SXM"
     assert info["max_running_requests"] == 64 and "--watchdog-timeout" in info["ignored"]
-    status, model = request_json(worker.url + "/model_info")
+    _, model = request_json(worker.url + "/model_info")
     assert model["disaggregation_mode"] == "null" and model["model_type"] == "llama"
-    status, loads = request_json(worker.url + "/v1/loads?include=all")
+    _, loads = request_json(worker.url + "/v1/loads?include=all")
     assert loads["loads"][0]["max_running_requests"] == 64
     with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -176,20 +206,38 @@ def test_info_loads_and_metrics(worker):
 
 def test_follower_node_serves_health_only():
     port = free_port()
-    argv = worker_argv(port=port, extra=["--nnodes", "2", "--node-rank", "1",
-                                         "--dist-init-addr", "127.0.0.1:5000", "--tp", "16"])
+    argv = worker_argv(
+        port=port,
+        extra=[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--dist-init-addr",
+            "127.0.0.1:5000",
+            "--tp",
+            "16",
+        ],
+    )
     with SimProcess(argv, env={**FAST, "PDKIT_SIM_LOAD_SECONDS": "0"}) as proc:
         proc.wait_ready()
         assert request_json(proc.url + "/health_generate")[0] == 200
         assert request_json(proc.url + "/generate", {"text": "x"})[0] == 404
 
 
-@pytest.mark.parametrize("argv, env, code, needle", [
-    (["--model-path", "meta-llama/Llama-3.1-70B-Instruct"], {"PDKIT_SIM_GPU": "L40S"}, 1,
-     "To fix: raise --tp-size"),
-    (["--model-path", "m", "--port", "x"], {}, 2, "--port"),
-    (["--model-path", "m"], {"PDKIT_SIM_GPU": "TPU"}, 1, "PDKIT_SIM_GPU"),
-])
+@pytest.mark.parametrize(
+    "argv, env, code, needle",
+    [
+        (
+            ["--model-path", "meta-llama/Llama-3.1-70B-Instruct"],
+            {"PDKIT_SIM_GPU": "L40S"},
+            1,
+            "To fix: raise --tp-size",
+        ),
+        (["--model-path", "m", "--port", "x"], {}, 2, "--port"),
+        (["--model-path", "m"], {"PDKIT_SIM_GPU": "TPU"}, 1, "PDKIT_SIM_GPU"),
+    ],
+)
 def test_startup_failures_exit_with_a_reason(argv, env, code, needle):
     port = free_port()
     if "--port" not in argv:

@@ -23,9 +23,13 @@ def test_generate_single_and_batch_with_pd_lists():
     inputs, as_list, stream = parse_generate({"text": "hello", "stream": True}, VOCAB)
     assert len(inputs) == 1 and not as_list and stream
     assert inputs[0].max_new_tokens == 128
-    body = {"text": ["a", "bb"], "sampling_params": {"max_new_tokens": 3, "n": 2},
-            "bootstrap_host": ["h1", "h2"], "bootstrap_port": [1, 2],
-            "bootstrap_room": [10, 20]}
+    body = {
+        "text": ["a", "bb"],
+        "sampling_params": {"max_new_tokens": 3, "n": 2},
+        "bootstrap_host": ["h1", "h2"],
+        "bootstrap_port": [1, 2],
+        "bootstrap_room": [10, 20],
+    }
     inputs, as_list, _ = parse_generate(body, VOCAB)
     assert as_list and len(inputs) == 4
     assert [i.bootstrap_room for i in inputs] == [10, 11, 20, 21]
@@ -34,16 +38,24 @@ def test_generate_single_and_batch_with_pd_lists():
     assert [i.prompt_len for i in ids] == [3, 1]
 
 
-@pytest.mark.parametrize("body, message", [
-    ({}, "Either text, input_ids or input_embeds should be provided."),
-    ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least"),
-    ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature must be"),
-    ({"text": "x", "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
-    ({"text": "x", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 2}},
-     "min_new_tokens must be in"),
-    ({"text": ["a", "b"], "bootstrap_room": [1]}, "bootstrap_room has 1 items"),
-    ({"text": "x", "bootstrap_room": -3}, "non-negative"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({}, "Either text, input_ids or input_embeds should be provided."),
+        (
+            {"text": "x", "sampling_params": {"max_new_tokens": -1}},
+            "max_new_tokens must be at least",
+        ),
+        ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature must be"),
+        ({"text": "x", "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
+        (
+            {"text": "x", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 2}},
+            "min_new_tokens must be in",
+        ),
+        ({"text": ["a", "b"], "bootstrap_room": [1]}, "bootstrap_room has 1 items"),
+        ({"text": "x", "bootstrap_room": -3}, "non-negative"),
+    ],
+)
 def test_generate_errors_use_sglang_messages(body, message):
     with pytest.raises(ApiError) as err:
         parse_generate(body, VOCAB)
@@ -51,8 +63,16 @@ def test_generate_errors_use_sglang_messages(body, message):
 
 
 def test_openai_bodies():
-    chat = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                       "n": 2, "bootstrap_room": 7}, VOCAB, 4096)
+    chat = parse_chat(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "n": 2,
+            "bootstrap_room": 7,
+        },
+        VOCAB,
+        4096,
+    )
     assert [c.max_new_tokens for c in chat] == [4, 4]
     assert [c.bootstrap_room for c in chat] == [7, 8]
     assert parse_completion({"prompt": "x"}, VOCAB)[0].max_new_tokens == 16
@@ -65,8 +85,9 @@ def test_openai_bodies():
 
 
 async def serve(argv, env=None):
-    args = parse_args(["--model-path", "meta-llama/Llama-3.1-8B-Instruct",
-                       "--served-model-name", "llama", *argv])
+    args = parse_args(
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama", *argv]
+    )
     settings = SimSettings.from_env({"PDKIT_SIM_SPEED": "20", **(env or {})})
     engine = Engine(args, settings, RealClock(asyncio.get_running_loop(), settings.speed))
     api = Api(engine)
@@ -121,23 +142,26 @@ def test_api_key_protects_all_but_health():
 
 def test_pd_request_without_room_gets_sglangs_400():
     async def main():
-        api, server = await serve(["--disaggregation-mode", "decode",
-                                   "--disaggregation-transfer-backend", "fake"])
+        api, server = await serve(
+            ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"]
+        )
         api.ready = True
         async with aiohttp.ClientSession() as http:
             async with http.post(server.make_url("/generate"), json={"text": "x"}) as r:
                 body = await r.json()
                 assert r.status == 400
                 assert body["error"]["message"].startswith(
-                    "Invalid request: Disaggregated request received without bootstrap room id.")
+                    "Invalid request: Disaggregated request received without bootstrap room id."
+                )
             chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
             async with http.post(server.make_url("/v1/chat/completions"), json=chat) as r:
                 body = await r.json()
                 assert r.status == 400 and body["object"] == "error" and body["code"] == 400
             # The fake backend (decode only) makes up the KV: the request is served.
-            async with http.post(server.make_url("/generate"), json={
-                    "text": "x", "bootstrap_room": 5, "sampling_params": {"max_new_tokens": 3}
-            }) as r:
+            async with http.post(
+                server.make_url("/generate"),
+                json={"text": "x", "bootstrap_room": 5, "sampling_params": {"max_new_tokens": 3}},
+            ) as r:
                 assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
         await server.close()
         await api.engine.close()

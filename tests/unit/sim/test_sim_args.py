@@ -22,7 +22,7 @@ def rendered_commands() -> list[list[str]]:
             words = shlex.split(line, comments=True)
             for module in ("kit.sim", "sglang.launch_server"):
                 if module in words:
-                    out.append(words[words.index(module) + 1:])
+                    out.append(words[words.index(module) + 1 :])
     return out
 
 
@@ -34,13 +34,38 @@ def test_every_rendered_worker_command_parses(argv):
 
 
 def test_honoured_flags_and_defaults():
-    args = parse_args([
-        "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama",
-        "--host", "0.0.0.0", "--port", "30001", "--disaggregation-mode", "decode",
-        "--tp", "2", "--dp-size", "2", "--page-size", "16", "--max-running-requests", "128",
-        "--chunked-prefill-size", "4096", "--mem-fraction-static", "0.8", "--enable-metrics",
-        "--api-key", "k", "--trust-remote-code", "--cuda-graph-max-bs-decode", "64",
-    ])
+    args = parse_args(
+        [
+            "--model-path",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--served-model-name",
+            "llama",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "30001",
+            "--disaggregation-mode",
+            "decode",
+            "--tp",
+            "2",
+            "--dp-size",
+            "2",
+            "--page-size",
+            "16",
+            "--max-running-requests",
+            "128",
+            "--chunked-prefill-size",
+            "4096",
+            "--mem-fraction-static",
+            "0.8",
+            "--enable-metrics",
+            "--api-key",
+            "k",
+            "--trust-remote-code",
+            "--cuda-graph-max-bs-decode",
+            "64",
+        ]
+    )
     assert (args.served_model_name, args.host, args.port) == ("llama", "0.0.0.0", 30001)
     assert (args.tp_size, args.dp_size, args.page_size) == (2, 2, 16)
     assert args.disaggregation_bootstrap_port == 8998
@@ -53,22 +78,29 @@ def test_served_name_defaults_to_the_model_path():
     assert parse_args(["--model", "Qwen/Qwen3-8B"]).served_model_name == "Qwen/Qwen3-8B"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--port", "http"], "--port"),
-    (["--port", "70000"], "port"),
-    (["--tp-size", "0"], "positive"),
-    (["--disaggregation-mode", "both"], "invalid choice"),
-    (["--mem-fraction-static", "1.5"], "(0, 1]"),
-    (["--chunked-prefill-size", "0"], "-1"),
-    (["--host", "bad host!"], "host"),
-    (["--nnodes", "2"], "--dist-init-addr"),
-    (["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:5000"], "node-rank"),
-    (["--dist-init-addr", "nohost"], "HOST:PORT"),
-    (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"],
-     "Mooncake"),
-    (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "fake"],
-     "decode only"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--port", "http"], "--port"),
+        (["--port", "70000"], "port"),
+        (["--tp-size", "0"], "positive"),
+        (["--disaggregation-mode", "both"], "invalid choice"),
+        (["--mem-fraction-static", "1.5"], "(0, 1]"),
+        (["--chunked-prefill-size", "0"], "-1"),
+        (["--host", "bad host!"], "host"),
+        (["--nnodes", "2"], "--dist-init-addr"),
+        (["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:5000"], "node-rank"),
+        (["--dist-init-addr", "nohost"], "HOST:PORT"),
+        (
+            ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"],
+            "Mooncake",
+        ),
+        (
+            ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "fake"],
+            "decode only",
+        ),
+    ],
+)
 def test_malformed_honoured_flags_are_errors(argv, message):
     with pytest.raises(ArgsError, match=None) as err:
         parse_args(["--model-path", "m", *argv])
@@ -83,22 +115,38 @@ def test_model_path_is_required():
 def test_settings_defaults_and_sglang_timeouts():
     s = SimSettings.from_env({})
     assert (s.gpu, s.speed, s.kv_scale, s.bootstrap_timeout_s, s.heartbeat_max_failure) == (
-        "H100-SXM", 1.0, 1024.0, 300.0, 2)
-    s = SimSettings.from_env({
-        "PDKIT_SIM_GPU": "A100-80G", "PDKIT_SIM_SPEED": "10", "PDKIT_SIM_SEED": "7",
-        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3",
-        "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.5", "SGLANG_HOST_IP": "10.0.0.5",
-    })
+        "H100-SXM",
+        1.0,
+        1024.0,
+        300.0,
+        2,
+    )
+    s = SimSettings.from_env(
+        {
+            "PDKIT_SIM_GPU": "A100-80G",
+            "PDKIT_SIM_SPEED": "10",
+            "PDKIT_SIM_SEED": "7",
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3",
+            "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.5",
+            "SGLANG_HOST_IP": "10.0.0.5",
+        }
+    )
     assert (s.gpu, s.speed, s.seed, s.waiting_timeout_s) == ("A100-80G", 10.0, 7, 3.0)
     assert s.heartbeat_interval_s == 2.0  # SGLang's floor
     assert s.host_ip == "10.0.0.5"
 
 
-@pytest.mark.parametrize("env", [
-    {"PDKIT_SIM_SPEED": "fast"}, {"PDKIT_SIM_SPEED": "0"}, {"PDKIT_SIM_KV_SCALE": "0.5"},
-    {"PDKIT_SIM_SEED": "x"}, {"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0"},
-    {"PDKIT_SIM_LOG_LEVEL": "loud"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"PDKIT_SIM_SPEED": "fast"},
+        {"PDKIT_SIM_SPEED": "0"},
+        {"PDKIT_SIM_KV_SCALE": "0.5"},
+        {"PDKIT_SIM_SEED": "x"},
+        {"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0"},
+        {"PDKIT_SIM_LOG_LEVEL": "loud"},
+    ],
+)
 def test_bad_settings_name_the_variable(env):
     with pytest.raises(SettingsError, match=next(iter(env))):
         SimSettings.from_env(env)

@@ -14,19 +14,21 @@ from kit.sim.models import resolve_model, shipped_models
 def test_parameter_counts_match_the_published_ones(model):
     assert model.shape.total_params() == pytest.approx(model.published_params, rel=0.02)
     if model.published_active_params:
-        assert model.shape.active_params() == pytest.approx(model.published_active_params,
-                                                            rel=0.03)
+        assert model.shape.active_params() == pytest.approx(model.published_active_params, rel=0.03)
 
 
-@pytest.mark.parametrize("path, name", [
-    ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
-    ("meta-llama/Meta-Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
-    ("meta-llama/Llama-2-13b-chat-hf", "Llama-2-13B"),
-    ("Qwen/Qwen3-8B", "Qwen3-8B"),
-    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B"),
-    ("deepseek-ai/DeepSeek-V3-0324", "DeepSeek-V3"),
-    ("/models/deepseek-r1", "DeepSeek-V3"),
-])
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
+        ("meta-llama/Meta-Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
+        ("meta-llama/Llama-2-13b-chat-hf", "Llama-2-13B"),
+        ("Qwen/Qwen3-8B", "Qwen3-8B"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B"),
+        ("deepseek-ai/DeepSeek-V3-0324", "DeepSeek-V3"),
+        ("/models/deepseek-r1", "DeepSeek-V3"),
+    ],
+)
 def test_names_match_shipped_configs(path, name):
     assert resolve_model(path).name == name
 
@@ -46,10 +48,18 @@ def test_unknown_model_falls_back_to_8b_with_a_warning(caplog):
 
 
 def test_local_model_folder_config_is_read(tmp_path):
-    cfg = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
-           "max_position_embeddings": 131072, "tie_word_embeddings": True,
-           "model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    cfg = {
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     shape = resolve_model(str(tmp_path))
     assert shape.layers == 16 and shape.head_dim == 64 and shape.tie_embeddings

@@ -38,8 +38,15 @@ class Sink:
 def make(mode=Mode.NULL, pages=4096, page_size=16, max_running=256, chunk=8192, **kw):
     clock = VirtualClock()
     timing = TimingModel(resolve_model("Llama-3.1-8B"), gpu_spec("H100-SXM"), Parallelism())
-    sched = Scheduler(mode=mode, timing=timing, pool=KvPool(pages, page_size), clock=clock,
-                      max_running=max_running, chunk_size=chunk, **kw)
+    sched = Scheduler(
+        mode=mode,
+        timing=timing,
+        pool=KvPool(pages, page_size),
+        clock=clock,
+        max_running=max_running,
+        chunk_size=chunk,
+        **kw,
+    )
     return sched, clock, timing
 
 
@@ -65,7 +72,7 @@ def test_colocated_request_takes_one_prefill_then_one_step_per_token():
 
 def test_long_prompt_is_chunked_and_costs_more_steps():
     sched, clock, _ = make(chunk=1024)
-    s, sink = seq(prompt=3000, out=2)
+    s, _sink = seq(prompt=3000, out=2)
     sched.submit(s)
     clock.run()
     assert sched.stats.steps == 3 + 1  # three prefill chunks, one decode step
@@ -148,7 +155,7 @@ def test_prefill_mode_holds_kv_until_the_transfer_is_done():
 
 
 def test_decode_mode_reserves_then_decodes_from_the_first_transferred_token():
-    sched, clock, timing = make(mode=Mode.DECODE)
+    sched, clock, _timing = make(mode=Mode.DECODE)
     s, sink = seq(prompt=512, out=4)
     sched.submit(s)
     assert sink.reserved_at == 0.0 and s.phase is Phase.TRANSFER
@@ -161,8 +168,7 @@ def test_decode_mode_reserves_then_decodes_from_the_first_transferred_token():
 
 
 def test_decode_reservation_limits_admission():
-    sched, clock, _ = make(mode=Mode.DECODE, pages=200, page_size=16,
-                           reserved_decode_tokens=512)
+    sched, _clock, _ = make(mode=Mode.DECODE, pages=200, page_size=16, reserved_decode_tokens=512)
     seqs = [seq(str(i), prompt=400)[0] for i in range(4)]
     for s in seqs:
         sched.submit(s)
@@ -174,7 +180,7 @@ def test_decode_reservation_limits_admission():
 
 
 def test_abort_frees_kv_anywhere():
-    sched, clock, _ = make(mode=Mode.DECODE)
+    sched, _clock, _ = make(mode=Mode.DECODE)
     s, sink = seq(prompt=512)
     sched.submit(s)
     sched.abort(s, FinishReason("abort", message="gone"))

@@ -23,10 +23,8 @@ def test_colocated_tpot_grows_with_load_but_decode_only_stays_flat():
     low = run_rate(Cluster("colocated", CFG), 1.0, 512, 64, requests=300, slo=SLO)
     high = run_rate(Cluster("colocated", CFG), 5.0, 512, 64, requests=300, slo=SLO)
     assert high.p90_tpot > 1.5 * low.p90_tpot  # prefills stall the running decodes
-    d_low = run_rate(Cluster("decode-only", CFG, prefill=0), 1.0, 512, 64, requests=300,
-                     slo=SLO)
-    d_high = run_rate(Cluster("decode-only", CFG, prefill=0), 5.0, 512, 64, requests=300,
-                      slo=SLO)
+    d_low = run_rate(Cluster("decode-only", CFG, prefill=0), 1.0, 512, 64, requests=300, slo=SLO)
+    d_high = run_rate(Cluster("decode-only", CFG, prefill=0), 5.0, 512, 64, requests=300, slo=SLO)
     assert d_high.p90_tpot < 1.2 * d_low.p90_tpot
 
 

@@ -25,8 +25,7 @@ def prefill(t, n):
 
 
 def decode(t, batch, ctx=544):
-    return t.step_seconds(StepShape(decode_reqs=batch, decode_context=batch * ctx,
-                                    sampled=batch))
+    return t.step_seconds(StepShape(decode_reqs=batch, decode_context=batch * ctx, sampled=batch))
 
 
 def test_gpu_names_and_aliases():

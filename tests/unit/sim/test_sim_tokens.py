@@ -20,8 +20,12 @@ def test_encoding_is_deterministic_and_in_vocab():
 
 
 def test_chat_template():
-    text = tokens.render_chat([{"role": "system", "content": "be brief"},
-                               {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    text = tokens.render_chat(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    )
     assert text == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
 
 
