@@ -37,18 +37,6 @@ from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
 
-_HOP_BY_HOP = frozenset(
-    {
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "content-encoding",
-        "date",
-        "server",
-    }
-)
-
 
 @dataclass(slots=True)
 class Exchange:
@@ -59,7 +47,7 @@ class Exchange:
     started: float
     out: web.StreamResponse | None = None
     relay: StreamRelay | None = None
-    status: int = 0
+    # Metrics labels of what went wrong on the way (retries, a lost client...), counted once.
     causes: list[str] = field(default_factory=list)
 
 
@@ -175,6 +163,7 @@ class Dispatcher:
         metrics: LbMetrics,
         rng: random.Random,
         on_connection_error: Callable[[Worker, str], None],
+        on_failure: Callable[[ApiError], None],
     ) -> None:
         self._config = config
         self._pool = pool
@@ -183,6 +172,7 @@ class Dispatcher:
         self._metrics = metrics
         self._rng = rng
         self._on_connection_error = on_connection_error
+        self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._background: set[asyncio.Task[bytes]] = set()
         connect = config.connect_timeout
         self._prefill_timeout = aiohttp.ClientTimeout(
@@ -347,9 +337,9 @@ class Dispatcher:
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        cause = exc.cause if isinstance(exc, LegError) else "prefill_transport"
-        self._metrics.error(cause)
-        log.warning("prefill leg failed after the decode answered: %s", exc)
+        error = exc if isinstance(exc, ApiError) else ApiError(502, repr(exc), "prefill_transport")
+        self._metrics.error(error.cause)
+        self._on_failure(error)
 
     async def _await_decode(self, pair: _Pair, decode: Worker) -> Any:
         """The decode task's result; a prefill failure that cancelled it is raised instead."""
@@ -449,6 +439,7 @@ class Dispatcher:
             except aiohttp.ClientError as exc:
                 error = self._stream_failure(pair, decode, exc)
                 ex.causes.append(error.cause)
+                self._on_failure(error)
                 try:
                     await relay.fail(error)
                 except ClientGone:

@@ -199,6 +199,7 @@ class LoadBalancer:
             metrics=self.metrics,
             rng=self.rng,
             on_connection_error=self._on_connection_error,
+            on_failure=self._log_failure,
         )
         self._monitor = HealthMonitor(
             self.pool,
