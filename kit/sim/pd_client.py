@@ -24,7 +24,8 @@ from kit.sim.bootstrap import KV_PATH
 logger = logging.getLogger(__name__)
 
 ROUTE_RETRY_S = 0.2
-HEARTBEAT_TIMEOUT = aiohttp.ClientTimeout(sock_connect=2, sock_read=3)
+# SGLang's heartbeat request timeout: (connect 2 s, read 3 s).
+HEARTBEAT_TIMEOUT_S = (2.0, 3.0)
 
 
 class PdError(RuntimeError):
@@ -51,11 +52,14 @@ class PrefillDirectory:
         waiting_timeout_s: float,
         heartbeat_interval_s: float,
         heartbeat_max_failure: int,
+        heartbeat_timeout_s: tuple[float, float] = HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.waiting_timeout_s = waiting_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_max_failure = heartbeat_max_failure
+        connect, read = heartbeat_timeout_s
+        self._heartbeat_timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
         self._session: aiohttp.ClientSession | None = None
         self._prefills: dict[str, _Prefill] = {}
         self._lookups: dict[str, asyncio.Task[_Prefill]] = {}
@@ -184,7 +188,7 @@ class PrefillDirectory:
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
                 async with self._http().get(
-                    f"http://{prefill.addr}/health", timeout=HEARTBEAT_TIMEOUT
+                    f"http://{prefill.addr}/health", timeout=self._heartbeat_timeout
                 ) as r:
                     healthy = r.status == 200
             except (aiohttp.ClientError, TimeoutError):

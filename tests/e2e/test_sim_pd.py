@@ -17,14 +17,15 @@ FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3", "PDKIT_SIM_SEE
 ROOM = iter(range(1000, 10**6))
 
 
-def start_pair(prefill_env=None, decode_env=None):
+def start_pair(prefill_env=None, decode_env=None, extra=()):
     bootstrap = free_port()
     prefill = SimProcess(
-        worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap),
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap, extra=extra),
         env={**FAST, **(prefill_env or {})},
     ).start()
     decode = SimProcess(
-        worker_argv(port=free_port(), mode="decode"), env={**FAST, **(decode_env or {})}
+        worker_argv(port=free_port(), mode="decode", extra=extra),
+        env={**FAST, **(decode_env or {})},
     ).start()
     return prefill, decode, bootstrap
 
@@ -34,6 +35,8 @@ def pair():
     prefill, decode, bootstrap = start_pair(
         prefill_env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2"},
         decode_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3"},
+        # Two DP ranks on each side: the prefill rank holding a room is room % 2.
+        extra=["--dp-size", "2"],
     )
     try:
         prefill.wait_ready()
@@ -111,6 +114,9 @@ def test_batched_generate_takes_lists_of_bootstrap_fields(pair):
     (p_status, _), (d_status, d_out) = both(prefill, decode, "/generate", body)
     assert (p_status, d_status) == (200, 200)
     assert [o["meta_info"]["completion_tokens"] for o in d_out] == [3, 3]
+    # Consecutive rooms land on both prefill DP ranks (follow_bootstrap_room).
+    loads = request_json(prefill.url + "/v1/loads")[1]["loads"]
+    assert all(rank["total_prefill_uncached_tokens"] > 0 for rank in loads)
 
 
 def test_chat_through_both_legs_streamed(pair):
