@@ -187,8 +187,9 @@ class LoadBalancer:
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # Bodies pass through as they come: ask for them uncompressed (no Accept-Encoding).
             auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),  # workers set no cookies; skip the jar work
         )
         self._dispatcher = Dispatcher(
