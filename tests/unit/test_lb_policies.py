@@ -9,6 +9,7 @@ import pytest
 
 from kit.lb.config import WorkerSpec
 from kit.lb.health import evaluate
+from kit.lb.metrics import Histogram
 from kit.lb.policies import LeastInflight, PrefixAffinity, RandomChoice, RoundRobin, make_policy
 from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
@@ -176,6 +177,14 @@ def test_watchdog_expires_idle_and_overlong_streams_once():
     assert fired == ["quiet", "busy"] and busy.expired == "total"
     assert Watchdog(idle=300.0, total=None).tick == 1.0
     assert Watchdog(idle=0.2, total=None).tick == 0.05
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive():
+    hist = Histogram((0.1, 1.0))
+    for value in (0.05, 0.1, 0.5, 2.0):
+        hist.observe(value)
+    assert hist.cumulative() == [("0.1", 2.0), ("1.0", 3.0), ("+Inf", 4.0)]
+    assert hist.count == 4 and hist.sum == pytest.approx(2.65)
 
 
 def test_health_evaluate_is_a_pure_verdict():
