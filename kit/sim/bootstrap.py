@@ -62,6 +62,7 @@ class RoomTable:
     def __init__(self) -> None:
         self._reservations: dict[int, Reservation] = {}
         self._waiters: dict[int, asyncio.Future[Reservation]] = {}
+        self._abandoned: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -71,6 +72,8 @@ class RoomTable:
         room = reservation.room
         if room in self._reservations:
             raise RoomError(f"Duplicate decode bootstrap room {room}")
+        if self._abandoned.pop(room, None) is not None:
+            raise RoomError(f"The prefill request for bootstrap room {room} was aborted")
         self._reservations[room] = reservation
         waiter = self._waiters.pop(room, None)
         if waiter is not None and not waiter.done():
@@ -107,6 +110,23 @@ class RoomTable:
     def release(self, room: int) -> None:
         """The prefill request for `room` is over."""
         self._reservations.pop(room, None)
+
+    def abandon(self, room: int, keep_s: float = 600.0) -> None:
+        """The prefill request for `room` was aborted: fail its decode's reservation, now or
+        when it arrives (within `keep_s` seconds)."""
+        now = time.monotonic()
+        for old in [r for r, t in self._abandoned.items() if now - t > keep_s]:
+            del self._abandoned[old]
+        reservation = self._reservations.pop(room, None)
+        if reservation is not None:
+            reservation.complete(
+                {
+                    "status": "failed",
+                    "message": f"The prefill request for bootstrap room {room} was aborted",
+                }
+            )
+        else:
+            self._abandoned[room] = now
 
 
 class BootstrapServer:

@@ -35,7 +35,7 @@ from kit.sim.kvpool import KvPool
 from kit.sim.models import ModelShape, resolve_model
 from kit.sim.pd_client import PdError, PrefillDirectory
 from kit.sim.requests import GenerateInput, RequestState
-from kit.sim.scheduler import FinishReason, Mode, Scheduler, Sequence
+from kit.sim.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
 from kit.sim.settings import SimSettings
 from kit.sim.timing import (
     GpuSpec,
@@ -52,6 +52,9 @@ from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
 logger = logging.getLogger(__name__)
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+# How long an aborted decode request's KV pages stay out of use: a Mooncake write the prefill
+# had already started finishes well within this (MC_TRANSFER_TIMEOUT is the hard bound).
+KV_QUARANTINE_S = 5.0
 GEN_THROUGHPUT_WINDOW_S = 5.0
 
 
@@ -186,10 +189,12 @@ class Engine:
         if self.kv is not None:
             self.kv.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], state: RequestState) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
+        state.tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(state.tasks.discard)
 
     def _on_step(self, step: Any) -> None:
         self.steps += 1
@@ -232,16 +237,29 @@ class Engine:
         if self.mode is Mode.NULL:
             rank.submit(seq)
         elif self.mode is Mode.PREFILL:
-            self._spawn(self._prefill_flow(state, seq, rank_index, fake))
+            self._spawn(self._prefill_flow(state, seq, rank_index, fake), state)
         else:
-            self._spawn(self._decode_flow(state, seq, rank_index, fake))
+            self._spawn(self._decode_flow(state, seq, rank_index, fake), state)
         return state
 
     def abort(self, state: RequestState, message: str = "Aborted by the client") -> None:
-        """Stop a request (client gone): frees its KV wherever it is."""
+        """Stop a request (client gone): cancel its PD hand-off and free its KV. A decode's
+        pages that a prefill may still be writing are held for `KV_QUARANTINE_S` first."""
         seq = state.seq
-        if seq is not None and not state.done:
-            self.ranks[state.dp_rank].abort(seq, FinishReason("abort", message=message))
+        if seq is None or state.done:
+            state.fail(message, 499)
+            return
+        for task in list(state.tasks):
+            task.cancel()
+        rank = self.ranks[state.dp_rank]
+        reason = FinishReason("abort", message=message)
+        if self.mode is Mode.DECODE and seq.phase is Phase.TRANSFER and self.uses_mooncake:
+            held = rank.abort(seq, reason, hold_kv=True)
+            asyncio.get_running_loop().call_later(KV_QUARANTINE_S, rank.free_pages, held)
+        else:
+            rank.abort(seq, reason)
+        if self.mode is Mode.PREFILL and state.inp.bootstrap_room is not None:
+            self.rooms.abandon(state.inp.bootstrap_room)
         state.fail(message, 499)
 
     def _pick_rank(self, inp: GenerateInput) -> int:
@@ -292,7 +310,7 @@ class Engine:
             return
 
         def prefilled(st: RequestState) -> None:
-            self._spawn(self._send_kv(st, seq, rank_index, reservation))
+            self._spawn(self._send_kv(st, seq, rank_index, reservation), st)
 
         state.prefilled_hook = prefilled
         rank.submit(seq)
@@ -360,6 +378,9 @@ class Engine:
                 ),
             )
         finally:
+            # Cancelled (the prefill request was aborted) or failed: never leave the decode
+            # waiting for an answer.
+            reservation.complete({"status": "failed", "message": "the prefill request ended"})
             self.rooms.release(room)
 
     # -- decode side -----------------------------------------------------------------------
@@ -400,7 +421,7 @@ class Engine:
             return
 
         def reserved(st: RequestState) -> None:
-            self._spawn(self._receive_kv(st, seq, rank_index, addr))
+            self._spawn(self._receive_kv(st, seq, rank_index, addr), st)
 
         state.reserved_hook = reserved
         rank.submit(seq)

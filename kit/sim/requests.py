@@ -71,6 +71,8 @@ class RequestState:
         self._first: int | None = None
         self.changed = asyncio.Event()
         self.seq: Sequence | None = None
+        # The engine's PD tasks for this request (bootstrap wait, KV send or receive).
+        self.tasks: set[asyncio.Task[None]] = set()
         # Hooks the engine sets: KV computed (prefill), KV room reserved (decode), done.
         self.prefilled_hook: Any = None
         self.reserved_hook: Any = None

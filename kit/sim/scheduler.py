@@ -218,10 +218,12 @@ class Scheduler:
         self._finish(seq, error or FinishReason("length", length=0), self.clock.now())
         self._kick(self.clock.now())
 
-    def abort(self, seq: Sequence, reason: FinishReason) -> None:
-        """Drop `seq` wherever it is; its sink gets `reason`."""
+    def abort(self, seq: Sequence, reason: FinishReason, hold_kv: bool = False) -> list[int]:
+        """Drop `seq` wherever it is; its sink gets `reason`. With `hold_kv` its pages stay
+        allocated and are returned: the caller frees them (`free_pages`) once no transfer
+        can still write into them."""
         if seq.phase is Phase.FINISHED:
-            return
+            return []
         for queue in (self.waiting, self.prealloc, self.ready, self.retracted):
             if seq in queue:
                 queue.remove(seq)
@@ -231,8 +233,17 @@ class Scheduler:
             self.running.remove(seq)
         if self.chunked is seq:
             self.chunked = None
+        held: list[int] = []
+        if hold_kv:
+            held, seq.page_ids = seq.page_ids, []
         self._release(seq)
         self._finish(seq, reason, self.clock.now())
+        self._kick(self.clock.now())
+        return held
+
+    def free_pages(self, page_ids: list[int]) -> None:
+        """Return pages held back by `abort(..., hold_kv=True)`."""
+        self.pool.free(page_ids)
         self._kick(self.clock.now())
 
     @property

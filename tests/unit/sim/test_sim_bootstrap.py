@@ -184,3 +184,19 @@ def test_unreachable_prefill_fails_at_once():
         await directory.close()
 
     asyncio.run(main())
+
+
+def test_an_aborted_prefill_request_fails_its_decodes_reservation():
+    async def main():
+        from kit.sim.bootstrap import Reservation
+
+        rooms = RoomTable()
+        rooms.abandon(5)  # aborted before the decode reserved
+        with pytest.raises(RoomError, match="aborted"):
+            rooms.offer(Reservation(5, "s", [], 1, 0))
+        reservation = Reservation(6, "s", [], 1, 0)
+        rooms.offer(reservation)
+        rooms.abandon(6)  # aborted after
+        assert (await reservation.result)["status"] == "failed"
+
+    asyncio.run(main())

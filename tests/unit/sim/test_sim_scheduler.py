@@ -200,3 +200,14 @@ def test_same_workload_same_times():
         return [tuple(s.times) for s in sinks]
 
     assert run() == run()
+
+
+def test_abort_can_hold_kv_pages_until_the_caller_frees_them():
+    sched, _, _ = make(mode=Mode.DECODE)
+    s, sink = seq(prompt=512)
+    sched.submit(s)
+    held = sched.abort(s, FinishReason("abort", message="client gone"), hold_kv=True)
+    assert len(held) == 32 and sched.pool.used_pages == 32  # a transfer may still land
+    assert sink.finish is not None
+    sched.free_pages(held)
+    assert sched.pool.used_pages == 0
