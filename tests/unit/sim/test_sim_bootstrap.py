@@ -9,7 +9,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kit.sim.bootstrap import KV_PATH, BootstrapServer, RoomError, RoomTable, rank_registration
+from kit.sim.bootstrap import (
+    KV_PATH,
+    BootstrapServer,
+    Reservation,
+    RoomError,
+    RoomTable,
+    rank_registration,
+)
 from kit.sim.pd_client import PdError, PrefillDirectory
 
 ALL = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
@@ -188,8 +195,6 @@ def test_unreachable_prefill_fails_at_once():
 
 def test_an_aborted_prefill_request_fails_its_decodes_reservation():
     async def main():
-        from kit.sim.bootstrap import Reservation
-
         rooms = RoomTable()
         rooms.abandon(5)  # aborted before the decode reserved
         with pytest.raises(RoomError, match="aborted"):
