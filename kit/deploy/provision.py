@@ -14,6 +14,7 @@ can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -159,26 +160,27 @@ def _pdkit_wheel(wheelhouse: Path | None, work: Path) -> Path:
     """pdkit's wheel for the hosts: the one in the wheelhouse when it holds one (what the user
     chose to ship), else one made from this pdkit."""
     pattern = f"{wheel_name(PDKIT_DISTRIBUTION)}-*.whl"
+    shipped: Path | None = None
     if wheelhouse is not None and wheelhouse.is_dir():
-        found = sorted(wheelhouse.glob(pattern))
-        if found:
-            return found[-1].absolute()
-    elif wheelhouse is not None and wheelhouse.is_file() and tarfile.is_tarfile(wheelhouse):
-        with tarfile.open(wheelhouse) as tar:
-            members = sorted(
-                (m for m in tar.getmembers() if m.isfile() and fnmatch(Path(m.name).name, pattern)),
-                key=lambda m: m.name,
-            )
-            if members:
-                data = tar.extractfile(members[-1])
-                target = work / "dist" / Path(members[-1].name).name
-                if data is not None:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    content = data.read()
-                    if not (target.exists() and target.read_bytes() == content):
-                        target.write_bytes(content)
-                    return target
-    return pdkit_wheel(work / "dist")
+        shipped = max(wheelhouse.glob(pattern), default=None)
+    elif wheelhouse is not None:
+        shipped = _extract(wheelhouse, pattern, work / "dist")
+    return shipped.absolute() if shipped else pdkit_wheel(work / "dist")
+
+
+def _extract(archive: Path, pattern: str, folder: Path) -> Path | None:
+    """The last member of a tar archive whose name matches `pattern`, written into `folder`."""
+    with tarfile.open(archive) as tar:
+        names = sorted(n for n in tar.getnames() if fnmatch(PurePosixPath(n).name, pattern))
+        data = tar.extractfile(names[-1]) if names else None
+        if data is None:
+            return None
+        content = data.read()
+    target = folder / PurePosixPath(names[-1]).name
+    if not (target.exists() and target.read_bytes() == content):
+        folder.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return target
 
 
 def wheel_version(wheel: Path) -> str:
@@ -189,11 +191,11 @@ def wheel_version(wheel: Path) -> str:
 def _wheelhouse_archive(wheelhouse: Path, work: Path) -> Path:
     if wheelhouse.is_dir():
         return pack_wheelhouse(wheelhouse, work / "wheelhouse.tar")
-    if wheelhouse.is_file():
+    if wheelhouse.is_file() and tarfile.is_tarfile(wheelhouse):
         return wheelhouse.absolute()
     raise DeployError(
-        f"--wheelhouse {wheelhouse}: no such folder or archive. To fix: build it first "
-        "(README: air-gapped hosts), or use --index."
+        f"--wheelhouse {wheelhouse}: not a folder of wheels or a tar archive of them. To fix: "
+        "build it first (README: air-gapped hosts), or use --index."
     )
 
 
@@ -219,12 +221,12 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     work = ctx.state_dir / "provision"
     remote = [h for h in ctx.hosts if not h.local]
     python_role = "python" not in skip and bool(remote)
-    wheel = _pdkit_wheel(options.wheelhouse, work) if python_role else None
     archive = (
         _wheelhouse_archive(options.wheelhouse, work)
         if options.wheelhouse is not None and python_role
         else None
     )
+    wheel = _pdkit_wheel(options.wheelhouse, work) if python_role else None
     inventory = provision_inventory(
         ctx, pdkit_wheel_path=wheel, wheelhouse_archive=archive, extra_vars=options.extra_vars
     )
@@ -256,11 +258,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     return result
 
 
-def _relative(path: Path | None) -> str:
-    import os  # noqa: PLC0415
-
-    if path is None:
-        return "-"
+def _relative(path: Path) -> str:
     try:
         return os.path.relpath(path)
     except ValueError:
