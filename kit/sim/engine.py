@@ -29,7 +29,7 @@ from typing import Any
 
 from kit.sim import tokens
 from kit.sim.args import WorkerArgs
-from kit.sim.bootstrap import RoomError, RoomTable
+from kit.sim.bootstrap import Reservation, RoomError, RoomTable
 from kit.sim.clock import RealClock
 from kit.sim.kvpool import KvPool
 from kit.sim.models import ModelShape, resolve_model
@@ -161,7 +161,6 @@ class Engine:
         )
         self.pd = PdStats()
         self.steps = 0
-        self.last_step_at = 0.0
         self._rr = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
@@ -198,7 +197,6 @@ class Engine:
 
     def _on_step(self, step: Any) -> None:
         self.steps += 1
-        self.last_step_at = time.monotonic()
 
     # -- requests --------------------------------------------------------------------------
 
@@ -251,16 +249,19 @@ class Engine:
             return
         for task in list(state.tasks):
             task.cancel()
-        rank = self.ranks[state.dp_rank]
-        reason = FinishReason("abort", message=message)
+        self._drop(state.dp_rank, seq, FinishReason("abort", message=message))
+        if self.mode is Mode.PREFILL and state.inp.bootstrap_room is not None:
+            self.rooms.abandon(state.inp.bootstrap_room)
+        state.fail(message, 499)
+
+    def _drop(self, rank_index: int, seq: Sequence, reason: FinishReason) -> None:
+        """Abort `seq`; a decode's pages a prefill may still write into are quarantined."""
+        rank = self.ranks[rank_index]
         if self.mode is Mode.DECODE and seq.phase is Phase.TRANSFER and self.uses_mooncake:
             held = rank.abort(seq, reason, hold_kv=True)
             asyncio.get_running_loop().call_later(KV_QUARANTINE_S, rank.free_pages, held)
         else:
             rank.abort(seq, reason)
-        if self.mode is Mode.PREFILL and state.inp.bootstrap_room is not None:
-            self.rooms.abandon(state.inp.bootstrap_room)
-        state.fail(message, 499)
 
     def _pick_rank(self, inp: GenerateInput) -> int:
         dp = len(self.ranks)
@@ -316,7 +317,7 @@ class Engine:
         rank.submit(seq)
 
     async def _send_kv(
-        self, state: RequestState, seq: Sequence, rank_index: int, reservation: Any
+        self, state: RequestState, seq: Sequence, rank_index: int, reservation: Reservation
     ) -> None:
         rank = self.ranks[rank_index]
         room = reservation.room
@@ -459,7 +460,8 @@ class Engine:
                 raise PdError("KV checksum mismatch")
         except PdError as exc:
             self.pd.transfer_failed += 1
-            rank.abort(
+            self._drop(
+                rank_index,
                 seq,
                 FinishReason(
                     "abort",
