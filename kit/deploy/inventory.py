@@ -81,9 +81,18 @@ def _command_record(command: Command) -> dict[str, Any]:
     }
 
 
-def worker_record(worker: WorkerProcess, deployment: str) -> dict[str, Any]:
-    """The process record of a worker (what the pdkit_process role installs)."""
+HF_HOME_UNDER_ROOT = "var/lib/pdkit/huggingface"
+"""Where provisioning's model role puts weights (pdkit_model_hf_home); workers look there."""
+
+
+def worker_record(
+    worker: WorkerProcess, deployment: str, hf_home: str | None = None
+) -> dict[str, Any]:
+    """The process record of a worker (what the pdkit_process role installs). `hf_home`, when
+    given and the topology sets no HF_HOME, points SGLang at the provisioned weights."""
     env = {**worker.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": worker.name}
+    if hf_home and "HF_HOME" not in env:
+        env["HF_HOME"] = hf_home
     return {
         "name": worker.name,
         "role": worker.role,
@@ -112,7 +121,12 @@ def router_record(router: RouterProcess, deployment: str) -> dict[str, Any]:
 
 def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     """Everything one host's plays need: connection, layout, interpreter, processes."""
-    records = [worker_record(w, plan.name) for w in plan.on_host(host.name)]
+    hf_home = (
+        str(PurePosixPath(host.layout.root, HF_HOME_UNDER_ROOT))
+        if plan.engine == "sglang"
+        else None
+    )
+    records = [worker_record(w, plan.name, hf_home) for w in plan.on_host(host.name)]
     if plan.router.host == host.name:
         records.append(router_record(plan.router, plan.name))
     out: dict[str, Any] = {"ansible_host": host.plan.address}

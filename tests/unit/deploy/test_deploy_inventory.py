@@ -145,3 +145,26 @@ def test_pdkit_router_key_goes_to_its_own_variable(write_topology):
     inventory = build_inventory(plan, deploy_hosts(plan, Path(path), PYTHON))
     router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["h"]["pdkit_processes"][-1]
     assert router["secret_env"] == {"PDKIT_LB_API_KEY": CONTROL_ROUTER_KEY_ENV}
+
+
+def test_sglang_workers_look_for_weights_where_provisioning_put_them(write_topology):
+    data = {
+        "name": "real",
+        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hosts": [
+            {
+                "name": "a",
+                "address": "10.0.0.1",
+                "gpus": 2,
+                "root": "/srv/a",
+                "rdma_devices": ["mlx5_0"],
+            }
+        ],
+    }
+    path = write_topology(data)
+    plan = resolve(path)
+    hosts = build_inventory(plan, deploy_hosts(plan, path, PYTHON))["all"]["children"]
+    records = hosts["pdkit_hosts"]["hosts"]["a"]["pdkit_processes"]
+    workers = [r for r in records if r["role"] != "router"]
+    assert {r["env"]["HF_HOME"] for r in workers} == {"/srv/a/var/lib/pdkit/huggingface"}
+    assert "HF_HOME" not in next(r for r in records if r["role"] == "router")["env"]
