@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,19 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 # had already started finishes well within this (MC_TRANSFER_TIMEOUT is the hard bound).
 KV_QUARANTINE_S = 5.0
 GEN_THROUGHPUT_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """One KV hand-off as a side saw it: times in ms, speed in GB/s, size in MB (emulated)."""
+
+    side: str  # "prefill" (sender) or "decode" (receiver)
+    dp_rank: int
+    latency_ms: float
+    speed_gb_s: float
+    total_mb: float
+    bootstrap_ms: float = 0.0
+    alloc_ms: float = 0.0
 
 
 class StartupError(RuntimeError):
@@ -164,6 +177,7 @@ class Engine:
         self._rr = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
+        self.transfer_observers: list[Callable[[TransferRecord], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -354,6 +368,15 @@ class Engine:
             self.pd.kv_bytes_emulated += emulated
             self.pd.last_latency_ms = latency_s * 1000
             self.pd.last_speed_gb_s = emulated / latency_s / 1e9
+            self._observe(
+                TransferRecord(
+                    "prefill",
+                    rank_index,
+                    self.pd.last_latency_ms,
+                    self.pd.last_speed_gb_s,
+                    emulated / 1e6,
+                )
+            )
             reservation.complete(
                 {
                     "status": "ok",
@@ -407,6 +430,7 @@ class Engine:
             f"Decode handshake failed for request rank=0 req.rid={seq.rid!r} "
             f"req.bootstrap_room={state.inp.bootstrap_room}"
         )
+        looked_up = time.monotonic()
         try:
             info = await self.prefills.prefill_info(addr)
         except PdError as exc:
@@ -421,11 +445,19 @@ class Engine:
         if state.done:
             return
 
+        submitted = time.monotonic()
+        bootstrap_ms = (submitted - looked_up) * 1000
+
         def reserved(st: RequestState) -> None:
-            self._spawn(self._receive_kv(st, seq, rank_index, addr), st)
+            waits = (bootstrap_ms, (time.monotonic() - submitted) * 1000)
+            self._spawn(self._receive_kv(st, seq, rank_index, addr, waits), st)
 
         state.reserved_hook = reserved
         rank.submit(seq)
+
+    def _observe(self, record: TransferRecord) -> None:
+        for observer in self.transfer_observers:
+            observer(record)
 
     def _layout_mismatch(self, info: dict[str, Any]) -> str | None:
         ours = (self.args.page_size, self.args.kv_cache_dtype)
@@ -439,8 +471,15 @@ class Engine:
         return None
 
     async def _receive_kv(
-        self, state: RequestState, seq: Sequence, rank_index: int, addr: str
+        self,
+        state: RequestState,
+        seq: Sequence,
+        rank_index: int,
+        addr: str,
+        waits: tuple[float, float],
     ) -> None:
+        """Reserve on the prefill, wait for the KV, verify it. `waits` are the bootstrap and
+        allocation waits (ms) so far."""
         rank = self.ranks[rank_index]
         room = state.inp.bootstrap_room
         assert self.kv is not None and room is not None
@@ -480,6 +519,16 @@ class Engine:
             self.pd.last_speed_gb_s = (
                 seq.prompt_len * self.timing.kv_bytes_per_token / self.pd.last_latency_ms / 1e6
             )
+        self._observe(
+            TransferRecord(
+                "decode",
+                rank_index,
+                self.pd.last_latency_ms,
+                self.pd.last_speed_gb_s,
+                seq.prompt_len * self.timing.kv_bytes_per_token / 1e6,
+                *waits,
+            )
+        )
         state.prefill_first_token = int(answer["first_token_id"])
         rank.kv_arrived(seq)
 

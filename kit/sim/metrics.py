@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kit.sim.engine import Engine
+from kit.sim.engine import Engine, TransferRecord
 from kit.sim.requests import RequestState
 from kit.sim.scheduler import Mode
 
@@ -71,6 +71,10 @@ ITL_BUCKETS = (
     6.0,
     8.0,
 )
+KV_SPEED_BUCKETS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
+KV_LATENCY_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+KV_SIZE_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+KV_WAIT_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 ENGINE_TYPES = {Mode.NULL: "unified", Mode.PREFILL: "prefill", Mode.DECODE: "decode"}
 SGLANG_VERSION = "0.5.23"
 
@@ -114,11 +118,31 @@ class Metrics:
         self.transfer_q = gauge(
             "sglang:num_decode_transfer_queue_reqs", "Requests in the decode transfer queue."
         )
-        self.kv_latency = gauge("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).")
-        self.kv_speed = gauge("sglang:kv_transfer_speed_gb_s", "KV transfer speed (GB/s).")
-        self.kv_total_mb = gauge(
-            "sglang:kv_transfer_total_mb", "KV of the emulated transfers (MB, unscaled)."
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, rank_names, buckets=buckets, registry=reg)
+
+        # SGLang observes these per transfer: latency, speed and size on the prefill (the
+        # sender), bootstrap and allocation waits on the decode. Sizes are the emulated
+        # (unscaled) KV volume.
+        self.kv_latency = histogram(
+            "sglang:kv_transfer_latency_ms", "KV transfer latency (ms).", KV_LATENCY_BUCKETS
         )
+        self.kv_speed = histogram(
+            "sglang:kv_transfer_speed_gb_s", "KV transfer speed (GB/s).", KV_SPEED_BUCKETS
+        )
+        self.kv_total_mb = histogram(
+            "sglang:kv_transfer_total_mb", "KV transfer size (MB).", KV_SIZE_BUCKETS
+        )
+        self.kv_bootstrap_ms = histogram(
+            "sglang:kv_transfer_bootstrap_ms", "KV transfer bootstrap time (ms).", KV_WAIT_BUCKETS
+        )
+        self.kv_alloc_ms = histogram(
+            "sglang:kv_transfer_alloc_ms",
+            "KV transfer allocation waiting time (ms).",
+            KV_WAIT_BUCKETS,
+        )
+        engine.transfer_observers.append(self.observe_transfer)
         self.bootstrap_failed = Counter(
             "sglang:num_bootstrap_failed_reqs",
             "Requests whose bootstrap failed.",
@@ -218,6 +242,17 @@ class Metrics:
             )
         self.e2e.labels(**labels, is_streaming=streaming).observe(state.e2e_latency())
 
+    def observe_transfer(self, record: TransferRecord) -> None:
+        """Record one KV hand-off (called by the engine)."""
+        lab = self._rank_labels(record.dp_rank)
+        if record.side == "prefill":
+            self.kv_latency.labels(**lab).observe(record.latency_ms)
+            self.kv_speed.labels(**lab).observe(record.speed_gb_s)
+            self.kv_total_mb.labels(**lab).observe(record.total_mb)
+        else:
+            self.kv_bootstrap_ms.labels(**lab).observe(record.bootstrap_ms)
+            self.kv_alloc_ms.labels(**lab).observe(record.alloc_ms)
+
     def _bump(self, counter: Counter, key: str, total: int) -> None:
         delta = total - self._counted[key]
         if delta > 0:
@@ -243,9 +278,6 @@ class Metrics:
             self.inflight_q.labels(**lab).set(len(rank.inflight))
             self.prealloc_q.labels(**lab).set(len(rank.prealloc))
             self.transfer_q.labels(**lab).set(len(rank.transfer))
-            self.kv_latency.labels(**lab).set(round(e.pd.last_latency_ms, 3))
-            self.kv_speed.labels(**lab).set(round(e.pd.last_speed_gb_s, 3))
-            self.kv_total_mb.labels(**lab).set(round(e.pd.kv_bytes_emulated / 1e6, 3))
             self.sim_lag.labels(**lab).set(e.clock.lag.mean_s)
             self.sim_lag_max.labels(**lab).set(e.clock.lag.max_s)
         self._bump(self.bootstrap_failed, "bootstrap", e.pd.bootstrap_failed)

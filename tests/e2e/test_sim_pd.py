@@ -85,7 +85,12 @@ def test_generate_moves_the_kv_over_mooncake(pair):
     with urllib.request.urlopen(decode.url + "/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert "pdkit_sim:kv_bytes_moved_total" in metrics
-    assert 'sglang:kv_transfer_latency_ms{dp_rank="0",engine_type="decode"' in metrics
+    assert "sglang:kv_transfer_alloc_ms_count{" in metrics
+    with urllib.request.urlopen(prefill.url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    # SGLang's per-transfer histograms, observed by the sender.
+    assert "sglang:kv_transfer_latency_ms_bucket{" in metrics
+    assert 'engine_type="prefill"' in metrics and "sglang:kv_transfer_speed_gb_s_sum{" in metrics
     loads = request_json(prefill.url + "/v1/loads?include=disagg")[1]["loads"][0]
     assert loads["disaggregation"]["kv_transfer_latency_ms"] > 0
 
