@@ -12,6 +12,7 @@ outputs as ``data:`` lines ending with ``data: [DONE]``.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from dataclasses import dataclass
@@ -209,6 +210,16 @@ def output(state: RequestState) -> dict[str, Any]:
         "output_ids": list(state.output_ids),
         "meta_info": state.meta_info(),
     }
+
+
+def output_json(state: RequestState, index: int | None = None) -> str:
+    """`output` serialized; the growing id list is kept pre-serialized by the state, so a
+    stream chunk costs O(new tokens) in encoding rather than a full re-encode."""
+    index_part = "" if index is None else f',"index":{index}'
+    return (
+        f'{{"text":{json.dumps(state.text)},"output_ids":[{state.ids_csv}],'
+        f'"meta_info":{json.dumps(state.meta_info(), separators=(",", ":"))}{index_part}}}'
+    )
 
 
 def error_of(state: RequestState) -> tuple[int, str] | None:

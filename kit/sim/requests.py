@@ -54,6 +54,7 @@ class RequestState:
         self.source = source
         self.eos_after = eos_after
         self.output_ids: list[int] = []
+        self.ids_csv = ""  # the output ids as JSON array content, kept for stream chunks
         self.output_logprobs: list[float] = []
         self.text = ""
         self.finish: FinishReason | None = None
@@ -142,6 +143,7 @@ class RequestState:
         self.token_times.append(now)
         self.last_token_at = now
         self.output_ids.append(token)
+        self.ids_csv += f",{token}" if self.ids_csv else str(token)
         self.output_logprobs.append(
             tokens.token_logprob(self.inp.prompt_len + len(self.output_ids) - 1, token)
         )

@@ -364,10 +364,8 @@ class Api:
                 state = states[i]
                 if not state.output_ids and not state.done:
                     continue
-                out = api_native.output(state)
-                if as_list:
-                    out["index"] = i
-                await response.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+                chunk = api_native.output_json(state, i if as_list else None)
+                await response.write(f"data: {chunk}\n\n".encode())
                 if state.done:
                     pending.discard(i)
         await response.write(b"data: [DONE]\n\n")
