@@ -154,38 +154,61 @@ def compare(cfg: InstanceConfig, requests: int) -> None:
 
 
 async def _stream(
-    session: aiohttp.ClientSession, url: str, prompt: str, tokens: int, start: asyncio.Event
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    api: str,
+    prompt: str,
+    tokens: int,
+    start: asyncio.Event,
 ) -> list[float]:
-    """One streamed /v1/completions (as an OpenAI client sends it); returns the arrival time
-    of each token (the emulated model's tokens are one word each)."""
+    """One stream, as an OpenAI client (`/v1/completions`) or a native client (`/generate`)
+    sends it; returns the arrival time of each token."""
     await start.wait()
     times: list[float] = []
-    body = {
-        "model": "llama",
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    async with session.post(url + "/v1/completions", json=body) as r:
+    seen = 0
+    if api == "openai":
+        path = "/v1/completions"
+        body: dict[str, object] = {
+            "model": "llama",
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    else:
+        path = "/generate"
+        body = {
+            "text": prompt,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
+    async with session.post(url + path, json=body) as r:
         async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
+            if not raw.startswith(b"data: {"):
                 continue
-            text = json.loads(line[6:])["choices"][0]["text"]
             now = time.perf_counter()
-            times.extend([now] * text.count(" "))
+            if api == "openai":
+                # The emulated model's tokens are one word each.
+                count = seen + json.loads(raw[6:])["choices"][0]["text"].count(" ")
+            else:
+                # Native chunks are cumulative; read the count without decoding them.
+                at = raw.rfind(b'"completion_tokens":') + len(b'"completion_tokens":')
+                count = int(raw[at : raw.index(b",", at)])
+            times.extend([now] * (count - seen))
+            seen = count
     return times
 
 
-async def _burst(url: str, streams: int, prompt: str, tokens: int) -> list[list[float]]:
+async def _burst(url: str, api: str, streams: int, prompt: str, tokens: int) -> list[list[float]]:
     start = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=600)
-    ) as session:
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tasks = [
-            asyncio.create_task(_stream(session, url, prompt, tokens, start))
+            asyncio.create_task(
+                _stream(session, url, api=api, prompt=prompt, tokens=tokens, start=start)
+            )
             for _ in range(streams)
         ]
         await asyncio.sleep(0.2)
@@ -197,33 +220,36 @@ def live(streams: int, tokens: int = 256) -> None:
     model, gpu = "meta-llama/Llama-3.1-8B-Instruct", "H100-SXM"
     print(
         f"\nemulator lag: one real sim worker ({model} on {gpu}, speed 1), {streams} "
-        f"concurrent streams of {PROMPT} in / {tokens} out"
+        f"concurrent streams of {PROMPT} in / {tokens} out, against the same burst in "
+        "virtual time"
     )
-    port = free_port()
-    proc = SimProcess(
-        worker_argv(port=port, model=model),
-        env={"PDKIT_SIM_GPU": gpu, "PDKIT_SIM_LOAD_SECONDS": "0.2"},
-    )
-    with proc:
-        proc.wait_ready()
-        prompt = "x" * (PROMPT * 4)  # 4 bytes per token
-        results = asyncio.run(_burst(proc.url, streams, prompt, tokens))
-        info = request_json(proc.url + "/server_info")[1]["sim"]
-    observed = [(t[-1] - t[0]) / (len(t) - 1) for t in results if len(t) > 1]
     cfg = InstanceConfig(resolve_model(model), gpu_spec(gpu))
     burst = [replace(r, arrival=0.0) for r in poisson_workload(1.0, streams, PROMPT, tokens)]
     modelled = [o.tpot for o in Cluster("colocated", cfg).run(burst)]
-    for q in (0.5, 0.9):
-        o, m = percentile(observed, q), percentile(modelled, q)
-        print(
-            f"  P{int(q * 100)} TPOT: observed {o * 1000:6.2f} ms, model {m * 1000:6.2f} ms, "
-            f"ratio {o / m:5.3f}"
+    for api in ("openai", "native"):
+        proc = SimProcess(
+            worker_argv(port=free_port(), model=model),
+            env={"PDKIT_SIM_GPU": gpu, "PDKIT_SIM_LOAD_SECONDS": "0.2"},
         )
-    print(
-        f"  step-timer lag: mean {info['step_lag_mean_s'] * 1000:.2f} ms, p99 "
-        f"{info['step_lag_p99_s'] * 1000:.2f} ms, max {info['step_lag_max_s'] * 1000:.2f} ms "
-        f"over {info['steps']} steps"
-    )
+        with proc:
+            proc.wait_ready()
+            prompt = "x" * (PROMPT * 4)  # 4 bytes per token
+            results = asyncio.run(_burst(proc.url, api, streams, prompt, tokens))
+            info = request_json(proc.url + "/server_info")[1]["sim"]
+        observed = [(t[-1] - t[0]) / (len(t) - 1) for t in results if len(t) > 1]
+        label = "/v1/completions" if api == "openai" else "/generate"
+        print(f"  {label} streams ({len(observed)} complete):")
+        for q in (0.5, 0.9):
+            o, m = percentile(observed, q), percentile(modelled, q)
+            print(
+                f"    P{int(q * 100)} TPOT: observed {o * 1000:6.2f} ms, model "
+                f"{m * 1000:6.2f} ms, ratio {o / m:5.3f}"
+            )
+        print(
+            f"    step-timer lag: mean {info['step_lag_mean_s'] * 1000:.2f} ms, p99 "
+            f"{info['step_lag_p99_s'] * 1000:.2f} ms, max "
+            f"{info['step_lag_max_s'] * 1000:.2f} ms over {info['steps']} steps"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
