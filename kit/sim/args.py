@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--tp-size", "--tp", "--tensor-parallel-size", type=_positive, default=1)
     add("--dp-size", "--dp", "--data-parallel-size", type=_positive, default=1)
     add("--enable-dp-attention", action="store_true")
+    add("--attn-dp-size", "--attention-data-parallel-size", type=_positive)
     add("--pp-size", "--pp", "--pipeline-parallel-size", type=_positive, default=1)
     add("--ep-size", "--ep", "--expert-parallel-size", type=_positive, default=1)
     add("--nnodes", type=_positive, default=1)
@@ -207,6 +208,9 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         fail(f"--node-rank {ns.node_rank} must be < --nnodes {ns.nnodes}")
     if ns.nnodes > 1 and not ns.dist_init_addr:
         fail("--nnodes > 1 needs --dist-init-addr HOST:PORT, as in SGLang")
+    if ns.attn_dp_size and ns.attn_dp_size > 1:
+        # SGLang 0.5.23's spelling of DP attention (--dp-size N --enable-dp-attention).
+        ns.enable_dp_attention, ns.dp_size = True, ns.attn_dp_size
     if ns.enable_dp_attention and ns.tp_size % ns.dp_size:
         fail(
             f"--tp-size {ns.tp_size} must be a multiple of --dp-size {ns.dp_size} "

@@ -74,6 +74,11 @@ def test_honoured_flags_and_defaults():
     assert args.as_dict()["api_key"] == "<redacted>"
 
 
+def test_attn_dp_size_is_dp_attention():
+    args = parse_args(["--model-path", "m", "--tp-size", "16", "--attn-dp-size", "8"])
+    assert (args.dp_size, args.enable_dp_attention) == (8, True)
+
+
 def test_served_name_defaults_to_the_model_path():
     assert parse_args(["--model", "Qwen/Qwen3-8B"]).served_model_name == "Qwen/Qwen3-8B"
 
