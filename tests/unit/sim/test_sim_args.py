@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from pathlib import Path
 
 import pytest
 
 from kit.sim.args import ArgsError, parse_args
+from kit.sim.clock import RealClock
+from kit.sim.engine import Engine
 from kit.sim.settings import SettingsError, SimSettings
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
@@ -155,3 +158,16 @@ def test_settings_defaults_and_sglang_timeouts():
 def test_bad_settings_name_the_variable(env):
     with pytest.raises(SettingsError, match=next(iter(env))):
         SimSettings.from_env(env)
+
+
+@pytest.mark.parametrize("argv", rendered_commands(), ids=lambda a: " ".join(a[:4]))
+def test_every_rendered_worker_fits_its_emulated_gpus(argv):
+    """Each example topology's workers start in the sim: known model, KV room left."""
+    args = parse_args(argv)
+
+    async def build():
+        return Engine(args, SimSettings.from_env({}), RealClock(asyncio.get_running_loop()))
+
+    engine = asyncio.run(build())
+    assert engine.model.matched
+    assert engine.capacity_tokens > 10_000

@@ -24,6 +24,7 @@ def test_parameter_counts_match_the_published_ones(model):
         ("meta-llama/Meta-Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
         ("meta-llama/Llama-2-13b-chat-hf", "Llama-2-13B"),
         ("Qwen/Qwen3-8B", "Qwen3-8B"),
+        ("Qwen/Qwen3-32B", "Qwen3-32B"),
         ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B"),
         ("deepseek-ai/DeepSeek-V3-0324", "DeepSeek-V3"),
         ("/models/deepseek-r1", "DeepSeek-V3"),
