@@ -1,25 +1,28 @@
 """`make bench-lb`: pdkit's PD load balancer against sglang-router's mini_lb, smg, and no router.
 
-The same closed-loop load goes to each target in one run, in front of the same fake PD workers:
+The same load goes to each target in one run, in front of the same fake PD workers:
 - `direct`: straight to one decode worker (the floor: no routing at all);
-- `pdkit`: `python -m kit.lb` (this repo);
+- `pdkit`: `python -m kit.lb` (this repo), default policies;
 - `mini_lb`: `python -m sglang_router.launch_router --pd-disaggregation --mini-lb` (0.3.2);
-- `smg`: `smg launch --pd-disaggregation` (1.13.0).
+- `smg`: `smg launch --pd-disaggregation` (1.13.0), default policies.
 
-Fairness on a shared 2-core machine: the router under test is pinned alone to one CPU; the fake
-workers (a separate, lightweight process: raw asyncio HTTP, no parsing beyond what routing
-needs) and this load generator share the other. Numbers are ratios against the direct path
-measured in the same run, never absolute targets.
+Fairness on a shared 2-core machine: each router is pinned to CPU 1 (only the one under test is
+busy); the fake workers (a separate, lightweight process: raw asyncio HTTP, no parsing beyond
+what routing needs) and this load generator share CPU 0. Targets are measured in interleaved
+rounds so that they all see the same background noise. Results are ratios against the direct
+path and between routers in the same run, never absolute targets.
 
-For each target and for non-streaming and streaming `/generate`:
-- throughput: `--concurrency` clients in a closed loop for `--seconds`, requests/s;
-- added latency: `--latency-concurrency` clients, p50/p99 of the end-to-end latency minus the
-  direct path's p50/p99 (ms);
-- router CPU time per request (ms), from /proc/PID/stat (utime + stime, all threads) before and
-  after the throughput phase.
+For each target and for non-streaming and streaming `/generate` (`--tokens` events per stream):
+- throughput: `--concurrency` clients in a closed loop for `--seconds`: requests/s, and the
+  router's CPU time per request (/proc/PID/stat utime + stime, all threads, over exactly the
+  measured window), whose inverse is the requests one whole core would serve;
+- added latency: `--latency-requests` arriving at `--latency-rate`/s (Poisson, open loop, far
+  below every router's capacity): p50/p99 of end-to-end latency (non-streaming) or time to the
+  first chunk (streaming), minus the direct path's.
 
 Venvs: PDKIT_SGLANG_ROUTER_PYTHON (default .venv-sglang-router/bin/python) and PDKIT_SMG
-(default .venv-smg/bin/smg); a target whose venv is missing is skipped with a note.
+(default .venv-smg/bin/smg); a target whose venv is missing is skipped with a note. Router logs
+go to .bench/lb/NAME.log.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -302,6 +306,7 @@ class LoadResult:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     firsts: list[float] = field(default_factory=list)
+    cpu: float = 0.0  # CPU seconds of the router over the phase (throughput phases)
 
     @property
     def rate(self) -> float:
@@ -316,17 +321,40 @@ class LoadResult:
         return data[min(len(data) - 1, max(0, round(q / 100 * (len(data) - 1))))]
 
 
+def _record(
+    result: LoadResult, started: float, answer: tuple[int, float | None, int], events: int
+) -> None:
+    status, first, got = answer
+    if status == 200 and (not events or got == events):
+        result.done += 1
+        result.latencies.append(time.perf_counter() - started)
+        if first is not None:
+            result.firsts.append(first - started)
+    else:
+        result.errors += 1
+
+
+async def _ask(conn: Connection, raw: bytes) -> tuple[int, float | None, int]:
+    try:
+        return await conn.request(raw)
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        await conn.close()
+        return 0, None, 0
+
+
 async def closed_loop(
     port: int,
     body: bytes,
     concurrency: int,
     *,
-    seconds: float | None = None,
-    count: int | None = None,
-    warmup: float = 0.3,
+    seconds: float,
     events: int = 0,
+    pid: int | None = None,
+    warmup: float = 0.3,
 ) -> LoadResult:
-    """`concurrency` clients, each sending the next request when the last is answered.
+    """Throughput: `concurrency` clients, each sending the next request when the last is
+    answered, for `seconds` after a warm-up. With `pid`, `cpu` is that process tree's CPU time
+    over exactly the measured window.
 
     An answer counts as an error unless its status is 200 and, when `events` > 0, it carried
     exactly that many SSE events (the tokens and `[DONE]`).
@@ -334,39 +362,57 @@ async def closed_loop(
     raw = http_request("127.0.0.1", port, body)
     result = LoadResult()
     connections = [Connection("127.0.0.1", port) for _ in range(concurrency)]
-    remaining = [count if count is not None else 1 << 62]
-    stop_at = [float("inf")]
-    measuring = [False]
+    stop_at = time.perf_counter() + warmup + seconds
+    measuring = False
 
     async def client(conn: Connection) -> None:
-        while remaining[0] > 0 and time.perf_counter() < stop_at[0]:
-            if measuring[0]:
-                remaining[0] -= 1
+        while time.perf_counter() < stop_at:
             started = time.perf_counter()
-            try:
-                status, first, got = await conn.request(raw)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                status, first, got = 0, None, 0
-                await conn.close()
-            if not measuring[0]:
-                continue
-            if status == 200 and (not events or got == events):
-                result.done += 1
-                result.latencies.append(time.perf_counter() - started)
-                if first is not None:
-                    result.firsts.append(first - started)
-            else:
-                result.errors += 1
+            answer = await _ask(conn, raw)
+            if measuring:
+                _record(result, started, answer, events)
 
     tasks = [asyncio.create_task(client(c)) for c in connections]
     await asyncio.sleep(warmup)
-    measuring[0] = True
+    measuring = True
+    cpu_before = cpu_tree_seconds(pid) if pid else 0.0
     begun = time.perf_counter()
-    if seconds is not None:
-        stop_at[0] = begun + seconds
     await asyncio.gather(*tasks)
     result.seconds = time.perf_counter() - begun
+    result.cpu = cpu_tree_seconds(pid) - cpu_before if pid else 0.0
     for conn in connections:
+        await conn.close()
+    return result
+
+
+async def open_loop(
+    port: int, body: bytes, rate: float, count: int, *, events: int = 0, seed: int = 1
+) -> LoadResult:
+    """Latency: `count` requests at Poisson arrivals of `rate` per second, each on a free
+    keep-alive connection, whether or not earlier ones are done (no queueing in the client)."""
+    raw = http_request("127.0.0.1", port, body)
+    result = LoadResult()
+    idle: list[Connection] = []
+    rng = random.Random(seed)
+
+    async def one() -> None:
+        conn = idle.pop() if idle else Connection("127.0.0.1", port)
+        started = time.perf_counter()
+        answer = await _ask(conn, raw)
+        _record(result, started, answer, events)
+        idle.append(conn)
+
+    tasks = []
+    begun = due = time.perf_counter()
+    for _ in range(count):
+        due += rng.expovariate(rate)
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    result.seconds = time.perf_counter() - begun
+    for conn in idle:
         await conn.close()
     return result
 
@@ -574,20 +620,23 @@ async def measure_round(
     concurrency = args.stream_concurrency if stream else args.concurrency
     events = args.tokens + 1 if stream else 0
     pid = target.proc.pid if target.proc is not None else None
-    cpu_before = cpu_tree_seconds(pid) if pid else 0.0
     throughput = await closed_loop(
-        target.port, body, concurrency, seconds=args.seconds / args.rounds, events=events
-    )
-    cpu = cpu_tree_seconds(pid) - cpu_before if pid else 0.0
-    latency = await closed_loop(
         target.port,
         body,
-        args.latency_concurrency,
-        count=max(args.latency_requests // args.rounds, 1),
-        warmup=0.1,
+        concurrency,
+        seconds=args.seconds / args.rounds,
         events=events,
+        pid=pid,
     )
-    into.add(throughput, latency, cpu)
+    latency = await open_loop(
+        target.port,
+        body,
+        args.latency_rate,
+        max(args.latency_requests // args.rounds, 1),
+        events=events,
+        seed=len(into.latency.latencies) + 1,
+    )
+    into.add(throughput, latency, throughput.cpu)
 
 
 def _request_body(stream: bool, tokens: int) -> bytes:
@@ -640,8 +689,8 @@ def report(
     )
     print(
         f"throughput: {args.concurrency} (streams {args.stream_concurrency}) clients, "
-        f"{args.seconds:g} s per target and mode; latency: {args.latency_concurrency} clients, "
-        f"{args.latency_requests} requests; {args.rounds} interleaved rounds"
+        f"{args.seconds:g} s per target and mode; latency: {args.latency_requests} requests "
+        f"arriving at {args.latency_rate:g}/s (open loop); {args.rounds} interleaved rounds"
     )
     print("+ms = added over direct: end to end (non-streaming), time to first chunk (streaming)")
     print(
@@ -785,12 +834,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--stream-concurrency", type=int, default=64)
-    p.add_argument("--latency-concurrency", type=int, default=4)
+    p.add_argument(
+        "--latency-rate",
+        type=float,
+        default=200.0,
+        help="arrivals per second of the latency phase (Poisson, open loop; default 200)",
+    )
     p.add_argument(
         "--latency-requests",
         type=int,
-        default=2400,
-        help="requests of the latency phase, over all rounds",
+        default=2000,
+        help="requests of the latency phase, over all rounds (default 2000)",
     )
     p.add_argument(
         "--rounds", type=int, default=6, help="interleaved rounds over the targets (default 6)"
