@@ -157,7 +157,7 @@ def _chat_logprobs(state: RequestState, start: int = 0) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "token": text,
             "bytes": list(text.encode()),
-            "logprob": state.output_logprobs[i],
+            "logprob": state.logprob_at(i),
             "top_logprobs": [],
         }
         pos = state.inp.prompt_len + i
@@ -191,7 +191,7 @@ def _completion_logprobs(state: RequestState, start: int = 0) -> dict[str, Any]:
     )
     return {
         "tokens": texts,
-        "token_logprobs": state.output_logprobs[start:],
+        "token_logprobs": [state.logprob_at(i) for i in range(start, len(state.output_ids))],
         "top_logprobs": top,
         "text_offset": offsets,
     }
@@ -263,6 +263,13 @@ class StreamFormatter:
         self.sent_tokens = [0] * len(states)
         self.started = [False] * len(states)
         self.finished = [False] * len(states)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        # Content chunks are the hot path (one per token per stream): only the delta text is
+        # encoded; the rest is this prefix. `_chunk` builds the same JSON the slow way.
+        self._head = (
+            f'data: {{"id":{json.dumps(self.id)},"object":"{obj}","created":{self.created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":'
+        )
 
     def _chunk(
         self,
@@ -300,6 +307,13 @@ class StreamFormatter:
         }
         return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
+    def content_chunk(self, index: int, piece: str) -> str:
+        """A content delta without logprobs; equal to ``_chunk(index, delta, None)``."""
+        text = json.dumps(piece)
+        delta = f'"delta":{{"content":{text}}}' if self.chat else f'"text":{text}'
+        tail = '"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}'
+        return f"{self._head}{index},{delta},{tail}\n\n"
+
     def updates(self, index: int) -> list[str]:
         """Chunks for whatever `states[index]` produced since the last call."""
         state = self.states[index]
@@ -311,12 +325,13 @@ class StreamFormatter:
         new_tokens = len(state.output_ids) > self.sent_tokens[index]
         if new_tokens and (len(text) > self.sent_text[index] or state.inp.return_logprob):
             piece = text[self.sent_text[index] :]
-            logprobs = None
             if state.inp.return_logprob:
                 fn = _chat_logprobs if self.chat else _completion_logprobs
                 logprobs = fn(state, self.sent_tokens[index])
-            delta: dict[str, Any] | str = {"content": piece} if self.chat else piece
-            out.append(self._chunk(index, delta, None, logprobs))
+                delta: dict[str, Any] | str = {"content": piece} if self.chat else piece
+                out.append(self._chunk(index, delta, None, logprobs))
+            else:
+                out.append(self.content_chunk(index, piece))
             self.sent_text[index] = len(text)
         self.sent_tokens[index] = len(state.output_ids)
         if state.done and not self.finished[index]:

@@ -54,8 +54,8 @@ class RequestState:
         self.source = source
         self.eos_after = eos_after
         self.output_ids: list[int] = []
-        self.ids_csv = ""  # the output ids as JSON array content, kept for stream chunks
-        self.output_logprobs: list[float] = []
+        self._csv = ""
+        self._csv_upto = 0
         self.text = ""
         self.finish: FinishReason | None = None
         self.arrival = time.monotonic()
@@ -143,11 +143,24 @@ class RequestState:
         self.token_times.append(now)
         self.last_token_at = now
         self.output_ids.append(token)
-        self.ids_csv += f",{token}" if self.ids_csv else str(token)
-        self.output_logprobs.append(
-            tokens.token_logprob(self.inp.prompt_len + len(self.output_ids) - 1, token)
-        )
         self.text += tokens.decode_token(token)
+
+    @property
+    def ids_csv(self) -> str:
+        """The output ids as JSON array content, extended incrementally (stream chunks)."""
+        if self._csv_upto < len(self.output_ids):
+            fresh = ",".join(map(str, self.output_ids[self._csv_upto :]))
+            self._csv = f"{self._csv},{fresh}" if self._csv else fresh
+            self._csv_upto = len(self.output_ids)
+        return self._csv
+
+    def logprob_at(self, index: int) -> float:
+        """The reported log-probability of output token `index`."""
+        return tokens.token_logprob(self.inp.prompt_len + index, self.output_ids[index])
+
+    @property
+    def output_logprobs(self) -> list[float]:
+        return [self.logprob_at(i) for i in range(len(self.output_ids))]
 
     def _stop_match(self, token: int) -> FinishReason | None:
         if len(self.output_ids) < self.inp.min_new_tokens:

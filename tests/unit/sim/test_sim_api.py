@@ -9,12 +9,14 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from kit.sim.api_native import ApiError, parse_generate
-from kit.sim.api_openai import parse_chat, parse_completion
+from kit.sim.api_openai import StreamFormatter, parse_chat, parse_completion
 from kit.sim.args import parse_args
 from kit.sim.clock import RealClock
 from kit.sim.engine import Engine
+from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.server import Api
 from kit.sim.settings import SimSettings
+from kit.sim.tokens import OutputSource
 
 VOCAB = 32000
 
@@ -193,3 +195,12 @@ def test_loads_and_server_info_shapes():
         await api.engine.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_fast_stream_chunks_equal_the_general_ones(chat):
+    state = RequestState(GenerateInput("abc", [1, 2], 4), OutputSource(0, [1, 2]), None)
+    fmt = StreamFormatter(chat, 'mo"del', [state])
+    piece = ' "quoted" \\ ünï'
+    delta = {"content": piece} if chat else piece
+    assert fmt.content_chunk(0, piece) == fmt._chunk(0, delta, None)
