@@ -23,8 +23,7 @@ variable                    default    meaning
                                        a request does not set ``ignore_eos``: it ends with
                                        EOS after a per-request length drawn uniformly from
                                        [mean/2, 3*mean/2]; 0 = never emit EOS.
-``PDKIT_SIM_LOG_LEVEL``     (--log-level) Python log level name (default: ``--log-level``,
-                                       else INFO).
+``PDKIT_SIM_LOG_LEVEL``     info       Python log level name; unset: ``--log-level``.
 =========================== ========== =====================================================
 
 SGLang variables the sim honours with SGLang's meaning and defaults
@@ -34,10 +33,11 @@ SGLang variables the sim honours with SGLang's meaning and defaults
 decode to reserve KV room), ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (300 s: a decode waits
 this long for the KV after reserving), ``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`` (5 s, at
 least 2), ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`` (2), ``SGLANG_HEALTH_CHECK_TIMEOUT``
-(20 s), ``SGLANG_DISAGGREGATION_THREAD_POOL_SIZE`` (threads that run Mooncake writes; default
-4), ``SGLANG_HOST_IP`` (the address the transfer engine advertises; default ``--host``, or the
-primary address when that is a wildcard), ``MOONCAKE_PROTOCOL`` is ignored: the sim always
-uses ``tcp``.
+(20 s), ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` (true: ``/health`` runs a probe like
+``/health_generate``), ``SGLANG_DISAGGREGATION_THREAD_POOL_SIZE`` (threads that run Mooncake
+writes; default 4), ``SGLANG_HOST_IP`` (the address the transfer engine advertises; default
+``--host``, or the primary address when that is a wildcard). ``MOONCAKE_PROTOCOL`` is
+ignored: the sim always uses ``tcp``. Timeouts accept fractional seconds (SGLang: integers).
 """
 
 from __future__ import annotations
