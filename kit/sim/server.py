@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import time
 import uuid
@@ -53,9 +52,7 @@ class Api:
         self.ready = False
         self.stopping = False
         self.started = time.time()
-        self.generation_health = os.environ.get(
-            "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true"
-        ).lower() not in ("0", "false")
+        self.generation_health = engine.settings.health_generation
         args = engine.args
         self.keys = (args.api_key, args.admin_api_key)
         self._live: dict[int, RequestState] = {}

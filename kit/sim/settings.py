@@ -79,6 +79,7 @@ class SimSettings:
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     heartbeat_max_failure: int = HEARTBEAT_MAX_FAILURE
     health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    health_generation: bool = True
     transfer_threads: int = TRANSFER_THREADS
     host_ip: str | None = None
 
@@ -115,6 +116,10 @@ class SimSettings:
             health_check_timeout_s=_number(
                 env, "SGLANG_HEALTH_CHECK_TIMEOUT", HEALTH_CHECK_TIMEOUT_S, minimum=0.0
             ),
+            health_generation=env.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true")
+            .strip()
+            .lower()
+            not in ("0", "false", "no", "off"),
             transfer_threads=_integer(
                 env, "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", TRANSFER_THREADS, minimum=1
             ),
