@@ -37,6 +37,17 @@ TopologyArg = Annotated[
     Path, typer.Argument(help="Topology YAML file.", metavar="TOPOLOGY", show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Keep state in DIR/<name>/ (default: .pdkit/<name>/ beside the topology, "
+        "or $PDKIT_STATE_DIR/<name>/).",
+        metavar="DIR",
+        show_default=False,
+    ),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")]
 
 
 @app.callback()
@@ -205,16 +216,7 @@ def status(
 )
 def up(
     topology: TopologyArg,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="Keep state in DIR/<name>/ (default: .pdkit/<name>/ beside the topology, "
-            "or $PDKIT_STATE_DIR/<name>/).",
-            metavar="DIR",
-            show_default=False,
-        ),
-    ] = None,
+    state_dir: StateDirOpt = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -234,9 +236,7 @@ def up(
             show_default=False,
         ),
     ] = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Install and start every process of a topology, in order, and wait until it serves."""
     from kit.deploy import UpOptions, load_context  # noqa: PLC0415
@@ -253,13 +253,8 @@ def up(
 )
 def down(
     topology: TopologyArg,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option("--state-dir", help="As for `pdkit up`.", metavar="DIR", show_default=False),
-    ] = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
-    ] = False,
+    state_dir: StateDirOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Stop every process of a topology: router first, then workers."""
     from kit.deploy import down as deploy_down  # noqa: PLC0415
@@ -338,13 +333,8 @@ def provision(
         list[str] | None,
         typer.Option("-e", "--extra-var", help="Set a role variable.", metavar="NAME=VALUE"),
     ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option("--state-dir", help="As for `pdkit up`.", metavar="DIR", show_default=False),
-    ] = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")
-    ] = False,
+    state_dir: StateDirOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
     from kit.deploy import load_context  # noqa: PLC0415

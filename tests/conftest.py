@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,22 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
+
+
+def run_pdkit(
+    *args: str, timeout: float = 60, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`pdkit ARGS` as a user runs it (this interpreter, from the repo root); never raises on a
+    non-zero exit. `env` replaces the environment when given."""
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(env) if env is not None else dict(os.environ),
+        timeout=timeout,
+    )
 
 
 def base_topology() -> dict:

@@ -28,7 +28,7 @@ import yaml
 
 from kit.sglang.resolve import resolve
 from kit.topology.plan import Plan, WorkerProcess
-from tests.conftest import REPO
+from tests.conftest import REPO, run_pdkit
 
 pytestmark = pytest.mark.e2e
 
@@ -215,15 +215,7 @@ def running(topology: Path, logs: Path) -> Iterator[Cluster]:
         cluster.close()
 
 
-def pdkit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+pdkit = run_pdkit
 
 
 def status_json(topology: Path, *extra: str) -> dict:
@@ -377,7 +369,11 @@ def test_a_prefill_the_router_drains_is_draining_until_its_request_ends(healthy)
         assert request.result(timeout=120) == 200  # the drained prefill finished its request
     # once drained the router forgets it: put it back as an operator would
     port = {"bootstrap_port": busy.bootstrap_port, "role": "prefill", "url": busy.url}
-    assert admin("POST", f"{router}/workers", port) == 201
+    # (the router removes a drained worker just after its last request ends: 409 until then)
+    wait_until(
+        "the router to take the prefill back",
+        lambda: admin("POST", f"{router}/workers", port) == 201,
+    )
     wait_until(
         "the prefill routable again", lambda: pdkit("health", str(healthy.topology)).returncode == 0
     )

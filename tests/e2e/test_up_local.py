@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ import yaml
 
 from kit.deploy.layout import HostLayout
 from kit.deploy.services import supervisor_processes
-from tests.conftest import REPO
+from tests.conftest import REPO, run_pdkit
 
 pytestmark = pytest.mark.e2e
 
@@ -69,15 +68,7 @@ def write_topology(tmp_path: Path, name: str) -> tuple[Path, dict]:
 def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
     env["PDKIT_E2E_KEY"] = API_KEY
-    return subprocess.run(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
+    return run_pdkit(*args, timeout=timeout, env=env)
 
 
 def layout(topology: Path, name: str) -> HostLayout:

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, TOPOLOGIES, base_topology
+from tests.conftest import REPO, TOPOLOGIES, base_topology, run_pdkit
 
-
-def pdkit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+pdkit = run_pdkit
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import run_pdkit as shared_run_pdkit
 from tests.netns import TestBed, unavailable_reason
 
 HOST_REQUIREMENTS = ["sglang-pdkit[sim]", "supervisor"]
@@ -87,12 +86,5 @@ def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
 
 def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
-    return subprocess.run(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-        env={**os.environ, **bed.ansible_env(), "COLUMNS": "200"},
-    )
+    env = {**os.environ, **bed.ansible_env(), "COLUMNS": "200"}
+    return shared_run_pdkit(*args, timeout=timeout, env=env)

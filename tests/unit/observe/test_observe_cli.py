@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_pdkit
 
-
-def pdkit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+pdkit = run_pdkit
 
 
 def nothing_running(write_topology, free_port) -> str:
