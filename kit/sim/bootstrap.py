@@ -26,6 +26,7 @@ from aiohttp import web
 logger = logging.getLogger(__name__)
 
 KV_PATH = "/pdkit_sim/kv"
+MAX_RESERVATION_BYTES = 256 * 1024**2
 
 
 class RoomError(RuntimeError):
@@ -134,7 +135,9 @@ class BootstrapServer:
 
     def __init__(self, rooms: RoomTable) -> None:
         self.rooms = rooms
-        self.app = web.Application()
+        # A decode's reservation lists its KV extents: a long prompt in a fragmented pool
+        # makes a message of megabytes (SGLang sends the same indices over ZMQ, unbounded).
+        self.app = web.Application(client_max_size=MAX_RESERVATION_BYTES)
         self.info: dict[str, Any] = {}
         self.ranks: dict[tuple[int, int, int, int], dict[str, Any]] = {}
         self.expected = 0

@@ -35,7 +35,7 @@ from kit.sim.kvpool import KvPool
 from kit.sim.models import ModelShape, resolve_model
 from kit.sim.pd_client import PdError, PrefillDirectory
 from kit.sim.requests import GenerateInput, RequestState
-from kit.sim.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
+from kit.sim.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
 from kit.sim.settings import SimSettings
 from kit.sim.timing import (
     GpuSpec,
@@ -56,6 +56,8 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 # had already started finishes well within this (MC_TRANSFER_TIMEOUT is the hard bound).
 KV_QUARANTINE_S = 5.0
 GEN_THROUGHPUT_WINDOW_S = 5.0
+DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
+HEALTH_CHECK_PREFIX = "HEALTH_CHECK"  # rid prefix of health probes (SGLang's)
 
 
 @dataclass(frozen=True)
@@ -209,8 +211,27 @@ class Engine:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(state.tasks.discard)
 
-    def _on_step(self, step: Any) -> None:
+    def _on_step(self, rank: Scheduler, step: Step) -> None:
+        """SGLang's batch log lines: every prefill batch, every 40th decode batch."""
         self.steps += 1
+        if step.prefill and not all(s.rid.startswith(HEALTH_CHECK_PREFIX) for s, _ in step.prefill):
+            logger.info(
+                "Prefill batch. #new-seq: %d, #new-token: %d, #running-req: %d, #queue-req: %d",
+                len(step.prefill),
+                sum(n for _, n in step.prefill),
+                len(rank.running),
+                rank.num_queued(),
+            )
+        elif step.decode and self.steps % DECODE_LOG_INTERVAL == 0:
+            logger.info(
+                "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
+                "gen throughput (token/s): %.2f, #queue-req: %d",
+                len(step.decode),
+                rank.pool.used_pages * rank.pool.page_size,
+                rank.pool.usage(),
+                self.gen_throughput(),
+                rank.num_queued(),
+            )
 
     # -- requests --------------------------------------------------------------------------
 
@@ -312,11 +333,12 @@ class Engine:
             reservation = await self.rooms.wait(room, self.settings.bootstrap_timeout_s)
         except RoomError as exc:
             self.pd.bootstrap_failed += 1
-            state.fail(
+            message = (
                 f"Prefill bootstrap failed for request rank=0 req.rid={state.inp.rid!r} "
-                f"req.bootstrap_room={room} with exception {exc}",
-                500,
+                f"req.bootstrap_room={room} with exception {exc}"
             )
+            logger.error(message)
+            state.fail(message, 500)
             return
         finally:
             self.pd.bootstrap_queue -= 1
@@ -392,15 +414,12 @@ class Engine:
         except (TransferError, OSError) as exc:
             self.pd.transfer_failed += 1
             reservation.complete({"status": "failed", "message": str(exc)})
-            rank.transfer_done(
-                seq,
-                FinishReason(
-                    "abort",
-                    status_code=500,
-                    message=f"Prefill transfer failed for request rank=0 req.rid={seq.rid!r} "
-                    f"req.bootstrap_room={room} with exception {exc}",
-                ),
+            message = (
+                f"Prefill transfer failed for request rank=0 req.rid={seq.rid!r} "
+                f"req.bootstrap_room={room} with exception {exc}"
             )
+            logger.error(message)
+            rank.transfer_done(seq, FinishReason("abort", status_code=500, message=message))
         finally:
             # Cancelled (the prefill request was aborted) or failed: never leave the decode
             # waiting for an answer.
@@ -434,12 +453,12 @@ class Engine:
         try:
             info = await self.prefills.prefill_info(addr)
         except PdError as exc:
-            self.pd.bootstrap_failed += 1
-            state.fail(f"{prefix} with exception {exc}", 500)
-            return
-        mismatch = self._layout_mismatch(info)
+            mismatch: str | None = str(exc)
+        else:
+            mismatch = self._layout_mismatch(info)
         if mismatch:
             self.pd.bootstrap_failed += 1
+            logger.error("%s with exception %s", prefix, mismatch)
             state.fail(f"{prefix} with exception {mismatch}", 500)
             return
         if state.done:
@@ -499,16 +518,12 @@ class Engine:
                 raise PdError("KV checksum mismatch")
         except PdError as exc:
             self.pd.transfer_failed += 1
-            self._drop(
-                rank_index,
-                seq,
-                FinishReason(
-                    "abort",
-                    status_code=500,
-                    message=f"Decode transfer failed for request rank=0 req.rid={seq.rid!r} "
-                    f"req.bootstrap_room={room} with exception {exc}",
-                ),
+            message = (
+                f"Decode transfer failed for request rank=0 req.rid={seq.rid!r} "
+                f"req.bootstrap_room={room} with exception {exc}"
             )
+            logger.error(message)
+            self._drop(rank_index, seq, FinishReason("abort", status_code=500, message=message))
             return
         self.pd.checksum_ok += 1
         self.pd.kv_transfers += 1

@@ -171,6 +171,8 @@ class PrefillDirectory:
             async with self._http().post(
                 url, json=reservation, timeout=aiohttp.ClientTimeout(total=None)
             ) as r:
+                if r.content_type != "application/json":
+                    raise PdError(f"the prefill answered {r.status}: {(await r.text())[:200]}")
                 body: dict[str, Any] = await r.json()
         except (aiohttp.ClientError, ValueError) as exc:
             raise PdError(f"Lost connection with prefill instance ({url}): {exc}") from exc

@@ -158,7 +158,7 @@ class Scheduler:
         max_prefill_tokens: int = 16384,
         mixed_chunk: bool = False,
         reserved_decode_tokens: int = 512,
-        on_step: Callable[[Step], None] | None = None,
+        on_step: Callable[[Scheduler, Step], None] | None = None,
     ) -> None:
         self.mode = mode
         self.timing = timing
@@ -333,7 +333,7 @@ class Scheduler:
                 MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
             )
         if self.on_step is not None:
-            self.on_step(step)
+            self.on_step(self, step)
         self._kick(now)
 
     def _emit(self, seq: Sequence, now: float) -> bool:

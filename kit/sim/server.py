@@ -20,7 +20,7 @@ from aiohttp import web
 
 from kit.sim import api_native, api_openai
 from kit.sim.api_native import ApiError
-from kit.sim.engine import Engine
+from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
 from kit.sim.requests import GenerateInput, RequestState
 
@@ -128,7 +128,7 @@ class Api:
         steps = engine.steps
         state = engine.submit(
             GenerateInput(
-                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                rid=f"{HEALTH_CHECK_PREFIX}_{uuid.uuid4().hex}",
                 prompt_ids=[0],
                 max_new_tokens=1,
                 health_check=True,

@@ -108,6 +108,31 @@ def test_rooms_meet_in_either_order_and_time_out():
     asyncio.run(main())
 
 
+def test_a_fragmented_reservation_of_megabytes_is_accepted():
+    async def main():
+        rooms = RoomTable()
+        test = TestServer(BootstrapServer(rooms).app, host="127.0.0.1")
+        await test.start_server()
+        extents = [[1_000_000 + 64 * i, 32] for i in range(0, 200_000, 2)]  # ~2 MB of JSON
+        body = {
+            "room": 8,
+            "session": "s",
+            "extents": extents,
+            "bytes_per_token": 32,
+            "kv_tokens": len(extents),
+        }
+        async with aiohttp.ClientSession() as http:
+            poll = asyncio.ensure_future(http.post(test.make_url(KV_PATH), json=body))
+            reservation = await rooms.wait(8, 10)
+            assert len(reservation.extents) == 100_000
+            reservation.complete({"status": "ok"})
+            async with await poll as r:
+                assert r.status == 200
+        await test.close()
+
+    asyncio.run(main())
+
+
 def test_decode_withdrawing_its_poll_is_seen_by_the_prefill():
     async def main():
         rooms = RoomTable()

@@ -22,6 +22,15 @@ def test_pool_hands_out_contiguous_pages_first():
     assert page_runs([0, 1, 2, 7, 8, 4]) == [(0, 3), (7, 2), (4, 1)]
 
 
+def test_freed_blocks_come_back_as_contiguous_runs():
+    pool = KvPool(100, 1)
+    first, second = pool.alloc(30), pool.alloc(30)
+    pool.free(first)
+    pool.free(second)
+    again = pool.alloc(60)
+    assert len(page_runs(again)) <= 2  # not 60 single pages
+
+
 def test_extents_cover_exactly_the_request_bytes():
     ext = extents(1000, 64, [0, 1, 5], 150)
     assert ext == [(1000, 128), (1000 + 5 * 64, 22)]
