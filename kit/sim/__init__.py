@@ -16,6 +16,7 @@ Modules, bottom up:
 * ``engine`` (ranks and the PD hand-off), ``api_native``/``api_openai``/``metrics``/``server``
   (HTTP), ``worker`` (process lifecycle), ``__main__`` (entry point)
 * ``sweep``: the same scheduler and timing model in virtual time, for benchmarks and planning.
+* ``launch``: start workers as subprocesses that are always stopped (tests, benchmarks).
 """
 
 from kit.sim.sweep import Cluster, InstanceConfig, Slo, goodput, poisson_workload, run_rate
