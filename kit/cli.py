@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from kit.errors import PdkitError
+
+if TYPE_CHECKING:
+    from kit.topology.plan import Plan
 
 app = typer.Typer(
     name="pdkit",
@@ -57,15 +60,36 @@ def _main(
     _state["debug"] = debug
 
 
+def _checked_plan(topology: Path) -> Plan:
+    """The topology's Plan, with the pdkit router's own options (router.args) checked too."""
+    from kit.errors import Problem, TopologyError  # noqa: PLC0415
+    from kit.lb import argv_problem  # noqa: PLC0415
+    from kit.sglang.resolve import resolve  # noqa: PLC0415
+
+    plan = resolve(topology)
+    if plan.router.kind == "pdkit":
+        problem = argv_problem(plan.router.command.args)
+        if problem:
+            raise TopologyError(
+                [
+                    Problem(
+                        ("router", "args"),
+                        f"pdkit's router would refuse its options: {problem}.",
+                        "fix router.args (every option: `pdkit lb --help`).",
+                        str(topology),
+                    )
+                ]
+            )
+    return plan
+
+
 @app.command(
     epilog="Examples:\n\n  pdkit validate topologies/local.yaml\n\n"
     "Exit status 0 when the topology can be deployed, 1 with every problem listed otherwise."
 )
 def validate(topology: TopologyArg) -> None:
     """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
-    from kit.sglang.resolve import resolve  # noqa: PLC0415 (keep `pdkit --help` fast)
-
-    plan = resolve(topology)
+    plan = _checked_plan(topology)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     out.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
@@ -80,10 +104,9 @@ def validate(topology: TopologyArg) -> None:
 )
 def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     """Show the exact launch command of every process, per host (or the Plan as JSON)."""
-    from kit.sglang.resolve import resolve  # noqa: PLC0415
     from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve(topology)
+    plan = _checked_plan(topology)
     if as_json:
         print(plan.model_dump_json(indent=2))
     else:

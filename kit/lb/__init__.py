@@ -5,7 +5,7 @@ Public API: `main(argv)` runs it as a process; `parse_args` builds an `LbConfig`
 `serve(config)` runs it inside an existing event loop.
 """
 
-from kit.lb.config import LbConfig, WorkerSpec, parse_args
+from kit.lb.config import LbConfig, WorkerSpec, argv_problem, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.run import main, serve
 from kit.lb.server import LoadBalancer
@@ -16,6 +16,7 @@ __all__ = [
     "LbError",
     "LoadBalancer",
     "WorkerSpec",
+    "argv_problem",
     "main",
     "parse_args",
     "serve",

@@ -8,6 +8,8 @@ the command line, so they do not show in `ps`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -397,6 +399,27 @@ def _read_secret(path: Path | None, env_name: str, environ: Mapping[str, str]) -
         return text
     value = environ.get(env_name, "").strip()
     return value or None
+
+
+def argv_problem(argv: Sequence[str]) -> str | None:
+    """Why this router command line would not start (None when it would), without exiting:
+    lets `pdkit validate` check a topology's `router.args` before anything is deployed.
+    Key files are not read (they live on the router host)."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            unknown = build_parser().parse_known_args(list(argv))[1]
+    except SystemExit:
+        lines = stderr.getvalue().strip().splitlines()
+        return lines[-1].split("error: ", 1)[-1] if lines else "invalid arguments"
+    if unknown:
+        return f"unrecognized arguments: {' '.join(unknown)}"
+    try:
+        parse_args(argv, environ={})
+    except LbConfigError as exc:
+        if "key file" not in str(exc):
+            return str(exc)
+    return None
 
 
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> LbConfig:

@@ -69,3 +69,16 @@ def test_help_has_examples():
 def test_debug_shows_the_traceback(tmp_path):
     result = pdkit("--debug", "validate", str(tmp_path / "missing.yaml"))
     assert "Traceback" in result.stderr
+
+
+def test_validate_checks_the_pdkit_router_options(write_topology):
+    data = base_topology()
+    data["router"]["args"] = {"health-interval": 0.2}
+    assert pdkit("validate", str(write_topology(data))).returncode == 0
+    data["router"]["args"] = {"health-intervall": 0.2}
+    result = pdkit("validate", str(write_topology(data)))
+    assert result.returncode == 1
+    assert (
+        "router.args: pdkit's router would refuse its options: unrecognized arguments: "
+        "--health-intervall 0.2" in result.stderr
+    )
