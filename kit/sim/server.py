@@ -26,6 +26,15 @@ from kit.sim.requests import GenerateInput, RequestState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# SGLang's cuda_graph phases (sglang/srt/model_executor/graph_memory_usage.py).
+CUDA_GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
 FLUSHED = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are "
     "running or waiting requests, the operation will not be performed.)\n"
@@ -36,6 +45,19 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         text=json.dumps(data, separators=(",", ":")), status=status, content_type="application/json"
     )
+
+
+def startup_phases(load_s: float, e2e_s: float) -> dict[str, Any]:
+    """SGLang's /server_info ``startup_time``: startup phase durations in seconds (what
+    ``build_engine_startup_time`` reports), not a point in time. The sim's phases: the emulated
+    model load (`load_s`) and start-to-ready (`e2e_s`); it allocates and captures nothing."""
+    return {
+        "load_weight": round(load_s, 6),
+        "kv_cache_allocation": 0.0,
+        "scheduler_e2e": round(e2e_s, 6),
+        "cuda_graph": dict.fromkeys(CUDA_GRAPH_PHASES, 0.0),
+        "tokenizer_e2e": round(e2e_s, 6),
+    }
 
 
 def _validation_error(message: str) -> web.Response:
@@ -52,6 +74,8 @@ class Api:
         self.ready = False
         self.stopping = False
         self.started = time.time()
+        # SGLang's `startup_time` (`startup_phases`): None until the worker is ready.
+        self.startup_time: dict[str, Any] | None = None
         self.generation_health = engine.settings.health_generation
         args = engine.args
         self.keys = (args.api_key, args.admin_api_key)
@@ -206,10 +230,11 @@ class Api:
                 "context_length": e.context_len,
                 "internal_states": states,
                 "version": SGLANG_VERSION,
-                "startup_time": self.started,
+                "startup_time": self.startup_time,
                 "frontend": "python",
                 "engine": "pdkit-sim",
                 "sim": {
+                    "started_at": self.started,  # epoch s: SGLang reports no start time
                     "gpu": e.gpu.name,
                     "gpus": e.gpus,
                     "model": e.model.describe(),

@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 
 from aiohttp import web
 
@@ -26,7 +27,7 @@ from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import BootstrapServer, rank_registration
 from kit.sim.clock import RealClock
 from kit.sim.engine import Engine
-from kit.sim.server import Api
+from kit.sim.server import Api, startup_phases
 from kit.sim.settings import SimSettings
 
 logger = logging.getLogger("kit.sim")
@@ -109,6 +110,7 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
     """Node rank 0: the whole worker. Returns the process exit code."""
     if args.node_rank > 0:
         return await run_follower(args, settings, stop)
+    began = time.monotonic()
     loop = asyncio.get_running_loop()
     engine = Engine(args, settings, RealClock(loop, settings.speed))
     host_ip = advertised_ip(args.host, settings.host_ip)
@@ -139,8 +141,10 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
             args.port,
             f", bootstrap :{args.disaggregation_bootstrap_port}" if bootstrap else "",
         )
+        loading = time.monotonic()
         if await _wait(stop, settings.load_seconds):
             return 0
+        loaded = time.monotonic()
         if bootstrap is not None:
             for rank in range(len(engine.ranks)):
                 bootstrap.register(
@@ -155,6 +159,7 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
                         http_port=args.port,
                     )
                 )
+        api.startup_time = startup_phases(loaded - loading, time.monotonic() - began)
         api.ready = True
         logger.info(READY_LINE)
         await stop.wait()

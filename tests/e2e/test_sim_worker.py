@@ -193,6 +193,26 @@ def test_info_loads_and_metrics(worker):
     _, info = request_json(worker.url + "/server_info")
     assert info["engine"] == "pdkit-sim" and info["sim"]["gpu"] == "H100-SXM"
     assert info["max_running_requests"] == 64 and "--watchdog-timeout" in info["ignored"]
+    # SGLang's startup_time: phase durations (s); the sim's start time (epoch s) is its own key
+    phases = info["startup_time"]
+    assert set(phases) == {
+        "load_weight",
+        "kv_cache_allocation",
+        "scheduler_e2e",
+        "cuda_graph",
+        "tokenizer_e2e",
+    }
+    assert phases["load_weight"] == pytest.approx(1.0, abs=0.5)  # PDKIT_SIM_LOAD_SECONDS
+    assert phases["scheduler_e2e"] >= phases["load_weight"]
+    assert set(phases["cuda_graph"]) == {
+        "prefill",
+        "decode",
+        "target_verify",
+        "draft_prefill",
+        "draft_decode",
+        "draft_extend",
+    }
+    assert time.time() - 600 < info["sim"]["started_at"] <= time.time()
     _, model = request_json(worker.url + "/model_info")
     assert model["disaggregation_mode"] == "null" and model["model_type"] == "llama"
     _, loads = request_json(worker.url + "/v1/loads?include=all")
