@@ -187,14 +187,12 @@ def _uptime(server_info: dict[str, Any], metrics: MetricSet | None, now: float) 
         value = _float(server_info.get(key))
         if value is not None:
             return max(value, 0.0)
-    # The sim's `startup_time` is when it started (epoch s); SGLang's is a dict of phase
-    # durations, which says nothing about when.
+    # The sim reports when it started (`sim.started_at`, epoch s). SGLang's `startup_time` is
+    # a dict of startup phase durations, which says nothing about when: SGLang's uptime comes
+    # from process metrics if it has them, else it is unknown.
     nested = server_info.get("sim")
     sim: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    for value in (
-        *(server_info.get(k) for k in ("startup_time", "started_at", "start_time")),
-        *(sim.get(k) for k in ("started_at", "startup_time")),
-    ):
+    for value in (sim.get("started_at"), server_info.get("started_at")):
         started = _float(value)
         if started is not None:
             return max(now - started, 0.0)

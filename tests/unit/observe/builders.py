@@ -58,7 +58,15 @@ def server_info(role: str = "prefill", **changes: object) -> dict[str, object]:
         "version": "0.5.23",
         "engine": "pdkit-sim",
         "frontend": "python",
-        "startup_time": NOW - 125,
+        # SGLang's startup_time: phase durations; the sim's start time is under `sim`
+        "startup_time": {
+            "load_weight": 1.0,
+            "kv_cache_allocation": 0.0,
+            "scheduler_e2e": 1.0,
+            "cuda_graph": {},
+            "tokenizer_e2e": 1.0,
+        },
+        "sim": {"started_at": NOW - 125},
         "internal_states": [{}],
     }
     info.update(changes)

@@ -140,10 +140,22 @@ def test_metrics_switched_off_is_a_note_not_a_problem():
 
 def test_a_real_sglang_server_info_is_read_for_version_and_engine():
     info = server_info(startup_time={"load_weight": 12.5, "cuda_graph": {}})
-    del info["engine"]
+    del info["engine"], info["sim"]
     status = evaluate_worker(answers(info=info, engine="sglang"), NOW)
     assert status.state == "healthy" and (status.engine, status.version) == ("sglang", "0.5.23")
     assert status.uptime_s is None  # SGLang's startup_time holds durations, not a time
+    started = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %s\n"
+    with_process = evaluate_worker(
+        answers(info=info, metrics=METRICS + started % (NOW - 40), engine="sglang"), NOW
+    )
+    assert with_process.uptime_s == pytest.approx(40)  # from process metrics when exported
+
+
+def test_the_sims_uptime_is_from_its_start_time_not_sglangs_startup_phases():
+    info = server_info(startup_time={"load_weight": 4.0, "scheduler_e2e": 9.0, "cuda_graph": {}})
+    assert evaluate_worker(answers(info=info), NOW).uptime_s == pytest.approx(125)
+    info["sim"] = {"started_at": NOW + 5}  # a clock ahead of ours: no negative uptime
+    assert evaluate_worker(answers(info=info), NOW).uptime_s == 0
 
 
 def test_kv_latency_exposed_as_a_gauge_is_the_last_transfer():
