@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from kit.sim import tokens
@@ -104,6 +105,32 @@ def parse_completion(body: Any, vocab: int) -> list[GenerateInput]:
     return _inputs(body, prompts, params, 16, logprobs)
 
 
+@dataclass(frozen=True)
+class Echo:
+    """Per sequence: the echoed prompt text; whether the prompt logprobs are echoed too."""
+
+    texts: list[str]
+    logprobs: bool
+
+
+def completion_echo(body: dict[str, Any]) -> Echo | None:
+    """What ``echo: true`` puts in front of each sequence of a /v1/completions answer, as
+    SGLang's serving_completions does: the prompt text (token-id prompts decoded), and, when
+    ``logprobs`` is positive, the prompt logprobs. A PD decode has no prompt logprobs (its
+    input logprobs are empty): the router merges the prefill's in front."""
+    if not body.get("echo"):
+        return None
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+    else:
+        texts = [tokens.decode(prompt)]
+    n = max(1, int(body.get("n") or 1))
+    return Echo([texts[i // n] for i in range(len(texts) * n)], bool(body.get("logprobs")))
+
+
 def parse_chat(body: Any, vocab: int, context_len: int) -> list[GenerateInput]:
     """Sequences for a /v1/chat/completions body; without ``max_tokens`` the answer may run
     to the context length (the emulated EOS usually ends it first)."""
@@ -170,30 +197,39 @@ def _chat_logprobs(state: RequestState, start: int = 0) -> dict[str, Any]:
     return {"content": content}
 
 
-def _completion_logprobs(state: RequestState, start: int = 0) -> dict[str, Any]:
-    ids = state.output_ids[start:]
-    texts = [tokens.decode_token(t) for t in ids]
-    offsets, pos = [], 0
-    for t in texts:
-        offsets.append(pos)
-        pos += len(t)
+def _completion_logprobs(
+    state: RequestState, start: int = 0, with_prompt: bool = False
+) -> dict[str, Any]:
+    """SGLang's ``to_openai_style_logprobs``: the prompt entries first when `with_prompt`
+    (from ``meta_info.input_*``, the first one without a logprob), then the output tokens from
+    `start`. SGLang reports every ``text_offset`` as -1 and ``top_logprobs`` only when
+    ``logprobs`` > 0."""
     k = state.inp.top_logprobs_num
-    top = (
-        [
+    meta = state.logprob_meta() if with_prompt else {}
+    prompt = meta.get("input_token_logprobs", [])
+    ids = state.output_ids[start:]
+    out_tokens = [tokens.decode_token(t) for _, t, _ in prompt]
+    out_tokens += [tokens.decode_token(t) for t in ids]
+    logprobs: list[float | None] = [lp for lp, _, _ in prompt]
+    logprobs += [state.logprob_at(i) for i in range(start, len(state.output_ids))]
+    top: list[dict[str, float] | None] = []
+    if k:
+        top += [
+            None if alts is None else {tokens.decode_token(t): lp for lp, t, _ in alts}
+            for alts in meta.get("input_top_logprobs", [])
+        ]
+        top += [
             {
                 tokens.decode_token(alt): lp
                 for lp, alt in tokens.top_logprobs(state.inp.prompt_len + start + i, t, k)
             }
             for i, t in enumerate(ids)
         ]
-        if k
-        else [None] * len(ids)
-    )
     return {
-        "tokens": texts,
-        "token_logprobs": [state.logprob_at(i) for i in range(start, len(state.output_ids))],
+        "tokens": out_tokens,
+        "token_logprobs": logprobs,
         "top_logprobs": top,
-        "text_offset": offsets,
+        "text_offset": [-1] * len(out_tokens),
     }
 
 
@@ -226,15 +262,20 @@ def chat_response(states: list[RequestState], model: str, n: int) -> dict[str, A
     }
 
 
-def completion_response(states: list[RequestState], model: str, n: int) -> dict[str, Any]:
+def completion_response(
+    states: list[RequestState], model: str, n: int, echo: Echo | None = None
+) -> dict[str, Any]:
     choices = []
     for i, state in enumerate(states):
         kind, matched = _finish(state)
+        with_prompt = echo is not None and echo.logprobs
         choices.append(
             {
                 "index": i,
-                "text": state.text,
-                "logprobs": _completion_logprobs(state) if state.inp.return_logprob else None,
+                "text": (echo.texts[i] if echo else "") + state.text,
+                "logprobs": _completion_logprobs(state, with_prompt=with_prompt)
+                if state.inp.return_logprob
+                else None,
                 "finish_reason": kind,
                 "matched_stop": matched,
             }
@@ -253,8 +294,11 @@ def completion_response(states: list[RequestState], model: str, n: int) -> dict[
 class StreamFormatter:
     """Turns cumulative sequence states into OpenAI stream chunks (chat or completion)."""
 
-    def __init__(self, chat: bool, model: str, states: list[RequestState]) -> None:
+    def __init__(
+        self, chat: bool, model: str, states: list[RequestState], echo: Echo | None = None
+    ) -> None:
         self.chat = chat
+        self.echo = echo  # completions: put in front of each sequence's first chunk
         self.model = model
         self.states = states
         self.id = states[0].inp.rid.split("-")[0]
@@ -323,11 +367,17 @@ class StreamFormatter:
             out.append(self._chunk(index, {"role": "assistant", "content": ""}, None))
         text = state.text
         new_tokens = len(state.output_ids) > self.sent_tokens[index]
-        if new_tokens and (len(text) > self.sent_text[index] or state.inp.return_logprob):
-            piece = text[self.sent_text[index] :]
+        echo = self.echo if self.sent_tokens[index] == 0 else None
+        if new_tokens and (len(text) > self.sent_text[index] or state.inp.return_logprob or echo):
+            piece = (echo.texts[index] if echo else "") + text[self.sent_text[index] :]
             if state.inp.return_logprob:
-                fn = _chat_logprobs if self.chat else _completion_logprobs
-                logprobs = fn(state, self.sent_tokens[index])
+                logprobs = (
+                    _chat_logprobs(state, self.sent_tokens[index])
+                    if self.chat
+                    else _completion_logprobs(
+                        state, self.sent_tokens[index], with_prompt=bool(echo and echo.logprobs)
+                    )
+                )
                 delta: dict[str, Any] | str = {"content": piece} if self.chat else piece
                 out.append(self._chunk(index, delta, None, logprobs))
             else:

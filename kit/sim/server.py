@@ -426,13 +426,14 @@ class Api:
                 if "validation error" in str(exc)
                 else _json(api_openai.error_body(str(exc), 400), 400)
             )
+        echo = None if chat else api_openai.completion_echo(body)
         model = str(body.get("model") or engine.args.served_model_name)
         n = max(1, int(body.get("n") or 1))
         states = self._start(inputs)
         try:
             if body.get("stream"):
                 return await self._stream_openai(
-                    request, states, chat=chat, model=model, n=n, body=body
+                    request, states, chat=chat, model=model, n=n, body=body, echo=echo
                 )
             await asyncio.gather(*(s.wait_done() for s in states))
             for state in states:
@@ -441,8 +442,9 @@ class Api:
                     status, message = error
                     kind = "BadRequest" if status == 400 else str(status)
                     return _json(api_openai.error_body(message, status, kind), status)
-            build = api_openai.chat_response if chat else api_openai.completion_response
-            return _json(build(states, model, n))
+            if chat:
+                return _json(api_openai.chat_response(states, model, n))
+            return _json(api_openai.completion_response(states, model, n, echo))
         finally:
             self._end(states)
 
@@ -455,6 +457,7 @@ class Api:
         model: str,
         n: int,
         body: dict[str, Any],
+        echo: api_openai.Echo | None = None,
     ) -> web.StreamResponse:
         # Like SGLang, wait for the first output before sending 200, so that a request that
         # fails at once gets a proper HTTP error.
@@ -471,7 +474,7 @@ class Api:
                     status,
                 )
         response = await self._sse(request)
-        fmt = api_openai.StreamFormatter(chat, model, states)
+        fmt = api_openai.StreamFormatter(chat, model, states, echo)
         pending = set(range(len(states)))
         while True:
             for i in sorted(pending):

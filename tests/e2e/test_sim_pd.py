@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from kit.lb.logprobs import merge_body
+from kit.lb.protocol import Merge
 from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
@@ -147,6 +150,33 @@ def test_chat_through_both_legs_streamed(pair):
         d = pool.submit(leg, decode.url, True)
         assert len(p.result().split()) == 1
         assert len(d.result().split()) == 7
+
+
+def test_echo_logprobs_come_once_each_from_prefill_and_decode(pair):
+    """/v1/completions with echo and logprobs: both legs echo the prompt text; only the
+    prefill has prompt logprobs (SGLang's decode has empty input logprobs), so a router's
+    merge holds each prompt token once and each output token once."""
+    prefill, decode, bootstrap = pair
+    prompt = "echo the prompt through both legs"  # 33 bytes: 9 tokens
+    body = pd_body(bootstrap, prompt=prompt, max_tokens=5, echo=True, logprobs=1)
+    (p_status, p_out), (d_status, d_out) = both(prefill, decode, "/v1/completions", body)
+    assert (p_status, d_status) == (200, 200)
+    p_lp, d_lp = p_out["choices"][0]["logprobs"], d_out["choices"][0]["logprobs"]
+    assert d_out["choices"][0]["text"].startswith(prompt)
+    assert len(p_lp["tokens"]) == 9 + 1  # the prompt, then the one token the prefill sampled
+    assert len(d_lp["tokens"]) == 5 and None not in d_lp["token_logprobs"]
+    merged = json.loads(
+        merge_body(Merge.ECHO, json.dumps(p_out).encode(), json.dumps(d_out).encode())
+    )
+    lp = merged["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == p_lp["token_logprobs"][:9] + d_lp["token_logprobs"]
+    assert len(lp["tokens"]) == len(lp["top_logprobs"]) == 9 + 5
+    # native: the decode's input logprobs are empty lists, not the prompt's again
+    body = pd_body(bootstrap, text=prompt, sampling_params={"max_new_tokens": 2})
+    body |= {"return_logprob": True, "top_logprobs_num": 1}
+    _, (_, d_native) = both(prefill, decode, "/generate", body)
+    meta = d_native["meta_info"]
+    assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
 
 
 def test_pd_request_without_room_gets_sglangs_400(pair):

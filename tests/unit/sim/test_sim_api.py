@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -204,3 +205,71 @@ def test_fast_stream_chunks_equal_the_general_ones(chat):
     piece = ' "quoted" \\ ünï'
     delta = {"content": piece} if chat else piece
     assert fmt.content_chunk(0, piece) == fmt._chunk(0, delta, None)
+
+
+def _sse(text):
+    return [
+        json.loads(line[5:])
+        for line in text.splitlines()
+        if line.startswith("data:") and line != "data: [DONE]"
+    ]
+
+
+def test_completions_echo_the_prompt_and_its_logprobs_as_sglang_does():
+    async def main():
+        api, server = await serve([])
+        api.ready = True
+        url = server.make_url("/v1/completions")
+        prompt = "the quick brown fox jumps"  # 25 bytes: 7 tokens
+        async with aiohttp.ClientSession() as http:
+            body = {"prompt": prompt, "max_tokens": 3, "echo": True, "n": 2}
+            async with http.post(url, json=body) as r:
+                choices = (await r.json())["choices"]
+            assert [c["text"].startswith(prompt) for c in choices] == [True, True]
+            assert all(len(c["text"]) > len(prompt) for c in choices)
+            body = {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 1}
+            async with http.post(url, json=body) as r:
+                [choice] = (await r.json())["choices"]
+            lp = choice["logprobs"]
+            # 7 prompt entries (the first without a logprob), then the 3 output tokens
+            assert len(lp["tokens"]) == len(lp["token_logprobs"]) == 7 + 3
+            assert lp["token_logprobs"][0] is None and None not in lp["token_logprobs"][1:]
+            assert lp["text_offset"] == [-1] * 10  # SGLang: "Not supported yet"
+            assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"]) == 10
+            # logprobs=0: the prompt is echoed, its logprobs are not (SGLang's `echo and logprobs`)
+            body = {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 0}
+            async with http.post(url, json=body) as r:
+                [choice] = (await r.json())["choices"]
+            assert choice["text"].startswith(prompt)
+            assert (
+                len(choice["logprobs"]["tokens"]) == 3 and choice["logprobs"]["top_logprobs"] == []
+            )
+            body = {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 1, "stream": True}
+            async with http.post(url, json=body) as r:
+                chunks = [c for c in _sse(await r.text()) if c["choices"]]
+            first = chunks[0]["choices"][0]
+            assert first["text"].startswith(prompt)
+            assert first["logprobs"]["token_logprobs"][0] is None
+            assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks[:-1]) == 10
+            assert not any(c["choices"][0]["text"].startswith(prompt) for c in chunks[1:])
+            body = {"prompt": prompt, "max_tokens": 3}
+            async with http.post(url, json=body) as r:
+                assert not (await r.json())["choices"][0]["text"].startswith(prompt)
+        await server.close()
+        await api.engine.close()
+
+    run(main())
+
+
+def test_a_decode_reports_no_prompt_logprobs():
+    """SGLang's decode computes no prompt: meta_info's input logprobs are empty lists (the
+    prefill has them and the router merges them), in /generate and in an echo's logprobs."""
+    state = RequestState(
+        GenerateInput("r", [101, 102, 103], 2, return_logprob=True, top_logprobs_num=2),
+        OutputSource(0, [101, 102, 103]),
+        None,
+    )
+    assert len(state.logprob_meta()["input_token_logprobs"]) == 3
+    state.decode_side = True
+    meta = state.logprob_meta()
+    assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
