@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import socket
@@ -26,7 +27,7 @@ from aiohttp import web
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import BootstrapServer, rank_registration
 from kit.sim.clock import RealClock
-from kit.sim.engine import Engine
+from kit.sim.engine import Engine, StartupError
 from kit.sim.server import Api, startup_phases
 from kit.sim.settings import SimSettings
 
@@ -58,14 +59,22 @@ def advertised_ip(host: str, override: str | None) -> str:
     return "127.0.0.1"
 
 
-async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def _serve(app: web.Application, host: str, port: int, flag: str) -> web.AppRunner:
+    """Listen on `host`:`port`; a port that cannot be bound is a `StartupError` naming the
+    port and the flag (`flag`) that chose it."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
         await web.TCPSite(runner, _bind_host(host), port, reuse_address=True).start()
-    except OSError:
+    except OSError as exc:
         await runner.cleanup()
-        raise
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason = "address already in use"
+        raise StartupError(
+            f"cannot listen on {host}:{port} ({flag} {port}): {reason}. To fix: stop the "
+            f"process using port {port}, or choose another {flag}."
+        ) from exc
     return runner
 
 
@@ -89,7 +98,7 @@ async def run_follower(args: WorkerArgs, settings: SimSettings, stop: asyncio.Ev
 
     for path in ("/health", "/health_generate", "/ping"):
         app.router.add_get(path, ok)
-    runner = await _serve(app, args.host, args.port)
+    runner = await _serve(app, args.host, args.port, "--port")
     logger.info(
         "sim: node rank %d of %d: health endpoints only on %s:%d; node rank 0 (%s) "
         "serves the instance",
@@ -118,12 +127,17 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
     api = Api(engine)
     runners: list[web.AppRunner] = []
     try:
-        runners.append(await _serve(api.app(), args.host, args.port))
+        runners.append(await _serve(api.app(), args.host, args.port, "--port"))
         bootstrap = None
         if args.disaggregation_mode == "prefill":
             bootstrap = BootstrapServer(engine.rooms)
             runners.append(
-                await _serve(bootstrap.app, args.host, args.disaggregation_bootstrap_port)
+                await _serve(
+                    bootstrap.app,
+                    args.host,
+                    args.disaggregation_bootstrap_port,
+                    "--disaggregation-bootstrap-port",
+                )
             )
         logger.info(
             "sim: %s worker for %s on %d x %s (%s), KV pool %d tokens x %d rank(s), "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.request
 
@@ -266,3 +267,22 @@ def test_startup_failures_exit_with_a_reason(argv, env, code, needle):
     assert proc.proc is not None
     assert proc.proc.wait(30) == code
     assert needle in proc.log()
+
+
+@pytest.mark.parametrize("taken", ["--port", "--disaggregation-bootstrap-port"])
+def test_a_port_in_use_exits_1_naming_the_port_and_its_flag(taken):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        http_port = busy if taken == "--port" else free_port()
+        extra = ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(busy)]
+        if taken == "--port":
+            extra[-1] = str(free_port())
+        argv = worker_argv(port=http_port, extra=extra)
+        proc = SimProcess(argv, env={**FAST, "PDKIT_SIM_LOAD_SECONDS": "0"}, port=http_port).start()
+        assert proc.proc is not None
+        assert proc.proc.wait(30) == 1
+        assert f"cannot listen on 127.0.0.1:{busy} ({taken} {busy}): address already in use" in (
+            proc.log()
+        )
