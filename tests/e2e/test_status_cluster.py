@@ -38,6 +38,10 @@ SMG = Path(os.environ.get("PDKIT_SMG") or REPO / ".venv-smg" / "bin" / "smg")
 FAST_SIM = {"PDKIT_SIM_LOAD_SECONDS": "0.2"}
 ADMIN_KEY = "test-admin-key"
 LONG_PROMPT = 60_000  # tokens: seconds of emulated prefill, time to kill the prefill mid-way
+# The healthy cluster's prefills run at a quarter of the emulated GPU's speed: LONG_PROMPT then
+# takes ~16 s to prefill (~4 s at full speed), so the tests that act while it is in flight
+# (drain it, kill it while its decode waits for the KV) cannot miss that window on a loaded host.
+SLOW_PREFILL = {"PDKIT_SIM_SPEED": "0.25"}
 
 
 def free_block(count: int) -> int:
@@ -70,6 +74,7 @@ def write_topology(
     prefill: int = 1,
     decode: int = 1,
     router: str = "pdkit",
+    prefill_env: dict[str, str] | None = None,
     decode_env: dict[str, str] | None = None,
 ) -> Path:
     router_spec: dict[str, object] = {"kind": router, "port": free_block(1), "bind": "127.0.0.1"}
@@ -100,6 +105,7 @@ def write_topology(
             "count": prefill,
             "port": free_block(prefill),
             "bootstrap_port": free_block(prefill),
+            "env": prefill_env or {},
         },
         "decode": {"count": decode, "port": free_block(decode), "env": decode_env or {}},
         "transfer": {"backend": "mooncake_tcp"},
@@ -249,7 +255,8 @@ def stream_completions(router_url: str, count: int, max_tokens: int = 8) -> None
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("healthy")
-    with running(write_topology(tmp, "healthy", prefill=2), tmp) as cluster:
+    topology = write_topology(tmp, "healthy", prefill=2, prefill_env=SLOW_PREFILL)
+    with running(topology, tmp) as cluster:
         for w in cluster.plan.workers:
             cluster.start_worker(w.name)
         cluster.start_router(PDKIT_LB_ADMIN_KEY=ADMIN_KEY)
