@@ -218,6 +218,9 @@ def test_info_loads_and_metrics(worker):
     assert model["disaggregation_mode"] == "null" and model["model_type"] == "llama"
     _, loads = request_json(worker.url + "/v1/loads?include=all")
     assert loads["loads"][0]["max_running_requests"] == 64
+    # one request of its own, so the histograms have a series whatever ran before
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    assert request_json(worker.url + "/generate", body)[0] == 200
     with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'sglang:time_to_first_token_seconds_count{engine_type="unified"' in text
