@@ -158,6 +158,20 @@ def parse_prompts(body: dict[str, Any], vocab: int) -> tuple[list[list[int]], bo
     raise ApiError("input_ids must be a non-empty list of token ids or of such lists.")
 
 
+def _start(value: Any, prompt_len: int) -> int:
+    """logprob_start_len as SGLang takes it: None/-1 = no prompt logprobs."""
+    if value is None:
+        return -1
+    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+        raise ApiError("logprob_start_len must be an integer >= -1.")
+    if value > prompt_len:
+        raise ApiError(
+            f"logprob_start_len={value} is higher than the number of input tokens "
+            f"{prompt_len}. Please use a smaller logprob_start_len."
+        )
+    return value
+
+
 def parse_generate(body: Any, vocab: int) -> tuple[list[GenerateInput], bool, bool]:
     """The sequences a /generate body asks for, whether to answer with a list, and whether
     to stream. Raises `ApiError` with SGLang's messages."""
@@ -169,6 +183,7 @@ def parse_generate(body: Any, vocab: int) -> tuple[list[GenerateInput], bool, bo
     rids = _per_item(body.get("rid"), count, "rid", batched)
     logprob = _per_item(body.get("return_logprob", False), count, "return_logprob", batched)
     top_k = _per_item(body.get("top_logprobs_num", 0), count, "top_logprobs_num", batched)
+    starts = _per_item(body.get("logprob_start_len"), count, "logprob_start_len", batched)
     hosts = _per_item(body.get("bootstrap_host"), count, "bootstrap_host", batched)
     ports = _per_item(body.get("bootstrap_port"), count, "bootstrap_port", batched)
     rooms = _per_item(body.get("bootstrap_room"), count, "bootstrap_room", batched)
@@ -193,6 +208,7 @@ def parse_generate(body: Any, vocab: int) -> tuple[list[GenerateInput], bool, bo
                     stream=stream,
                     return_logprob=bool(logprob[i]),
                     top_logprobs_num=int(top_k[i] or 0),
+                    logprob_start_len=_start(starts[i], len(prompt)) if logprob[i] else -1,
                     sample_index=j,
                     bootstrap_host=hosts[i],
                     bootstrap_port=_room(ports[i], "bootstrap_port"),

@@ -51,6 +51,8 @@ def _inputs(
     params: dict[str, Any],
     default_max: int,
     logprobs: int | None,
+    *,
+    logprob_start_len: int = -1,
 ) -> list[GenerateInput]:
     params.setdefault("max_new_tokens", default_max)
     sampling = parse_sampling(params)
@@ -75,6 +77,7 @@ def _inputs(
                     stream=bool(body.get("stream")),
                     return_logprob=logprobs is not None,
                     top_logprobs_num=logprobs or 0,
+                    logprob_start_len=logprob_start_len,
                     sample_index=j,
                     bootstrap_host=body.get("bootstrap_host"),
                     bootstrap_port=body.get("bootstrap_port"),
@@ -102,7 +105,9 @@ def parse_completion(body: Any, vocab: int) -> list[GenerateInput]:
     if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
         raise _validation("logprobs must be a non-negative integer")
     params = _common(body, body.get("max_tokens", 16))
-    return _inputs(body, prompts, params, 16, logprobs)
+    # serving_completions: prompt logprobs only for echo with logprobs
+    start = 0 if body.get("echo") and logprobs else -1
+    return _inputs(body, prompts, params, 16, logprobs, logprob_start_len=start)
 
 
 @dataclass(frozen=True)

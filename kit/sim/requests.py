@@ -32,6 +32,8 @@ class GenerateInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # First prompt position whose logprob is returned; -1 (SGLang's default) = none.
+    logprob_start_len: int = -1
     sample_index: int = 0
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
@@ -227,9 +229,15 @@ class RequestState:
         return meta
 
     def logprob_meta(self) -> dict[str, Any]:
-        ids = [] if self.decode_side else self.inp.prompt_ids
-        inp: list[list[Any]] = [[None, ids[0], None]] if ids else []
-        inp += [[tokens.token_logprob(i, t), t, None] for i, t in enumerate(ids) if i > 0]
+        # Prompt logprobs only from logprob_start_len on (SGLang: -1 = none), never on a PD
+        # decode (the prefill has them; routers merge them).
+        start = self.inp.logprob_start_len
+        prompt = self.inp.prompt_ids
+        positions = [] if self.decode_side or start < 0 else list(range(start, len(prompt)))
+        inp = [
+            [None if i == 0 else tokens.token_logprob(i, prompt[i]), prompt[i], None]
+            for i in positions
+        ]
         out = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids, strict=True)]
         meta: dict[str, Any] = {
             "input_token_logprobs": inp,
@@ -238,16 +246,15 @@ class RequestState:
         }
         k = self.inp.top_logprobs_num
         if k > 0:
-            start = self.inp.prompt_len
+            first = self.inp.prompt_len
             meta["output_top_logprobs"] = [
-                [[lp, tid, None] for lp, tid in tokens.top_logprobs(start + i, t, k)]
+                [[lp, tid, None] for lp, tid in tokens.top_logprobs(first + i, t, k)]
                 for i, t in enumerate(self.output_ids)
             ]
-            tops: list[Any] = [None] if ids else []
-            tops += [
-                [[lp, tid, None] for lp, tid in tokens.top_logprobs(i, t, k)]
-                for i, t in enumerate(ids)
-                if i > 0
+            meta["input_top_logprobs"] = [
+                None
+                if i == 0
+                else [[lp, tid, None] for lp, tid in tokens.top_logprobs(i, prompt[i], k)]
+                for i in positions
             ]
-            meta["input_top_logprobs"] = tops
         return meta

@@ -118,6 +118,7 @@ def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
                     json={
                         "text": ["one two three", "four five"],
                         "return_logprob": True,
+                        "logprob_start_len": 0,
                         "sampling_params": {"max_new_tokens": 3},
                     },
                 ) as resp:

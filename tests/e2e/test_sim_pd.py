@@ -71,7 +71,13 @@ def test_generate_moves_the_kv_over_mooncake(pair):
     prefill, decode, bootstrap = pair
     before = request_json(decode.url + "/server_info")[1]["sim"]
     text = "The quick brown fox jumps over the lazy dog. " * 8  # 360 bytes: 90 tokens
-    body = pd_body(bootstrap, text=text, sampling_params={"max_new_tokens": 8}, return_logprob=True)
+    body = pd_body(
+        bootstrap,
+        text=text,
+        sampling_params={"max_new_tokens": 8},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
     (p_status, p_out), (d_status, d_out) = both(prefill, decode, "/generate", body)
     assert (p_status, d_status) == (200, 200)
     # Prefill: one token, finish length 0, the input logprobs; decode: the real answer,

@@ -122,13 +122,22 @@ def test_answer_ends_with_eos_unless_ignore_eos(client):
 def test_generate_variants(worker):
     url = worker.url + "/generate"
     status, one = request_json(
-        url, {"text": "Hello", "sampling_params": {"max_new_tokens": 5}, "return_logprob": True}
+        url,
+        {
+            "text": "Hello",
+            "sampling_params": {"max_new_tokens": 5},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
     )
     assert status == 200 and len(one["output_ids"]) == 5
     meta = one["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 5}
     assert meta["prompt_tokens"] == 2 and len(meta["input_token_logprobs"]) == 2
     assert len(meta["output_token_logprobs"]) == 5
+    # SGLang's default logprob_start_len (-1): output logprobs only
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1}, "return_logprob": True}
+    assert request_json(url, body)[1]["meta_info"]["input_token_logprobs"] == []
     status, batch = request_json(
         url, {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}}
     )

@@ -265,7 +265,9 @@ def test_a_decode_reports_no_prompt_logprobs():
     """SGLang's decode computes no prompt: meta_info's input logprobs are empty lists (the
     prefill has them and the router merges them), in /generate and in an echo's logprobs."""
     state = RequestState(
-        GenerateInput("r", [101, 102, 103], 2, return_logprob=True, top_logprobs_num=2),
+        GenerateInput(
+            "r", [101, 102, 103], 2, return_logprob=True, top_logprobs_num=2, logprob_start_len=0
+        ),
         OutputSource(0, [101, 102, 103]),
         None,
     )
@@ -273,3 +275,17 @@ def test_a_decode_reports_no_prompt_logprobs():
     state.decode_side = True
     meta = state.logprob_meta()
     assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
+
+
+def test_prompt_logprobs_follow_logprob_start_len():
+    """SGLang returns prompt logprobs only from logprob_start_len on; its default (-1) none."""
+
+    def meta(start: int) -> dict:
+        request = GenerateInput("r", [101, 102, 103, 104], 1, return_logprob=True)
+        request.logprob_start_len = start
+        return RequestState(request, OutputSource(0, [101, 102, 103, 104]), None).logprob_meta()
+
+    assert meta(-1)["input_token_logprobs"] == []
+    full = meta(0)["input_token_logprobs"]
+    assert [t for _, t, _ in full] == [101, 102, 103, 104] and full[0][0] is None
+    assert meta(2)["input_token_logprobs"] == full[2:]
