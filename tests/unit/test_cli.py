@@ -61,7 +61,18 @@ def test_schema_is_json_schema_with_descriptions():
 
 def test_help_has_examples():
     assert "pdkit validate topologies/local.yaml" in pdkit("--help").stdout
-    for command in ("validate", "render", "schema"):
+    commands = (
+        "validate",
+        "render",
+        "schema",
+        "up",
+        "down",
+        "logs",
+        "provision",
+        "health",
+        "status",
+    )
+    for command in commands:
         result = pdkit(command, "--help")
         assert "Example" in result.stdout, command
 
