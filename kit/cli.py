@@ -265,6 +265,7 @@ def up(
     from kit.deploy import UpOptions, load_context  # noqa: PLC0415
     from kit.deploy import up as deploy_up  # noqa: PLC0415
 
+    _checked_plan(topology)  # the router's own options too, before any host is touched
     context = load_context(topology, state_dir)
     deploy_up(context, out, UpOptions(timeout, router_timeout, verbose))
 

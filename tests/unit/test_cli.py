@@ -93,3 +93,12 @@ def test_validate_checks_the_pdkit_router_options(write_topology):
         "router.args: pdkit's router would refuse its options: unrecognized arguments: "
         "--health-intervall 0.2" in result.stderr
     )
+
+
+def test_up_refuses_bad_router_options_before_touching_a_host(write_topology, tmp_path):
+    data = base_topology()
+    data["router"]["args"] = {"no-such-option": True}
+    result = pdkit("up", str(write_topology(data)), "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 1
+    assert "router.args" in result.stderr and "--no-such-option" in result.stderr
+    assert not (tmp_path / "state").exists()
