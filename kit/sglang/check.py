@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
-from kit.sglang.render import PDKIT_DEFAULT_ARGS, normalize_flag, role_args
+from kit.sglang.render import normalize_flag, role_args
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 OWNED_FLAGS: dict[str, str] = {
@@ -188,4 +188,4 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
                 )
 
 
-__all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "PDKIT_DEFAULT_ARGS", "check", "effective"]
+__all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "check", "effective"]

@@ -134,17 +134,22 @@ def worker_args(
         args += ["--ep-size", str(spec.ep)]
     if spec.pp > 1:
         args += ["--pp-size", str(spec.pp)]
-    if p.nnodes > 1:
-        rank0 = topology.host(p.nodes[0].host)
-        args += ["--dist-init-addr", f"{_url_host(rank0.address)}:{p.dist_init_port}"]
+    dist_init = dist_init_addr(topology, p)
+    if dist_init:
+        args += ["--dist-init-addr", dist_init]
         args += ["--nnodes", str(p.nnodes), "--node-rank", str(node.rank)]
     if node.gpus and node.gpus[0] != 0:
         args += ["--base-gpu-id", str(node.gpus[0])]
     return args + render_args(role_args(topology, p.role))
 
 
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+def dist_init_addr(topology: Topology, p: InstancePlacement) -> str | None:
+    """host:port of a multi-node instance's rank 0 (None for a single-node instance)."""
+    if p.nnodes == 1:
+        return None
+    address = topology.host(p.nodes[0].host).address
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"{host}:{p.dist_init_port}"
 
 
 def build_workers(topology: Topology, placements: list[InstancePlacement]) -> list[WorkerProcess]:
@@ -169,11 +174,7 @@ def build_workers(topology: Topology, placements: list[InstancePlacement]) -> li
                     gpus=node.gpus,
                     http_port=p.http_port,
                     bootstrap_port=p.bootstrap_port,
-                    dist_init_addr=(
-                        f"{_url_host(topology.host(p.nodes[0].host).address)}:{p.dist_init_port}"
-                        if p.nnodes > 1
-                        else None
-                    ),
+                    dist_init_addr=dist_init_addr(topology, p),
                     ib_device=device,
                     command=Command(
                         module=module, args=tuple(worker_args(topology, p, node, device))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.errors import Problem, TopologyError
+from kit.errors import Problem, RenderError, TopologyError
 from kit.sglang.catalog import load_catalog
 from kit.sglang.check import check
 from kit.sglang.render import build_plan
@@ -21,7 +21,7 @@ def check_topology(path: str | Path) -> Topology:
     problems: list[Problem] = validate(topology)
     try:
         catalog = load_catalog(topology.sglang_version)
-    except Exception as exc:  # unknown version: one problem, placed on the key
+    except RenderError as exc:  # no catalog for that version: one problem, on the key
         problems.append(
             Problem(
                 ("sglang_version",),

@@ -76,7 +76,7 @@ def parse_topology(text: str, file: str = "<topology>") -> tuple[Topology, dict[
     try:
         topology = Topology.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem_from_pydantic(err, data) for err in exc.errors()]
+        problems = [_problem_from_pydantic(err) for err in exc.errors()]
         raise TopologyError([locate(p, positions, file) for p in problems]) from exc
     return topology, positions
 
@@ -115,12 +115,12 @@ def _scalar_key(node: yaml.Node) -> str | int:
     return str(node.value)
 
 
-def _problem_from_pydantic(err: Any, data: dict[str, Any]) -> Problem:
+def _problem_from_pydantic(err: Any) -> Problem:
     loc: KeyPath = tuple(_clean_loc(err["loc"]))
     kind = err["type"]
     if kind == "extra_forbidden":
         unknown = str(loc[-1])
-        known = _known_keys(loc[:-1], data)
+        known = _known_keys(loc[:-1])
         words = known + [alias for alias, key in KEY_ALIASES.items() if key in known]
         close = difflib.get_close_matches(unknown, words, n=1, cutoff=0.6)
         fix = (
@@ -153,7 +153,7 @@ def _clean_loc(loc: tuple[Any, ...]) -> list[str | int]:
     return out
 
 
-def _known_keys(path: KeyPath, data: dict[str, Any]) -> list[str]:
+def _known_keys(path: KeyPath) -> list[str]:
     model: Any = Topology
     for part in path:
         model = _unwrap(model)

@@ -6,7 +6,6 @@ or an address. `pdkit render --json` prints it.
 
 from __future__ import annotations
 
-import shlex
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,13 +35,6 @@ class Command(Frozen):
         """The argv without secrets; `python` is the interpreter that runs a module."""
         head = [python, "-m", self.module] if self.module else [self.executable or ""]
         return [*head, *self.args]
-
-    def shell(self, python: str = "python") -> str:
-        """One shell line: secrets are referenced through their environment variables."""
-        line = shlex.join(self.argv(python))
-        for flag, env_name in self.secret_args:
-            line += f' {flag} "${env_name}"'
-        return line
 
 
 class HostPlan(Frozen):
@@ -135,12 +127,6 @@ class Plan(Frozen):
     workers: tuple[WorkerProcess, ...]
     router: RouterProcess
     slo: SLO
-
-    def host(self, name: str) -> HostPlan:
-        for host in self.hosts:
-            if host.name == name:
-                return host
-        raise KeyError(name)
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""

@@ -120,7 +120,7 @@ def _router(topology: Topology) -> Iterator[Problem]:
         )
 
 
-def _port_collisions(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+def _port_collisions(topology: Topology, placements: list[InstancePlacement]) -> list[Problem]:
     """No two listeners share a port on one address (hosts may share an address)."""
     taken: dict[tuple[str, int], str] = {}
     problems: list[Problem] = []
@@ -169,8 +169,7 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
                 claim(p.nodes[0].host, port, f"{p.name} (dist-init)", (p.role, "dist_init_port"))
     router = topology.router
     if router.host is not None and router.host not in {h.name for h in topology.hosts}:
-        yield from problems  # the unknown router host is reported by _router
-        return
+        return problems  # the unknown router host is reported by _router
     claim(topology.router_host, router.port, "the router", ("router", "port"))
     if router.kind == "smg":
         claim(
@@ -179,7 +178,7 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
             "the router's metrics",
             ("router", "metrics_port"),
         )
-    yield from problems
+    return problems
 
 
 def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:

@@ -93,8 +93,8 @@ def test_per_gpu_nic_map_uses_the_instance_gpus():
 
 def test_router_secret_is_referenced_never_inlined():
     plan = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml")
-    shell = plan.router.command.shell()
-    assert shell.endswith('--api-key "$PDKIT_ROUTER_API_KEY"')
+    shell = plan_to_shell(plan)
+    assert '--prometheus-port 29000 \\\n  --api-key "$PDKIT_ROUTER_API_KEY"\n' in shell
     assert "PDKIT_API_KEY" not in " ".join(plan.router.command.args)
 
 
