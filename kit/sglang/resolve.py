@@ -32,7 +32,10 @@ def check_topology(path: str | Path) -> Topology:
     else:
         problems += check(topology, catalog)
     if problems:
-        raise TopologyError([locate(p, positions, file) for p in problems])
+        located = [locate(p, positions, file) for p in problems]
+        # In file order, as a reader goes through the topology; unplaced ones last.
+        located.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))
+        raise TopologyError(located)
     return topology
 
 

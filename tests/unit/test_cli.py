@@ -32,6 +32,8 @@ def test_validate_lists_every_problem_and_exits_1(write_topology):
     assert "3 problems in the topology:" in result.stderr
     for key in ("decode.args.page-size", "decode.args.chunk-prefill-size", "router.port"):
         assert key in result.stderr
+    lines = [int(line.split(":")[1]) for line in result.stderr.splitlines()[1:]]
+    assert lines == sorted(lines)  # in file order
     assert "Traceback" not in result.stderr
 
 
