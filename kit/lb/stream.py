@@ -10,7 +10,6 @@ are handed to the client.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -27,15 +26,6 @@ MAX_PENDING = 1024 * 1024
 
 class ClientGone(Exception):
     """The client closed its connection while the stream was being written."""
-
-
-@dataclass(slots=True)
-class StreamStats:
-    """What the relay saw: events forwarded, and whether `[DONE]` went out."""
-
-    events: int = 0
-    done_sent: bool = False
-    first_event_at: float | None = None
 
 
 class StreamRelay:
@@ -55,8 +45,8 @@ class StreamRelay:
         self._itl = itl
         self._merger = merger
         self._pending = b""
-        self._last_event_at = 0.0
-        self.stats = StreamStats()
+        self._last_event_at: float | None = None  # None until the first event went out
+        self._done_sent = False
 
     async def run(self, upstream: aiohttp.ClientResponse, first: bytes, guard: Guard) -> None:
         """Forward `first` and the rest of `upstream` until EOF.
@@ -112,9 +102,9 @@ class StreamRelay:
     async def fail(self, error: ApiError) -> None:
         """End the stream with an error event and `[DONE]` (drops an incomplete tail)."""
         self._pending = b""
-        if self.stats.done_sent:
+        if self._done_sent:
             return
-        self.stats.done_sent = True
+        self._done_sent = True
         await self._send(error.event() + DONE_EVENT)
 
     async def _write(self, data: bytes) -> None:
@@ -135,23 +125,20 @@ class StreamRelay:
         """Time the `events` data events of `data` (`[DONE]` is not a token)."""
         if b"[DONE]" in data:
             events -= 1
-            self.stats.done_sent = True
+            self._done_sent = True
         if events > 0:
             self._time(events)
 
     def _time(self, events: int) -> None:
+        """The first event ever is the TTFT; each later write is one gap, and the other events
+        of the same write count as gaps of zero."""
         now = time.monotonic()
-        stats = self.stats
-        if stats.first_event_at is None:
-            stats.first_event_at = now
+        if self._last_event_at is None:
             self._ttft.observe(now - self._started)
-            events -= 1
         else:
             self._itl.observe(now - self._last_event_at)
-            events -= 1
-        for _ in range(events):
+        for _ in range(events - 1):
             self._itl.observe(0.0)
-        stats.events += events + 1
         self._last_event_at = now
 
 
