@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from kit.errors import PdkitError
 
@@ -89,15 +88,7 @@ class ApiError(Exception):
 
     def event(self) -> bytes:
         """The same error as one SSE event, for a stream that already started."""
-        payload: dict[str, Any] = {
-            "error": {
-                "message": self.message,
-                "type": error_type(self.status),
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+        return b"data: " + error_body(self.status, self.message, param=self.param) + b"\n\n"
 
 
 class LegError(ApiError):
