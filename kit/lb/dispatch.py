@@ -162,6 +162,7 @@ class Dispatcher:
         session: aiohttp.ClientSession,
         metrics: LbMetrics,
         rng: random.Random,
+        worker_headers: dict[str, str],
         on_connection_error: Callable[[Worker, str], None],
         on_failure: Callable[[ApiError], None],
     ) -> None:
@@ -184,9 +185,7 @@ class Dispatcher:
         # No sock_read: stream limits are the watchdog's (no timer churn per token).
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect)
         self._watchdog = Watchdog(config.idle_timeout or None, config.request_timeout or None)
-        self._base_headers = {"Content-Type": "application/json"}
-        if config.worker_api_key:
-            self._base_headers["Authorization"] = f"Bearer {config.worker_api_key}"
+        self._base_headers = {"Content-Type": "application/json", **worker_headers}
 
     async def close(self) -> None:
         """Stop the stream watchdog; cancel prefill legs still finishing in the background."""
@@ -274,44 +273,40 @@ class Dispatcher:
             self._pool.record_success(worker)
         return resp
 
-    async def _prefill_leg(self, worker: Worker, send: _Send, keep: bool) -> bytes:
+    async def _read_leg(
+        self, role: Role, worker: Worker, send: _Send, timeout: aiohttp.ClientTimeout
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """One whole non-streamed leg: the response (released) and its body."""
         worker.inflight += 1
         try:
-            resp = await self._post("prefill", worker, send, self._prefill_timeout)
+            resp = await self._post(role, worker, send, timeout)
             try:
-                data = await resp.read()
+                return resp, await resp.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _leg_error("prefill", worker, exc) from exc
+                raise _leg_error(role, worker, exc) from exc
             finally:
                 resp.release()
-            if resp.status >= 300:
-                snippet = data[:300].decode("utf-8", "replace")
-                raise LegError(
-                    resp.status,
-                    f"prefill worker {worker.url} answered {resp.status}: {snippet}",
-                    "prefill_status",
-                    role="prefill",
-                    worker=worker.url,
-                    raw_body=data,
-                    raw_content_type=resp.content_type,
-                )
-            return data if keep else b""
         finally:
             worker.inflight -= 1
 
+    async def _prefill_leg(self, worker: Worker, send: _Send, keep: bool) -> bytes:
+        resp, data = await self._read_leg("prefill", worker, send, self._prefill_timeout)
+        if resp.status >= 300:
+            snippet = data[:300].decode("utf-8", "replace")
+            raise LegError(
+                resp.status,
+                f"prefill worker {worker.url} answered {resp.status}: {snippet}",
+                "prefill_status",
+                role="prefill",
+                worker=worker.url,
+                raw_body=data,
+                raw_content_type=resp.content_type,
+            )
+        return data if keep else b""
+
     async def _decode_unary(self, worker: Worker, send: _Send) -> tuple[int, bytes, str]:
-        worker.inflight += 1
-        try:
-            resp = await self._post("decode", worker, send, self._unary_timeout)
-            try:
-                data = await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _leg_error("decode", worker, exc) from exc
-            finally:
-                resp.release()
-            return resp.status, data, resp.headers.get("Content-Type", "application/json")
-        finally:
-            worker.inflight -= 1
+        resp, data = await self._read_leg("decode", worker, send, self._unary_timeout)
+        return resp.status, data, resp.headers.get("Content-Type", "application/json")
 
     async def _decode_open(self, worker: Worker, send: _Send) -> aiohttp.ClientResponse:
         return await self._post("decode", worker, send, self._stream_timeout)

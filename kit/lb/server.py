@@ -40,7 +40,7 @@ from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
-from kit.lb.protocol import CHAT, COMPLETIONS, GENERATE, parse_request
+from kit.lb.protocol import PD_ROUTES, parse_request
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 log = logging.getLogger("kit.lb")
@@ -137,7 +137,7 @@ class LoadBalancer:
         def add(method: str, path: str, handler: Handler) -> None:
             routes.setdefault(path, {})[method] = handler
 
-        for path in (GENERATE, COMPLETIONS, CHAT):
+        for path in PD_ROUTES:
             add("POST", path, self._pd_handler(path))
         add("GET", "/v1/models", self._keyed("/v1/models", lambda q: self._info_routes().models(q)))
         for path in ("/model_info", "/get_model_info"):
@@ -199,6 +199,7 @@ class LoadBalancer:
             session=self._session,
             metrics=self.metrics,
             rng=self.rng,
+            worker_headers=self._worker_headers,
             on_connection_error=self._on_connection_error,
             on_failure=self._log_failure,
         )
