@@ -16,7 +16,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 
@@ -28,6 +27,14 @@ log = logging.getLogger("kit.lb.admin")
 
 # How often a draining worker's in-flight count is checked (s).
 DRAIN_POLL = 0.05
+
+
+def _worker_url(raw: str) -> str:
+    """A worker URL from a request, normalized as on the command line; 400 when unusable."""
+    try:
+        return normalize_url(raw)
+    except LbConfigError as exc:
+        raise ApiError(400, str(exc), "bad_request", param="url") from None
 
 
 class AdminRoutes:
@@ -68,15 +75,12 @@ class AdminRoutes:
         role = body.get("role")
         if role not in ("prefill", "decode"):
             raise ApiError(400, "'role' must be prefill or decode", "bad_request", param="role")
-        url = body.get("url")
-        if not isinstance(url, str):
+        raw = body.get("url")
+        if not isinstance(raw, str):
             raise ApiError(
                 400, "'url' must be a string like http://HOST:PORT", "bad_request", param="url"
             )
-        try:
-            url = normalize_url(url)
-        except LbConfigError as exc:
-            raise ApiError(400, str(exc), "bad_request", param="url") from None
+        url = _worker_url(raw)
         port = body.get("bootstrap_port")
         if port is not None and (
             role == "decode"
@@ -103,10 +107,7 @@ class AdminRoutes:
             raise ApiError(
                 400, "give the worker as ?url=http://HOST:PORT", "bad_request", param="url"
             )
-        try:
-            url = normalize_url(raw)
-        except LbConfigError as exc:
-            raise ApiError(400, str(exc), "bad_request", param="url") from None
+        url = _worker_url(raw)
         worker = self._pool.get(url)
         if worker is None:
             raise ApiError(404, f"no worker {url} is registered", "not_found")
@@ -119,10 +120,9 @@ class AdminRoutes:
             return web.json_response({"worker": worker.describe(time.monotonic())}, status=202)
         task = self._drains.get(url)
         clean = await asyncio.shield(task) if task is not None else worker.inflight == 0
-        return web.json_response(self._removed(worker, clean), status=200)
-
-    def _removed(self, worker: Worker, clean: bool) -> dict[str, Any]:
-        return {"removed": worker.url, "drained": clean, "inflight_left": worker.inflight}
+        return web.json_response(
+            {"removed": worker.url, "drained": clean, "inflight_left": worker.inflight}
+        )
 
     async def _drain(self, worker: Worker) -> bool:
         """Wait for the worker's in-flight requests, then remove it; True if none were left."""
