@@ -260,7 +260,7 @@ class Engine:
         rank = self.ranks[rank_index]
         state.dp_rank = rank_index
         # A sequence always samples at least one token (max_new_tokens 0 still prefills).
-        seq = Sequence(inp.rid, inp.prompt_len, max(max_new, 1), state, eos_after, owner=state)
+        seq = Sequence(inp.rid, inp.prompt_len, max(max_new, 1), state, eos_after)
         if self.mode is Mode.PREFILL:
             seq.max_new_tokens = 1
         state.seq = seq

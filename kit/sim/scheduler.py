@@ -106,15 +106,11 @@ class Sequence:
     max_new_tokens: int
     sink: SequenceSink
     eos_after: int | None = None
-    owner: Any = None
-    arrival: float = 0.0
     phase: Phase = Phase.WAITING
     target: int = 0
     computed: int = 0
     generated: int = 0
     page_ids: list[int] = field(default_factory=list)
-    first_token_time: float | None = None
-    finish_time: float | None = None
     retractions: int = 0
 
     @property
@@ -187,7 +183,6 @@ class Scheduler:
 
     def submit(self, seq: Sequence) -> None:
         """Queue a new sequence (prealloc on a decode, waiting otherwise)."""
-        seq.arrival = self.clock.now()
         seq.target = seq.prompt_len
         if self.mode is Mode.DECODE:
             seq.phase = Phase.PREALLOC
@@ -318,7 +313,6 @@ class Scheduler:
                 continue
             if self.mode is Mode.PREFILL:
                 seq.phase = Phase.INFLIGHT
-                seq.first_token_time = now
                 self.inflight.add(seq)
                 seq.sink.on_prefilled(seq, now)
             else:
@@ -340,8 +334,6 @@ class Scheduler:
         """Count one new token of `seq`; finish it if done. True when finished."""
         seq.generated += 1
         self.stats.generated_tokens += 1
-        if seq.first_token_time is None:
-            seq.first_token_time = now
         reason: FinishReason | None = None
         if seq.generated >= seq.max_new_tokens:
             reason = FinishReason("length", length=seq.max_new_tokens)
@@ -358,7 +350,6 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.phase = Phase.FINISHED
-        seq.finish_time = now
         if reason.kind == "abort":
             self.stats.aborted += 1
         else:
