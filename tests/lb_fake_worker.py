@@ -101,7 +101,6 @@ class FakeWorker:
         self.hang = False
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.cancelled: list[str] = []
-        self.health_probes = 0
         self.auth: list[str | None] = []  # Authorization header of every request seen
         self._runner: web.AppRunner | None = None
 
@@ -133,7 +132,6 @@ class FakeWorker:
     # -- info -------------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
-        self.health_probes += 1
         self.auth.append(request.headers.get("Authorization"))
         return web.Response(
             status=self.health_status, text="" if self.health_status < 300 else "starting"
@@ -578,13 +576,10 @@ class running_cluster:
         decodes: int = 1,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
-        wait_ready: bool = True,
     ) -> None:
         self.prefills, self.decodes = prefills, decodes
         self.args = list(args or [])
         self.env = env or {}
-        self.wait_ready = wait_ready
-        self._stack: list[Any] = []
 
     async def __aenter__(self) -> Cluster:
         ledger = Ledger()
@@ -613,15 +608,14 @@ class running_cluster:
         self._workers = (*prefill, *decode)
         cluster = Cluster(f"http://127.0.0.1:{port}", prefill, decode, ledger, lb, session)
         self.cluster = cluster
-        if self.wait_ready:
-            try:
-                await cluster.wait_for(
-                    lambda: lb.readiness_report()[0] and all(w.routable for w in lb.pool),
-                    what="all workers healthy",
-                )
-            except BaseException:
-                await self._close()
-                raise
+        try:
+            await cluster.wait_for(
+                lambda: lb.readiness_report()[0] and all(w.routable for w in lb.pool),
+                what="all workers healthy",
+            )
+        except BaseException:
+            await self._close()
+            raise
         return cluster
 
     async def _close(self) -> None:

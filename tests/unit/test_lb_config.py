@@ -6,6 +6,8 @@ import pytest
 
 from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
 from kit.lb.errors import LbConfigError
+from kit.sglang.resolve import resolve
+from tests.conftest import TOPOLOGIES
 
 PLAN_ARGV = [
     "--prefill", "http://10.0.0.1:30000", "8998",
@@ -18,7 +20,7 @@ PLAN_ARGV = [
 ]  # fmt: skip
 
 
-def test_the_argv_a_plan_renders_parses():
+def test_worker_options_take_a_bootstrap_port_none_or_nothing():
     cfg = parse_args(PLAN_ARGV, {})
     assert cfg.prefill == (
         WorkerSpec("http://10.0.0.1:30000", "prefill", 8998),
@@ -31,11 +33,25 @@ def test_the_argv_a_plan_renders_parses():
     assert cfg.api_key is None and cfg.admin_key is None
 
 
-def test_defaults_are_sensible():
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_the_router_argv_every_example_plan_renders_parses(topology):
+    plan = resolve(topology)
+    router = plan.router
+    if router.kind != "pdkit":
+        pytest.skip(f"router.kind is {router.kind}")
+    cfg = parse_args(router.command.args, {})
+    serving = [w for w in plan.workers if w.serves_http]
+    assert cfg.prefill == tuple(
+        WorkerSpec(w.url, "prefill", w.bootstrap_port) for w in serving if w.role == "prefill"
+    )
+    assert cfg.decode == tuple(WorkerSpec(w.url, "decode") for w in serving if w.role == "decode")
+    assert (cfg.host, cfg.port) == (router.bind, router.port)
+    assert (cfg.prefill_policy, cfg.decode_policy) == (router.prefill_policy, router.decode_policy)
+
+
+def test_argparse_defaults_are_the_config_defaults():
     cfg = parse_args(["--prefill", "http://a:1", "--decode", "http://b:2"], {})
-    d = LbConfig(prefill=(), decode=())
-    assert cfg.retries == d.retries == 2
-    assert cfg.max_body_bytes == 64 * 1024 * 1024
+    assert cfg == LbConfig(prefill=cfg.prefill, decode=cfg.decode)
     assert cfg.upstream_keepalive < 5  # below uvicorn's keep-alive, so a pooled socket is live
 
 
