@@ -25,9 +25,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.context import DeployContext
+from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
 from kit.deploy.logs import tail
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
-from kit.deploy.secrets import ansible_secret_env, router_api_key
+from kit.deploy.secrets import api_key_path, router_api_key
 from kit.deploy.services import can_probe, host_processes
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
 from kit.deploy.wait import ProcessStatus, Target, router_targets, wait_ready, worker_targets
@@ -127,7 +128,8 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
 
 def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     plan = ctx.plan
-    secret_env = ansible_secret_env(plan.router, ctx.topology_file, os.environ)
+    key = router_api_key(plan.router, ctx.topology_file, os.environ)
+    secret_env = {CONTROL_ROUTER_KEY_ENV: key} if key else {}
     console.print(
         f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
         f"prefill + {len(plan.role('decode'))} decode, router {plan.router.kind} on "
@@ -149,7 +151,6 @@ def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
     router_timeout = options.router_timeout or ROUTER_TIMEOUT_S
-    key = router_api_key(plan.router, ctx.topology_file, os.environ)
     headers = {"Authorization": f"Bearer {key}"} if key else None
     console.print(f"[bold]Router[/]: waiting for /readiness (timeout {router_timeout:.0f} s)")
     router_status = _wait(ctx, console, router_targets(plan), router_timeout, headers)
@@ -272,8 +273,8 @@ def _curl_line(ctx: DeployContext) -> str:
     line = shlex.join(parts)
     if router.api_key_env:
         line += f' -H "Authorization: Bearer ${router.api_key_env}"'
-    elif router.api_key_file:
-        line += f' -H "Authorization: Bearer $(cat {shlex.quote(router.api_key_file)})"'
+    elif key_file := api_key_path(router, ctx.topology_file):
+        line += f' -H "Authorization: Bearer $(cat {shlex.quote(_relative(key_file))})"'
     return f"{line} -d {shlex.quote(json.dumps(body))}"
 
 

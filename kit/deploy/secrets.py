@@ -12,16 +12,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
 from kit.errors import DeployError
 from kit.topology.plan import RouterProcess
+
+
+def api_key_path(router: RouterProcess, topology_file: Path) -> Path | None:
+    """The router's key file (`router.api_key_file`), a relative one taken from the topology's
+    folder like a relative root; None when the key comes from a variable or there is none."""
+    if not router.api_key_file:
+        return None
+    path = Path(router.api_key_file).expanduser()
+    return path if path.is_absolute() else topology_file.absolute().parent / path
 
 
 def router_api_key(
     router: RouterProcess, topology_file: Path, environ: Mapping[str, str]
 ) -> str | None:
     """The key named by `router.api_key_env` / `router.api_key_file`, or None when neither is
-    set. A relative key file is taken from the topology's folder, like a relative root."""
+    set."""
     if router.api_key_env:
         value = environ.get(router.api_key_env, "").strip()
         if not value:
@@ -31,10 +39,8 @@ def router_api_key(
                 f"{router.api_key_env}=<key> before `pdkit up`, or remove router.api_key_env."
             )
         return value
-    if router.api_key_file:
-        path = Path(router.api_key_file).expanduser()
-        if not path.is_absolute():
-            path = topology_file.absolute().parent / path
+    path = api_key_path(router, topology_file)
+    if path is not None:
         try:
             value = path.read_text().strip()
         except OSError as exc:
@@ -49,11 +55,3 @@ def router_api_key(
             )
         return value
     return None
-
-
-def ansible_secret_env(
-    router: RouterProcess, topology_file: Path, environ: Mapping[str, str]
-) -> dict[str, str]:
-    """Variables to add to the ansible-playbook environment (the router key, if any)."""
-    key = router_api_key(router, topology_file, environ)
-    return {CONTROL_ROUTER_KEY_ENV: key} if key else {}

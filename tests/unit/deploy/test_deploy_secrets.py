@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
-from kit.deploy.secrets import ansible_secret_env, router_api_key
+from kit.deploy.secrets import api_key_path, router_api_key
 from kit.errors import DeployError
 from kit.topology.plan import Command, RouterProcess
 
@@ -28,12 +27,11 @@ def router(**key):
 
 
 def test_no_key_configured_means_no_secret(tmp_path):
-    assert ansible_secret_env(router(), tmp_path / "t.yaml", {}) == {}
+    assert router_api_key(router(), tmp_path / "t.yaml", {"K": "abc"}) is None
 
 
 def test_key_from_the_named_environment_variable(tmp_path):
-    env = ansible_secret_env(router(env="K"), tmp_path / "t.yaml", {"K": " abc \n"})
-    assert env == {CONTROL_ROUTER_KEY_ENV: "abc"}
+    assert router_api_key(router(env="K"), tmp_path / "t.yaml", {"K": " abc \n"}) == "abc"
 
 
 def test_missing_variable_says_what_to_export(tmp_path):
@@ -44,6 +42,7 @@ def test_missing_variable_says_what_to_export(tmp_path):
 def test_relative_key_file_is_beside_the_topology(tmp_path):
     (tmp_path / "key").write_text("s3cret\n")
     assert router_api_key(router(file="key"), tmp_path / "t.yaml", {}) == "s3cret"
+    assert api_key_path(router(file="key"), tmp_path / "t.yaml") == tmp_path / "key"
 
 
 def test_unreadable_or_empty_key_file(tmp_path):
