@@ -120,12 +120,52 @@ def _per_item(value: Any, count: int, key: str, batched: bool) -> list[Any]:
     return [value] * count
 
 
-def _room(value: Any, key: str = "bootstrap_room") -> int | None:
+def optional_index(value: Any, key: str) -> int | None:
+    """`value` as a non-negative integer (a room, port or rank), or None when absent."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ApiError(f"{key} must be a non-negative integer, got {value!r}.")
     return value
+
+
+def sequence_input(
+    rid: str,
+    prompt: list[int],
+    sampling: Sampling,
+    *,
+    sample_index: int,
+    stream: bool,
+    top_logprobs_num: int | None,
+    logprob_start_len: int,
+    bootstrap_host: Any,
+    bootstrap_port: Any,
+    bootstrap_room: int | None,
+    routed_dp_rank: Any,
+) -> GenerateInput:
+    """One sequence of a request (native or OpenAI): `sampling`'s fields, logprobs when
+    `top_logprobs_num` is not None, and the PD fields checked as SGLang types them."""
+    if bootstrap_host is not None and not isinstance(bootstrap_host, str):
+        raise ApiError(f"bootstrap_host must be a string, got {bootstrap_host!r}.")
+    return GenerateInput(
+        rid=rid,
+        prompt_ids=prompt,
+        max_new_tokens=sampling.max_new_tokens,
+        min_new_tokens=sampling.min_new_tokens,
+        ignore_eos=sampling.ignore_eos,
+        stop=list(sampling.stop),
+        stop_token_ids=list(sampling.stop_token_ids),
+        no_stop_trim=sampling.no_stop_trim,
+        stream=stream,
+        return_logprob=top_logprobs_num is not None,
+        top_logprobs_num=top_logprobs_num or 0,
+        logprob_start_len=logprob_start_len,
+        sample_index=sample_index,
+        bootstrap_host=bootstrap_host,
+        bootstrap_port=optional_index(bootstrap_port, "bootstrap_port"),
+        bootstrap_room=bootstrap_room,
+        routed_dp_rank=optional_index(routed_dp_rank, "routed_dp_rank"),
+    )
 
 
 def parse_prompts(body: dict[str, Any], vocab: int) -> tuple[list[list[int]], bool]:
@@ -193,27 +233,21 @@ def parse_generate(body: Any, vocab: int) -> tuple[list[GenerateInput], bool, bo
     for i, prompt in enumerate(prompts):
         sampling = parse_sampling(params[i])
         base_rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
-        room = _room(rooms[i])
+        room = optional_index(rooms[i], "bootstrap_room")
         for j in range(sampling.n):
             out.append(
-                GenerateInput(
-                    rid=base_rid if sampling.n == 1 else f"{base_rid}-{j}",
-                    prompt_ids=prompt,
-                    max_new_tokens=sampling.max_new_tokens,
-                    min_new_tokens=sampling.min_new_tokens,
-                    ignore_eos=sampling.ignore_eos,
-                    stop=list(sampling.stop),
-                    stop_token_ids=list(sampling.stop_token_ids),
-                    no_stop_trim=sampling.no_stop_trim,
-                    stream=stream,
-                    return_logprob=bool(logprob[i]),
-                    top_logprobs_num=int(top_k[i] or 0),
-                    logprob_start_len=_start(starts[i], len(prompt)) if logprob[i] else -1,
+                sequence_input(
+                    base_rid if sampling.n == 1 else f"{base_rid}-{j}",
+                    prompt,
+                    sampling,
                     sample_index=j,
+                    stream=stream,
+                    top_logprobs_num=int(top_k[i] or 0) if logprob[i] else None,
+                    logprob_start_len=_start(starts[i], len(prompt)) if logprob[i] else -1,
                     bootstrap_host=hosts[i],
-                    bootstrap_port=_room(ports[i], "bootstrap_port"),
+                    bootstrap_port=ports[i],
                     bootstrap_room=None if room is None else room + j,
-                    routed_dp_rank=_room(dp_ranks[i], "routed_dp_rank"),
+                    routed_dp_rank=dp_ranks[i],
                 )
             )
     return out, batched or len(out) > 1, stream

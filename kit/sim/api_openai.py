@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.sim import tokens
-from kit.sim.api_native import ApiError, parse_sampling
+from kit.sim.api_native import ApiError, optional_index, parse_sampling, sequence_input
 from kit.sim.requests import GenerateInput, RequestState
 
 
@@ -56,29 +56,21 @@ def _inputs(
 ) -> list[GenerateInput]:
     params.setdefault("max_new_tokens", default_max)
     sampling = parse_sampling(params)
-    room = body.get("bootstrap_room")
-    if room is not None and (not isinstance(room, int) or isinstance(room, bool)):
-        raise _validation("bootstrap_room must be an integer")
+    room = optional_index(body.get("bootstrap_room"), "bootstrap_room")
     rid = uuid.uuid4().hex
     out = []
     for p, prompt in enumerate(prompts):
         for j in range(sampling.n):
             index = p * sampling.n + j
             out.append(
-                GenerateInput(
-                    rid=rid if len(prompts) * sampling.n == 1 else f"{rid}-{index}",
-                    prompt_ids=prompt,
-                    max_new_tokens=sampling.max_new_tokens,
-                    min_new_tokens=sampling.min_new_tokens,
-                    ignore_eos=sampling.ignore_eos,
-                    stop=list(sampling.stop),
-                    stop_token_ids=list(sampling.stop_token_ids),
-                    no_stop_trim=sampling.no_stop_trim,
-                    stream=bool(body.get("stream")),
-                    return_logprob=logprobs is not None,
-                    top_logprobs_num=logprobs or 0,
-                    logprob_start_len=logprob_start_len,
+                sequence_input(
+                    rid if len(prompts) * sampling.n == 1 else f"{rid}-{index}",
+                    prompt,
+                    sampling,
                     sample_index=j,
+                    stream=bool(body.get("stream")),
+                    top_logprobs_num=logprobs,
+                    logprob_start_len=logprob_start_len,
                     bootstrap_host=body.get("bootstrap_host"),
                     bootstrap_port=body.get("bootstrap_port"),
                     bootstrap_room=None if room is None else room + index,

@@ -65,6 +65,28 @@ def test_generate_errors_use_sglang_messages(body, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("bootstrap_room", "7"),
+        ("bootstrap_room", -1),
+        ("bootstrap_port", "8998"),
+        ("routed_dp_rank", "1"),
+        ("bootstrap_host", 5),
+    ],
+)
+def test_pd_fields_are_checked_alike_on_every_api(field, value):
+    # A router may send the PD fields on any endpoint; a bad one is a 400, not a crash later.
+    chat = {"messages": [{"role": "user", "content": "hi"}], field: value}
+    for parse in (
+        lambda: parse_generate({"text": "x", field: value}, VOCAB),
+        lambda: parse_completion({"prompt": "x", field: value}, VOCAB),
+        lambda: parse_chat(chat, VOCAB, 4096),
+    ):
+        with pytest.raises(ApiError, match=field):
+            parse()
+
+
 def test_openai_bodies():
     chat = parse_chat(
         {
