@@ -13,16 +13,11 @@ import time
 import aiohttp
 import pytest
 
+from kit.sim.launch import free_port
 from tests.conftest import REPO
 from tests.lb_fake_worker import FakeWorker, Ledger, run, sse_events
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LbProcess:

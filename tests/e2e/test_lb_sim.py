@@ -8,10 +8,6 @@ right bootstrap fields.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
-import sys
 import time
 
 import aiohttp
@@ -21,65 +17,49 @@ from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tests.conftest import REPO
+from kit.sim.launch import SimProcess, free_port, worker_argv
 from tests.lb_fake_worker import FAST_HEALTH, run
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def start_sim(role: str, port: int, extra: list[str]) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "PDKIT_SIM_LOAD_SECONDS": "0.1",
-        "PDKIT_SIM_SPEED": "20",
-        "PDKIT_SIM_GPU": "H100-SXM",
-    }
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "kit.sim",
-        "--model-path",
-        MODEL,
-        "--disaggregation-mode",
-        role,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disaggregation-transfer-backend",
-        "mooncake_tcp",
-        *extra,
-        cwd=REPO,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}
 
 
 def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
     async def scenario():
-        p_port, d_port, boot = free_port(), free_port(), free_port()
-        procs = [
-            await start_sim("prefill", p_port, ["--disaggregation-bootstrap-port", str(boot)]),
-            await start_sim("decode", d_port, ["--base-gpu-id", "1"]),
+        boot = free_port()
+        sims = [
+            SimProcess(
+                worker_argv(
+                    port=free_port(),
+                    mode="prefill",
+                    bootstrap_port=boot,
+                    model=MODEL,
+                    served_name=MODEL,
+                ),
+                env=SIM_ENV,
+            ).start(),
+            SimProcess(
+                worker_argv(
+                    port=free_port(),
+                    mode="decode",
+                    model=MODEL,
+                    served_name=MODEL,
+                    extra=["--base-gpu-id", "1"],
+                ),
+                env=SIM_ENV,
+            ).start(),
         ]
         runner = None
         try:
             config = parse_args(
                 [
                     "--prefill",
-                    f"http://127.0.0.1:{p_port}",
+                    sims[0].url,
                     str(boot),
                     "--decode",
-                    f"http://127.0.0.1:{d_port}",
+                    sims[1].url,
                     *FAST_HEALTH,
                 ],
                 {"PDKIT_LB_API_KEY": "sk-sim"},
@@ -94,7 +74,8 @@ def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
             deadline = time.monotonic() + 60
             while not lb.readiness_report()[0]:
                 assert time.monotonic() < deadline, lb.readiness_report()[1]
-                assert all(p.returncode is None for p in procs), "a sim worker exited"
+                for sim in sims:
+                    assert sim.proc is not None and sim.proc.poll() is None, sim.log()[-3000:]
                 await asyncio.sleep(0.1)
             client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-sim", max_retries=0)
             try:
@@ -132,9 +113,7 @@ def test_openai_client_streams_through_pdkit_lb_in_front_of_sim_workers():
             if runner is not None:
                 await runner.cleanup()
                 await lb.close()
-            for proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                await proc.wait()
+            for sim in sims:
+                sim.stop()
 
     run(scenario(), timeout=120)
