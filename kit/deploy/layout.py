@@ -62,6 +62,14 @@ def host_root(root: str, topology_file: Path) -> str:
     return os.path.normpath(path.as_posix()) if path.as_posix() != "/" else "/"
 
 
+def display_path(path: str | Path) -> str:
+    """`path` relative to the working directory, for messages (absolute when on another drive)."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
 def _under(root: str, *parts: str) -> str:
     return str(PurePosixPath(root, *parts))
 

@@ -14,7 +14,6 @@ can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from rich.markup import escape
 
 from kit.deploy.context import DeployContext
 from kit.deploy.inventory import DeployHost
+from kit.deploy.layout import display_path
 from kit.deploy.rollout import deployment_lock
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.view import AnsibleView
@@ -235,7 +235,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         cmdline.append("--check")
     if skip:
         cmdline += ["--skip-tags", ",".join(skip)]
-    source = f"wheelhouse {_relative(archive)}" if archive else "package index"
+    source = f"wheelhouse {display_path(archive)}" if archive else "package index"
     console.print(
         f"[bold]pdkit provision {escape(ctx.plan.name)}[/]: {len(ctx.hosts)} host(s), engine "
         f"{ctx.plan.engine}, Python packages from the {escape(source)}"
@@ -256,13 +256,6 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         raise DeployError(failure_report(result))
     _report(ctx, console, result, collector.facts, check=options.check, work=work)
     return result
-
-
-def _relative(path: Path) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return str(path)
 
 
 def _report(

@@ -19,13 +19,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.context import DeployContext
 from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
+from kit.deploy.layout import display_path
 from kit.deploy.logs import tail
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.secrets import api_key_path, router_api_key
@@ -45,13 +45,6 @@ class UpOptions:
     worker_timeout: float | None = None
     router_timeout: float | None = None
     verbose: bool = False
-
-
-def _relative(path: str | Path) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return str(path)
 
 
 @contextmanager
@@ -133,7 +126,7 @@ def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     console.print(
         f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
         f"prefill + {len(plan.role('decode'))} decode, router {plan.router.kind} on "
-        f"{plan.router.host} (state: {escape(_relative(ctx.state_dir))})"
+        f"{plan.router.host} (state: {escape(display_path(ctx.state_dir))})"
     )
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
     result = _run(
@@ -172,7 +165,7 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
         hosts = sorted({c.host for c in result.progress.changes})
         console.print(
             f"Stopped deployment {plan.name} on {', '.join(hosts)}. "
-            f"Logs kept in {', '.join(_relative(p) for p in logs)}",
+            f"Logs kept in {', '.join(display_path(p) for p in logs)}",
             markup=False,
         )
     else:
@@ -235,8 +228,8 @@ def _log_tail(ctx: DeployContext, process: str) -> list[str]:
     except PdkitError as exc:
         return [f"  (its log {log.path} on {log.host.name} could not be read: {exc})"]
     if not lines:
-        return [f"  (its log {_relative(log.path)} is empty)"]
-    head = f"  Last {len(lines)} lines of {_relative(log.path)}:"
+        return [f"  (its log {display_path(log.path)} is empty)"]
+    head = f"  Last {len(lines)} lines of {display_path(log.path)}:"
     return [head, *(f"  | {line}" for line in lines)]
 
 
@@ -274,7 +267,7 @@ def _curl_line(ctx: DeployContext) -> str:
     if router.api_key_env:
         line += f' -H "Authorization: Bearer ${router.api_key_env}"'
     elif key_file := api_key_path(router, ctx.topology_file):
-        line += f' -H "Authorization: Bearer $(cat {shlex.quote(_relative(key_file))})"'
+        line += f' -H "Authorization: Bearer $(cat {shlex.quote(display_path(key_file))})"'
     return f"{line} -d {shlex.quote(json.dumps(body))}"
 
 
@@ -304,7 +297,7 @@ def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessS
     console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
     topology = shlex.quote(str(ctx.topology_file))
     used_hosts = {s.target.host for s in statuses}
-    log_dirs = sorted({_relative(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})
+    log_dirs = sorted({display_path(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})
     console.print(
         f"Logs: pdkit logs {topology} [PROCESS] [-f]  ({', '.join(log_dirs)})", markup=False
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
 from rich.live import Live
@@ -41,7 +41,7 @@ class _LiveView:
         self.console = console
         self.live: Live | None = None
 
-    def __enter__(self) -> _LiveView:
+    def __enter__(self) -> Self:
         if self.console.is_terminal:
             self.live = Live(
                 self._table(), console=self.console, refresh_per_second=8, transient=True
@@ -77,10 +77,6 @@ class AnsibleView(_LiveView):
         super().__init__(console)
         self.progress = RunProgress()
 
-    def __enter__(self) -> AnsibleView:
-        super().__enter__()
-        return self
-
     def listener(self, progress: RunProgress, lines: list[str], event: Mapping[str, Any]) -> None:
         self.progress = progress
         for line in lines:
@@ -114,10 +110,6 @@ class ReadinessView(_LiveView):
         super().__init__(console)
         self.statuses: list[ProcessStatus] = []
         self._shown: dict[str, str] = {}
-
-    def __enter__(self) -> ReadinessView:
-        super().__enter__()
-        return self
 
     def update(self, statuses: list[ProcessStatus]) -> None:
         self.statuses = statuses
