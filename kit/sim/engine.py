@@ -41,11 +41,9 @@ from kit.sim.timing import (
     GpuSpec,
     Parallelism,
     TimingModel,
-    default_chunked_prefill_size,
-    default_max_running_requests,
-    default_mem_fraction_static,
     gpu_spec,
     kv_dtype_bytes,
+    plan_memory,
 )
 from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
 
@@ -121,13 +119,18 @@ class Engine:
             ),
             kv_dtype_bytes(args.kv_cache_dtype),
         )
-        self.chunk_size = args.chunked_prefill_size or default_chunked_prefill_size(self.gpu)
-        self.mem_fraction = args.mem_fraction_static or default_mem_fraction_static(
-            self.gpu, self.chunk_size, args.tp_size, args.pp_size
+        self.context_len = args.context_length or self.model.context_len
+        memory = plan_memory(
+            self.timing,
+            self.context_len,
+            chunked_prefill_size=args.chunked_prefill_size,
+            mem_fraction_static=args.mem_fraction_static,
+            max_total_tokens=args.max_total_tokens,
+            max_running_requests=args.max_running_requests,
         )
-        capacity = self.timing.kv_capacity_tokens(self.mem_fraction)
-        if args.max_total_tokens:
-            capacity = min(capacity, args.max_total_tokens)
+        self.chunk_size = memory.chunked_prefill_size
+        self.mem_fraction = memory.mem_fraction_static
+        capacity = memory.capacity_tokens
         if capacity < args.page_size:
             weights = self.timing.weight_bytes_per_gpu() / 1024**3
             raise StartupError(
@@ -137,10 +140,7 @@ class Engine:
                 "room for KV cache. To fix: raise --tp-size or --mem-fraction-static"
             )
         self.capacity_tokens = capacity
-        self.context_len = args.context_length or self.model.context_len
-        max_running = args.max_running_requests or default_max_running_requests(
-            capacity, self.context_len
-        )
+        max_running = memory.max_running_requests
         if args.enable_dp_attention:
             max_running = max(1, max_running // dp)
         self.max_running = max_running

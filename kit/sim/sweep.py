@@ -26,9 +26,7 @@ from kit.sim.timing import (
     GpuSpec,
     Parallelism,
     TimingModel,
-    default_chunked_prefill_size,
-    default_max_running_requests,
-    default_mem_fraction_static,
+    plan_memory,
 )
 
 Kind = Literal["colocated", "prefill-only", "decode-only", "pd"]
@@ -83,23 +81,22 @@ class InstanceConfig:
 
     def build(self, mode: Mode, clock: VirtualClock) -> Scheduler:
         timing = self.build_timing()
-        chunk = self.chunked_prefill_size or default_chunked_prefill_size(self.gpu)
-        fraction = self.mem_fraction_static or default_mem_fraction_static(
-            self.gpu, chunk, self.tp, 1
+        memory = plan_memory(
+            timing,
+            self.model.context_len,
+            chunked_prefill_size=self.chunked_prefill_size,
+            mem_fraction_static=self.mem_fraction_static,
+            max_running_requests=self.max_running_requests,
         )
-        capacity = timing.kv_capacity_tokens(fraction)
-        if capacity < self.page_size:
+        if memory.capacity_tokens < self.page_size:
             raise ValueError(f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}")
-        max_running = self.max_running_requests or default_max_running_requests(
-            capacity, self.model.context_len
-        )
         return Scheduler(
             mode=mode,
             timing=timing,
-            pool=KvPool(capacity // self.page_size, self.page_size),
+            pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
             clock=clock,
-            max_running=max_running,
-            chunk_size=chunk,
+            max_running=memory.max_running_requests,
+            chunk_size=memory.chunked_prefill_size,
             mixed_chunk=self.mixed_chunk,
             reserved_decode_tokens=self.reserved_decode_tokens,
         )

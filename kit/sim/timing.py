@@ -374,6 +374,39 @@ def default_max_running_requests(capacity_tokens: int, context_len: int) -> int:
     return min(max(int(capacity_tokens / max(context_len, 1) * 512), 2048), 4096)
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How SGLang sizes one rank: prefill chunk (tokens), static memory fraction (0..1), KV
+    pool capacity (tokens, 0 when the weights leave no room) and request slots."""
+
+    chunked_prefill_size: int
+    mem_fraction_static: float
+    capacity_tokens: int
+    max_running_requests: int
+
+
+def plan_memory(
+    timing: TimingModel,
+    context_len: int,
+    *,
+    chunked_prefill_size: int | None = None,
+    mem_fraction_static: float | None = None,
+    max_total_tokens: int | None = None,
+    max_running_requests: int | None = None,
+) -> MemoryPlan:
+    """The launch knobs given (None or 0: SGLang's default) resolved for `timing`'s GPU and
+    parallelism; the worker and the virtual-time sweep both size instances with this."""
+    chunk = chunked_prefill_size or default_chunked_prefill_size(timing.gpu)
+    fraction = mem_fraction_static or default_mem_fraction_static(
+        timing.gpu, chunk, timing.par.tp, timing.par.pp
+    )
+    capacity = timing.kv_capacity_tokens(fraction)
+    if max_total_tokens:
+        capacity = min(capacity, max_total_tokens)
+    slots = max_running_requests or default_max_running_requests(capacity, context_len)
+    return MemoryPlan(chunk, fraction, capacity, slots)
+
+
 def kv_dtype_bytes(kv_cache_dtype: str) -> float:
     """Bytes per KV element: ``auto`` keeps 16-bit KV (also for FP8 checkpoints)."""
     if kv_cache_dtype.startswith("fp8"):
