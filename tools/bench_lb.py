@@ -34,12 +34,15 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kit.lb.config import DEFAULT_DECODE_POLICY, DEFAULT_PREFILL_POLICY
+from kit.sim.launch import free_port
+from kit.topology import ports
 
 REPO = Path(__file__).resolve().parent.parent
 LOG_DIR = REPO / ".bench" / "lb"
@@ -420,12 +423,6 @@ async def open_loop(
 # -- targets ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads, and its waited-for children), seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -454,7 +451,6 @@ class Target:
     port: int
     ready_path: str
     policies: str
-    env: dict[str, str] = field(default_factory=dict)
     proc: asyncio.subprocess.Process | None = None
     note: str = ""
 
@@ -467,7 +463,7 @@ def targets(names: Sequence[str], prefill: list[int], decode: list[int]) -> list
     smg = os.environ.get("PDKIT_SMG", str(REPO / ".venv-smg/bin/smg"))
     workers: list[str] = []
     for i, port in enumerate(prefill):
-        workers += ["--prefill", f"http://127.0.0.1:{port}", str(8998 + i)]
+        workers += ["--prefill", f"http://127.0.0.1:{port}", str(ports.BOOTSTRAP + i)]
     for port in decode:
         workers += ["--decode", f"http://127.0.0.1:{port}"]
     out = []
@@ -483,7 +479,7 @@ def targets(names: Sequence[str], prefill: list[int], decode: list[int]) -> list
                     [sys.executable, "-m", "kit.lb", *common, "--log-level", "warning"],
                     port,
                     "/readiness",
-                    "prefix_affinity/least_inflight",
+                    f"{DEFAULT_PREFILL_POLICY}/{DEFAULT_DECODE_POLICY}",
                 )
             )
         elif name == "mini_lb":
@@ -551,7 +547,6 @@ async def start(target: Target, router_cpu: int | None, loadgen_cpu: int | None)
                 cwd=REPO,
                 stdout=sink,
                 stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ, **target.env},
             )
     finally:
         _pin(loadgen_cpu)
