@@ -80,6 +80,15 @@ class FinishReason:
         }
 
 
+def _over_budget(input_len: int) -> FinishReason:
+    """SGLang's 400 for a prompt (`input_len` tokens) that cannot fit even in an empty pool."""
+    return FinishReason(
+        "abort",
+        message=f"Request prompt exceeds the KV memory budget: input_len={input_len}.",
+        status_code=400,
+    )
+
+
 class SequenceSink(Protocol):
     """Where a sequence's events go; every `now` is model seconds."""
 
@@ -392,16 +401,7 @@ class Scheduler:
             if need * self.pool.page_size + future > room:
                 if self._hopeless(seq, parts):
                     self.waiting.popleft()
-                    self._finish(
-                        seq,
-                        FinishReason(
-                            "abort",
-                            message="Request prompt exceeds the KV memory budget: "
-                            f"input_len={seq.target}.",
-                            status_code=400,
-                        ),
-                        self.clock.now(),
-                    )
+                    self._finish(seq, _over_budget(seq.target), self.clock.now())
                     continue
                 break
             page_ids = self.pool.alloc(need)
@@ -510,16 +510,7 @@ class Scheduler:
             if need * page > self.pool.free_tokens - reserve:
                 if need > self.pool.total_pages:
                     self.prealloc.popleft()
-                    self._finish(
-                        seq,
-                        FinishReason(
-                            "abort",
-                            message="Request prompt exceeds the KV memory budget: "
-                            f"input_len={seq.prompt_len}.",
-                            status_code=400,
-                        ),
-                        now,
-                    )
+                    self._finish(seq, _over_budget(seq.prompt_len), now)
                     continue
                 break
             page_ids = self.pool.alloc(need)
