@@ -105,7 +105,7 @@ def _serve(workers: int) -> None:
                 "tp_size": 1,
                 "version": VERSION,
                 "engine": "pdkit-sim",
-                "startup_time": started,
+                "sim": {"started_at": started},
                 "internal_states": [{}],
             }
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kit.errors import ProbeError
 from kit.observe.probe import Fetched, WorkerAnswers
@@ -182,25 +182,17 @@ def _sum(entries: list[dict[str, Any]], key: str, section: str | None = None) ->
 
 
 def _uptime(server_info: dict[str, Any], metrics: MetricSet | None, now: float) -> float | None:
-    """Seconds since the server started: /server_info when it says, else process metrics."""
-    for key in ("uptime_s", "uptime"):
-        value = _float(server_info.get(key))
-        if value is not None:
-            return max(value, 0.0)
-    # The sim reports when it started (`sim.started_at`, epoch s). SGLang's `startup_time` is
-    # a dict of startup phase durations, which says nothing about when: SGLang's uptime comes
-    # from process metrics if it has them, else it is unknown.
+    """Seconds since the server started: the sim's start time, else process metrics.
+
+    The sim reports when it started (`sim.started_at`, epoch s). SGLang's `startup_time` is a
+    dict of startup phase durations, which says nothing about when: SGLang's uptime comes from
+    process metrics if it has them, else it is unknown.
+    """
     nested = server_info.get("sim")
-    sim: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    for value in (sim.get("started_at"), server_info.get("started_at")):
-        started = _float(value)
-        if started is not None:
-            return max(now - started, 0.0)
-    if metrics is not None:
+    started = _float(nested.get("started_at")) if isinstance(nested, dict) else None
+    if started is None and metrics is not None:
         started = metrics.maximum(PROCESS_START)
-        if started is not None:
-            return max(now - started, 0.0)
-    return None
+    return max(now - started, 0.0) if started is not None else None
 
 
 def _kv(
@@ -256,35 +248,27 @@ class _Load:
     pd_queues: dict[str, int | None]
 
 
+_T = TypeVar("_T")
+
+
+def _either(value: _T | None, fallback: _T | None) -> _T | None:
+    return value if value is not None else fallback
+
+
 def _load(entries: list[dict[str, Any]], metrics: MetricSet | None) -> _Load:
     """Load numbers from /v1/loads (summed over DP ranks; KV usage of the fullest), with the
     /metrics gauges filling what it did not say."""
+    gauges = metrics if metrics is not None else MetricSet(())
     usage = [v for v in (_float(e.get("token_usage")) for e in entries) if v is not None]
     throughput = [v for v in (_float(e.get("gen_throughput")) for e in entries) if v is not None]
-    load = _Load(
-        running=_sum(entries, "num_running_reqs"),
-        queued=_sum(entries, "num_waiting_reqs"),
-        token_usage=max(usage) if usage else None,
-        gen_throughput=math.fsum(throughput) if throughput else None,
-        pd_queues={
-            name: _sum(entries, field_name, "disaggregation")
-            for name, (field_name, _) in PD_QUEUES.items()
-        },
-    )
-    if metrics is None:
-        return load
     return _Load(
-        running=load.running if load.running is not None else _int(metrics.total(RUNNING)),
-        queued=load.queued if load.queued is not None else _int(metrics.total(QUEUED)),
-        token_usage=load.token_usage
-        if load.token_usage is not None
-        else metrics.maximum(TOKEN_USAGE),
-        gen_throughput=load.gen_throughput
-        if load.gen_throughput is not None
-        else metrics.total(GEN_THROUGHPUT),
+        running=_either(_sum(entries, "num_running_reqs"), _int(gauges.total(RUNNING))),
+        queued=_either(_sum(entries, "num_waiting_reqs"), _int(gauges.total(QUEUED))),
+        token_usage=max(usage) if usage else gauges.maximum(TOKEN_USAGE),
+        gen_throughput=math.fsum(throughput) if throughput else gauges.total(GEN_THROUGHPUT),
         pd_queues={
-            name: value if value is not None else _int(metrics.total(PD_QUEUES[name][1]))
-            for name, value in load.pd_queues.items()
+            name: _either(_sum(entries, field_name, "disaggregation"), _int(gauges.total(metric)))
+            for name, (field_name, metric) in PD_QUEUES.items()
         },
     )
 
@@ -369,7 +353,7 @@ def evaluate_worker(
         engine=detect_engine(server_info) if server_info else None,
         version=reported_version(server_info) if server_info else None,
         served_model=_served(server_info),
-        uptime_s=_uptime(server_info, metrics, now) if server_info or metrics else None,
+        uptime_s=_uptime(server_info, metrics, now),
         running=running,
         queued=queued,
         token_usage=load.token_usage,
