@@ -27,9 +27,6 @@ CONTROL_ROUTER_KEY_ENV = "PDKIT_DEPLOY_ROUTER_API_KEY"
 ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
 """Variable the router reads its client API key from, per router kind (env file, 0600)."""
 
-REMOTE_VENV = "opt/pdkit/venv"
-"""Where provisioning puts the Python environment on a remote host, under its root prefix."""
-
 
 @dataclass(frozen=True)
 class DeployHost:
@@ -66,7 +63,7 @@ def deploy_hosts(plan: Plan, topology_file: Path, control_python: str) -> tuple[
         python = (
             control_python
             if host.connection == "local"
-            else str(PurePosixPath(layout.root, REMOTE_VENV, "bin", "python"))
+            else str(PurePosixPath(layout.venv_dir, "bin", "python"))
         )
         hosts.append(DeployHost(plan=host, layout=layout, python=python))
     return tuple(hosts)
@@ -79,10 +76,6 @@ def _command_record(command: Command) -> dict[str, Any]:
         "args": list(command.args),
         "secret_args": [list(pair) for pair in command.secret_args],
     }
-
-
-HF_HOME_UNDER_ROOT = "var/lib/pdkit/huggingface"
-"""Where provisioning's model role puts weights (pdkit_model_hf_home); workers look there."""
 
 
 def worker_record(
@@ -121,11 +114,7 @@ def router_record(router: RouterProcess, deployment: str) -> dict[str, Any]:
 
 def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     """Everything one host's plays need: connection, layout, interpreter, processes."""
-    hf_home = (
-        str(PurePosixPath(host.layout.root, HF_HOME_UNDER_ROOT))
-        if plan.engine == "sglang"
-        else None
-    )
+    hf_home = host.layout.hf_home if plan.engine == "sglang" else None
     records = [worker_record(w, plan.name, hf_home) for w in plan.on_host(host.name)]
     if plan.router.host == host.name:
         records.append(router_record(plan.router, plan.name))

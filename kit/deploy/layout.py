@@ -17,6 +17,11 @@ Under the root, for deployment ``<name>``::
     var/log/pdkit/<name>/<process>.log            process logs (kept by `pdkit down`)
     run/pdkit/<name>/                             supervisord socket and pid file
 
+and, shared by the deployments of a host, what provisioning puts there (remote hosts)::
+
+    opt/pdkit/venv/                               the Python environment processes run in
+    var/lib/pdkit/huggingface/                    HF_HOME: weights downloaded from the Hub
+
 systemd units are the exception: systemd reads units only from ``/etc/systemd/system``, so they
 go there (``pdkit-<name>-<process>.service``) whatever the root is.
 
@@ -100,6 +105,16 @@ class HostLayout:
     @property
     def run_dir(self) -> str:
         return _under(self.root, "run/pdkit", self.deployment)
+
+    @property
+    def venv_dir(self) -> str:
+        """The Python environment provisioning makes (pdkit_python_venv)."""
+        return _under(self.root, "opt/pdkit/venv")
+
+    @property
+    def hf_home(self) -> str:
+        """Where provisioning downloads weights (pdkit_model_hf_home) and workers look."""
+        return _under(self.root, "var/lib/pdkit/huggingface")
 
     @property
     def supervisord_conf(self) -> str:

@@ -121,12 +121,14 @@ def provision_vars(
         "pdkit_rdma_gid_index": gid_index,
         "pdkit_model_source": _model_source(plan) if workers else "none",
         "pdkit_model_path": plan.model.path,
+        # Where `pdkit up` points the workers' HF_HOME (kit.deploy.inventory).
+        "pdkit_model_hf_home": host.layout.hf_home,
         "pdkit_model_revision": plan.model.revision or "",
         "pdkit_python_sglang_version": plan.sglang_version,
     }
     if not host.local:
-        # The venv whose python the deployment runs (kit.deploy.inventory.REMOTE_VENV).
-        out["pdkit_python_venv"] = str(PurePosixPath(host.python).parent.parent)
+        # The venv whose python the deployment runs (DeployHost.python).
+        out["pdkit_python_venv"] = host.layout.venv_dir
         out["pdkit_python_source"] = "wheelhouse" if wheelhouse_archive else "index"
         out["pdkit_python_wheelhouse"] = str(wheelhouse_archive or "")
         out["pdkit_python_pdkit_wheel"] = str(pdkit_wheel_path or "")

@@ -51,14 +51,14 @@ def test_a_deep_root_moves_the_supervisord_socket_to_a_short_path():
     assert socket != HostLayout("local", "/tmp/" + "y" * 120).supervisord_socket
 
 
-def _render_group_vars(values: dict[str, str]) -> dict[str, str]:
-    """Evaluate playbooks/group_vars/all.yml like Ansible would, for the path variables."""
+def _render_group_vars(values: dict[str, str], file: str = "group_vars/all.yml") -> dict[str, str]:
+    """Evaluate a variables file of playbooks/ like Ansible would, for the path variables."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["ansible.builtin.path_join"] = lambda parts: str(Path(*parts))
     env.filters["ansible.builtin.hash"] = lambda text, kind: hashlib.new(
         kind, text.encode()
     ).hexdigest()
-    raw = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all.yml").read_text())
+    raw = yaml.safe_load((REPO / "playbooks" / file).read_text())
     known = dict(values)
     for _ in range(5):  # variables refer to each other: resolve until stable
         for key, template in raw.items():
@@ -76,3 +76,11 @@ def test_group_vars_compute_the_same_layout_as_python(root):
     rendered = _render_group_vars({"pdkit_root": root, "pdkit_deployment": "local"})
     for key, value in layout.ansible_vars().items():
         assert rendered[key] == value, key
+
+
+def test_role_defaults_put_the_venv_and_weights_where_the_layout_says():
+    layout = HostLayout("local", "/srv/a")
+    python = _render_group_vars({"pdkit_root": "/srv/a"}, "roles/pdkit_python/defaults/main.yml")
+    model = _render_group_vars({"pdkit_root": "/srv/a"}, "roles/pdkit_model/defaults/main.yml")
+    assert python["pdkit_python_venv"] == layout.venv_dir
+    assert model["pdkit_model_hf_home"] == layout.hf_home

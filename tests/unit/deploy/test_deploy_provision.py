@@ -56,6 +56,7 @@ def test_gpu_hosts_get_the_nics_gid_index_and_gpu_count_their_workers_use(gpu_to
     assert a["pdkit_model_path"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert a["pdkit_python_sglang_version"] == "0.5.23"
     assert a["pdkit_python_venv"] == "/opt/pdkit/venv"  # the venv `pdkit up` runs
+    assert a["pdkit_model_hf_home"] == "/var/lib/pdkit/huggingface"  # the workers' HF_HOME
     assert a["pdkit_python_source"] == "index"
     assert a["pdkit_python_pdkit_wheel"] == str(WHEEL)
 
