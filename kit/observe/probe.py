@@ -59,6 +59,13 @@ class Fetched:
     def ok(self) -> bool:
         return self.status == 200
 
+    @property
+    def why(self) -> str:
+        """Why this answer is not usable, for a note: the HTTP status, or the failure."""
+        if self.status is not None:
+            return f"HTTP {self.status}" if not self.ok else "unreadable JSON"
+        return self.detail or "no answer"
+
     def json(self, any_status: bool = False) -> Any:
         """The body as JSON when the status is 200 (or any, with `any_status`), else None."""
         if not (self.ok or (any_status and self.answered)):

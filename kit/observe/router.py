@@ -279,7 +279,7 @@ def evaluate_router(
     if answers.metrics.ok and metrics is None:
         notes.append("metrics are not Prometheus text")
     elif not answers.metrics.ok and answers.health.answered:
-        notes.append(f"no metrics at {target.metrics_url}: {_why(answers.metrics)}")
+        notes.append(f"no metrics at {target.metrics_url}: {answers.metrics.why}")
     before = _parse(earlier)
 
     state, ready, cause = _state(answers, metrics)
@@ -363,9 +363,3 @@ def evaluate_router(
 
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _why(fetched: Fetched) -> str:
-    if fetched.status is not None:
-        return f"HTTP {fetched.status}"
-    return fetched.detail or "no answer"

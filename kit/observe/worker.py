@@ -332,7 +332,7 @@ def evaluate_worker(
                 cause = "answers /health but has no /server_info: not an SGLang server?"
                 problems = [cause]
         elif state == "healthy":
-            why = _why(answers.server_info)
+            why = answers.server_info.why
             if answers.server_info.status == 401:
                 why += " (it needs the worker's --api-key)"
             notes.append(f"/server_info: {why}; model, mode and version not checked")
@@ -370,9 +370,3 @@ def _served(server_info: dict[str, Any]) -> str | None:
     if isinstance(served, list):  # a list of aliases: the first is the name
         served = served[0] if served else None
     return str(served) if served is not None else None
-
-
-def _why(fetched: Fetched) -> str:
-    if fetched.status is not None:
-        return f"HTTP {fetched.status}" if not fetched.ok else "unreadable JSON"
-    return fetched.detail or "no answer"
