@@ -21,13 +21,14 @@ from yarl import URL
 
 from kit.lb.errors import LbConfigError
 from kit.topology import ports
+from kit.topology.policies import DEFAULT_POLICIES, PDKIT_POLICIES
 
 Role = Literal["prefill", "decode"]
 
 POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity")
-PREFILL_ONLY_POLICIES = frozenset({"prefix_affinity"})
-DEFAULT_PREFILL_POLICY = "prefix_affinity"
-DEFAULT_DECODE_POLICY = "least_inflight"
+PREFILL_ONLY_POLICIES = frozenset(PDKIT_POLICIES["prefill"]) - frozenset(PDKIT_POLICIES["decode"])
+DEFAULT_PREFILL_POLICY = DEFAULT_POLICIES["pdkit"]["prefill"]
+DEFAULT_DECODE_POLICY = DEFAULT_POLICIES["pdkit"]["decode"]
 
 API_KEY_ENV = "PDKIT_LB_API_KEY"
 ADMIN_KEY_ENV = "PDKIT_LB_ADMIN_KEY"

@@ -18,6 +18,7 @@ from kit.topology.plan import (
     RouterProcess,
     WorkerProcess,
 )
+from kit.topology.policies import DEFAULT_POLICIES
 from kit.topology.schema import ArgValue, Host, Role, Topology
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -29,11 +30,6 @@ ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
 
 PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 """Flags pdkit adds unless the topology sets them: status reads /metrics."""
-
-DEFAULT_POLICIES = {
-    "pdkit": {"prefill": "prefix_affinity", "decode": "least_inflight"},
-    "smg": {"prefill": "cache_aware", "decode": "round_robin"},
-}
 
 
 def normalize_flag(name: str) -> str:

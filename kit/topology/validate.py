@@ -13,20 +13,8 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.topology import ports
 from kit.topology.place import InstancePlacement, place
+from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
-
-PDKIT_POLICIES = {
-    "prefill": ("prefix_affinity", "least_inflight", "round_robin", "random"),
-    "decode": ("least_inflight", "round_robin", "random"),
-}
-SMG_POLICIES = (
-    "random",
-    "round_robin",
-    "cache_aware",
-    "power_of_two",
-    "prefix_hash",
-    "consistent_hashing",
-)
 
 
 def validate(topology: Topology) -> list[Problem]:
