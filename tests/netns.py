@@ -81,6 +81,10 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
 
 
+def _netns_pids(netns: str) -> list[int]:
+    return [int(p) for p in _ip("netns", "pids", netns, check=False).stdout.split()]
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -136,8 +140,7 @@ class NetnsHost:
 
     def pids(self) -> list[int]:
         """Every process in this namespace (sshd included)."""
-        result = _ip("netns", "pids", self.netns, check=False)
-        return [int(p) for p in result.stdout.split()]
+        return _netns_pids(self.netns)
 
     def processes(self) -> dict[int, str]:
         """pid -> command line of every process in the namespace except sshd itself and the
@@ -429,7 +432,7 @@ def kill_namespace_processes(netns: str, grace: float = 5.0) -> None:
     deadline = time.monotonic() + grace
     sig = signal.SIGTERM
     while True:
-        pids = [int(p) for p in _ip("netns", "pids", netns, check=False).stdout.split()]
+        pids = _netns_pids(netns)
         if not pids:
             return
         for pid in pids:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.deploy.layout import HostLayout
+from kit.deploy.layout import HostLayout, host_root
 from kit.deploy.services import supervisor_processes
 from tests.conftest import REPO, run_pdkit
 
@@ -72,7 +72,8 @@ def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProc
 
 
 def layout(topology: Path, name: str) -> HostLayout:
-    return HostLayout(name, str(topology.parent / ".pdkit" / name / "root"))
+    """The deployment's layout on its one host (root `.pdkit/<name>/root`, see write_topology)."""
+    return HostLayout(name, host_root(f".pdkit/{name}/root", topology))
 
 
 def pids(topology: Path, name: str) -> dict[str, int]:

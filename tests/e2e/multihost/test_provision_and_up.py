@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from kit.deploy.context import load_context
 from tests.e2e.multihost.conftest import bed_topology, run_pdkit
 from tests.netns import TestBed
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]
-
-VENV_PYTHON = "opt/pdkit/venv/bin/python"
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +78,19 @@ def test_check_mode_on_fresh_hosts_says_what_would_change_and_changes_nothing(
         assert list(host.root.iterdir()) == []
 
 
-def test_provision_installs_a_venv_from_the_wheelhouse_on_every_host(testbed, provisioned):
+def test_provision_installs_a_venv_from_the_wheelhouse_on_every_host(
+    testbed, topology, provisioned
+):
     assert provisioned.returncode == 0, provisioned.stdout + provisioned.stderr
     assert "changed a, b, c" in provisioned.stdout
+    deploy_hosts = load_context(topology).hosts_by_name
     for host in testbed.hosts:
         # The venv's pdkit is the control machine's; the packages came from the pushed wheels.
+        python = deploy_hosts[host.name].python
+        assert python.startswith(f"{host.root}/")
         result = testbed.ssh(
             host,
-            f"{host.root}/{VENV_PYTHON} -c 'import kit, mooncake.engine, supervisor; "
-            "print(kit.__file__)'",
+            f"{python} -c 'import kit, mooncake.engine, supervisor; print(kit.__file__)'",
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(str(host.root))
@@ -113,10 +116,12 @@ def test_up_serves_a_chat_completion_whose_kv_crosses_hosts(testbed, topology, p
     up = run_pdkit(testbed, "up", str(topology))
     assert up.returncode == 0, up.stdout + up.stderr
     a, b, c = testbed.hosts
+    deploy_hosts = load_context(topology).hosts_by_name
     # Each process runs in its own host's namespace, from that host's venv.
     for host, module in ((a, "kit.sim"), (b, "kit.sim"), (c, "kit.lb")):
         commands = host.processes().values()
-        assert any(f"{host.root}/{VENV_PYTHON} -m {module}" in cmd for cmd in commands), commands
+        python = deploy_hosts[host.name].python
+        assert any(f"{python} -m {module}" in cmd for cmd in commands), commands
 
     from openai import OpenAI  # noqa: PLC0415
 
@@ -154,7 +159,10 @@ def test_status_shows_all_three_then_the_killed_decode(testbed, topology):
 def test_down_leaves_nothing_running_on_any_host(testbed, topology):
     down = run_pdkit(testbed, "down", str(topology))
     assert down.returncode == 0, down.stdout + down.stderr
+    plan = load_context(topology).plan
+    ports = {plan.router.port} | {w.http_port for w in plan.workers}
+    ports |= {w.bootstrap_port for w in plan.workers if w.bootstrap_port}
     for host in testbed.hosts:
         assert host.processes() == {}, (host.name, host.processes())
-        for port in (8000, 30000, 30100, 8998):
+        for port in ports:
             assert not host.listening(port)
