@@ -99,9 +99,10 @@ def test_a_silent_worker_costs_one_timeout_and_its_other_requests_are_skipped():
                 elapsed = time.monotonic() - started
             first = round_.workers[0]
             assert first.health.failure == "timeout"
-            assert {f.failure for f in (first.server_info, first.loads, first.metrics)} == {
-                "skipped"
-            }
+            # called off when /health fails; ones already sent may time out in the same loop
+            # turn on a loaded machine (both timers are ~0.5 s): either way, no answer counted
+            others = {f.failure for f in (first.server_info, first.loads, first.metrics)}
+            assert others <= {"skipped", "timeout"}
             assert silent_hits[0] == "/health"
             assert all(w.health.ok for w in round_.workers[1:])
             assert len([h for h in hits if h == "/health"]) == 20
