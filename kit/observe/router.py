@@ -187,6 +187,20 @@ def _workers_from_metrics(metrics: MetricSet, readiness: Any) -> tuple[RoutedWor
     return tuple(found)
 
 
+def _role_counts(
+    role: str, workers: tuple[RoutedWorker, ...] | None, readiness: Any
+) -> tuple[int | None, int | None]:
+    """(healthy, total) workers of a role: from the worker list, else from pdkit's /readiness
+    body (`{"prefill": {"healthy": 2, "total": 2}, ...}`)."""
+    if workers is not None:
+        mine = [w for w in workers if w.role == role]
+        return sum(w.healthy for w in mine), len(mine)
+    said = readiness.get(role) if isinstance(readiness, dict) else None
+    if isinstance(said, dict):
+        return _count(said.get("healthy")), _count(said.get("total"))
+    return None, None
+
+
 def _out_state(reason: str | None) -> str:
     if reason in ("draining", "pending"):
         return reason
@@ -288,22 +302,9 @@ def evaluate_router(
     if workers is None and metrics is not None:
         workers = _workers_from_metrics(metrics, readiness)
 
-    counts: dict[str, int | None] = {}
-    for role in ("prefill", "decode"):
-        mine = [w for w in workers if w.role == role] if workers is not None else None
-        said = readiness.get(role) if isinstance(readiness, dict) else None
-        if mine is not None:
-            counts[f"healthy_{role}"], counts[f"total_{role}"] = (
-                sum(w.healthy for w in mine),
-                len(mine),
-            )
-        elif isinstance(said, dict):  # pdkit's /readiness: {"prefill": {"healthy", "total"}}
-            counts[f"healthy_{role}"] = _count(said.get("healthy"))
-            counts[f"total_{role}"] = _count(said.get("total"))
-        else:
-            counts[f"healthy_{role}"] = counts[f"total_{role}"] = None
+    counts = {role: _role_counts(role, workers, readiness) for role in ("prefill", "decode")}
     if ready is False and state == "unhealthy":
-        missing = [r for r in ("prefill", "decode") if counts[f"healthy_{r}"] == 0]
+        missing = [role for role, (healthy, _) in counts.items() if healthy == 0]
         if missing:
             cause = "not ready: no healthy " + " and no healthy ".join(missing)
         else:
@@ -344,10 +345,10 @@ def evaluate_router(
         notes=tuple(notes),
         ready=ready,
         workers=workers,
-        healthy_prefill=counts["healthy_prefill"],
-        healthy_decode=counts["healthy_decode"],
-        total_prefill=counts["total_prefill"],
-        total_decode=counts["total_decode"],
+        healthy_prefill=counts["prefill"][0],
+        healthy_decode=counts["decode"][0],
+        total_prefill=counts["prefill"][1],
+        total_decode=counts["decode"][1],
         requests_total=requests_total,
         requests_per_s=rate_s,
         rate_window_s=window_s,

@@ -104,3 +104,15 @@ def test_smg_without_router_counters_counts_client_paths_only():
         got("/metrics", metrics),
     )
     assert evaluate_router(answers, SLO()).requests_total == 5
+
+
+def test_without_a_worker_list_or_metrics_the_counts_come_from_pdkits_readiness():
+    answers = pdkit_answers(ready=False)
+    answers = RouterAnswers(
+        answers.target, answers.health, answers.readiness, answers.workers, got("/metrics", "", 404)
+    )
+    status = evaluate_router(answers, SLO())
+    assert status.workers is None
+    assert (status.healthy_prefill, status.total_prefill) == (2, 2)
+    assert (status.healthy_decode, status.total_decode) == (1, 1)
+    assert status.cause == "not ready (/readiness says 503)"
