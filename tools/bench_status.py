@@ -175,8 +175,6 @@ def _targets(ports: list[int], hung: int | None, router: int) -> Targets:
                 role=role,
                 instance=i // 2,
                 host="localhost",
-                address="127.0.0.1",
-                port=port,
                 url=f"http://127.0.0.1:{port}",
                 nnodes=1,
                 expected=Expected(MODEL, role, "sim", VERSION, None, 1),

@@ -33,8 +33,6 @@ class WorkerTarget:
     role: Role
     instance: int
     host: str
-    address: str
-    port: int
     url: str
     nnodes: int
     expected: Expected
@@ -79,7 +77,7 @@ def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
 def _router_api_key(env_name: str | None, file: str | None) -> str | None:
     """The client API key from the control machine (env var or file), if it is there."""
     if env_name:
-        return os.environ.get(env_name) or None
+        return os.environ.get(env_name, "").strip() or None
     if file:
         try:
             return Path(file).expanduser().read_text().strip() or None
@@ -101,8 +99,6 @@ def targets_from_plan(plan: Plan) -> Targets:
                 role=w.role,
                 instance=w.instance,
                 host=w.host,
-                address=w.address,
-                port=w.http_port,
                 url=w.url,
                 nnodes=w.nnodes,
                 expected=Expected(

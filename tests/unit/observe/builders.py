@@ -25,14 +25,11 @@ def worker_target(
         "tp_size": 1,
     }
     fields.update(expected)
-    host_port = url.removeprefix("http://")
     return WorkerTarget(
         name=f"{role}-{instance}",
         role=role,  # type: ignore[arg-type]
         instance=instance,
         host="gpu-a",
-        address=host_port.rsplit(":", 1)[0],
-        port=int(host_port.rsplit(":", 1)[1]),
         url=url,
         nnodes=1,
         expected=Expected(**fields),  # type: ignore[arg-type]
