@@ -8,6 +8,7 @@ where the output goes (a rich Console, or JSON on stdout).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -121,34 +122,20 @@ def status(
         else:
             _for_tables(console).print(status_view(report))
         return 0
-    try:
+    live: Live | None = None
+    wide = _for_tables(console)
+
+    def show(report: Report) -> None:
         if as_json:
-            asyncio.run(
-                watch_reports(
-                    targets, options, interval_s, lambda r: _plain(console, _json(r)), count
-                )
-            )
-        elif console.is_terminal:
-            with Live(console=console, auto_refresh=False, transient=False) as live:
-                asyncio.run(
-                    watch_reports(
-                        targets,
-                        options,
-                        interval_s,
-                        lambda r: live.update(status_view(r), refresh=True),
-                        count,
-                    )
-                )
+            _plain(console, _json(report))
+        elif live is not None:
+            live.update(status_view(report), refresh=True)
         else:  # piped: one screen after the other
-            asyncio.run(
-                watch_reports(
-                    targets,
-                    options,
-                    interval_s,
-                    lambda r: console.print(status_view(r), "\n"),
-                    count,
-                )
-            )
-    except KeyboardInterrupt:
-        return 0
+            wide.print(status_view(report), "\n")
+
+    with contextlib.ExitStack() as stack:
+        if console.is_terminal and not as_json:
+            live = stack.enter_context(Live(console=console, auto_refresh=False))
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
+            asyncio.run(watch_reports(targets, options, interval_s, show, count))
     return 0
