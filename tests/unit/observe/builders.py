@@ -153,7 +153,10 @@ def router_got(path: str, body: object, status: int = 200, at: float = 100.0) ->
     return Fetched("http://10.0.0.1:8000" + path, status, text, at=at)
 
 
-def pdkit_metrics(requests: int = 40, healthy: dict[str, int] | None = None, drain: int = 0) -> str:
+def pdkit_metrics(
+    requests: int = 40, healthy: dict[str, int] | None = None, drain: int = 0, slow: int = 0
+) -> str:
+    """pdkit's page: 40 first tokens (36 within 400 ms), plus `slow` more in (0.4, 0.8] s."""
     healthy = healthy if healthy is not None else {P0: 1, P1: 1, D0: 1}
     role = {P0: "prefill", P1: "prefill", D0: "decode"}
     lines = [
@@ -178,13 +181,14 @@ def pdkit_metrics(requests: int = 40, healthy: dict[str, int] | None = None, dra
         ),
         "# TYPE pdkit_lb_time_to_first_token_seconds histogram",
     ]
-    for bound, count in (("0.1", 10), ("0.2", 20), ("0.4", 36), ("0.8", 40), ("+Inf", 40)):
+    ttft = (("0.1", 10), ("0.2", 20), ("0.4", 36), ("0.8", 40 + slow), ("+Inf", 40 + slow))
+    for bound, count in ttft:
         lines.append(
             f'pdkit_lb_time_to_first_token_seconds_bucket{{route="/generate",le="{bound}"}} {count}'
         )
     lines += [
-        'pdkit_lb_time_to_first_token_seconds_sum{route="/generate"} 9.0',
-        'pdkit_lb_time_to_first_token_seconds_count{route="/generate"} 40',
+        f'pdkit_lb_time_to_first_token_seconds_sum{{route="/generate"}} {9.0 + 0.6 * slow}',
+        f'pdkit_lb_time_to_first_token_seconds_count{{route="/generate"}} {40 + slow}',
         "# TYPE pdkit_lb_inter_token_latency_seconds histogram",
     ]
     for bound, count in (("0.02", 500), ("0.04", 900), ("0.08", 1000), ("+Inf", 1000)):

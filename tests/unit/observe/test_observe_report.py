@@ -128,7 +128,16 @@ def test_status_view_has_a_table_per_role_and_the_router_line():
 
 def test_metrics_from_an_earlier_round_give_windowed_latency_in_watch():
     targets, earlier = cluster(router=pdkit_answers(metrics=pdkit_metrics(requests=10), at=98.0))
-    _, now = cluster(router=pdkit_answers(metrics=pdkit_metrics(requests=30), at=100.0))
+    later = pdkit_metrics(requests=30, slow=10)  # 10 first tokens since, all over 400 ms
+    _, now = cluster(router=pdkit_answers(metrics=later, at=100.0))
     report = build_report(targets, now, earlier, timeout_s=3.0, latency_over_window=True)
     assert report.router.requests_per_s == 10.0
     assert report.router.rate_window_s == 2.0
+    ttft = report.router.ttft
+    assert report.router.latency_window == "last round"
+    assert ttft is not None and ttft.count == 10 and ttft.within == 0.0
+    assert ttft.p50_ms is not None and 400 < ttft.p50_ms <= 800
+    assert report.router.slo_met is False  # none of the last round within 400 ms
+    since_start = build_report(targets, now, earlier, timeout_s=3.0).router
+    assert since_start.latency_window == "since start" and since_start.ttft is not None
+    assert since_start.ttft.count == 50
