@@ -116,9 +116,23 @@ def write_topology(
     return path
 
 
-def http_status(url: str, timeout: float = 1.0) -> int | None:
+def http_status(
+    url: str,
+    body: dict | None = None,
+    *,
+    method: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 1.0,
+) -> int | None:
+    """The HTTP status of a GET (or, with `body`, a JSON POST); None when nothing answered."""
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -316,31 +330,13 @@ def get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-def post_json(url: str, body: dict, timeout: float = 60) -> int:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return -1
+def post_json(url: str, body: dict) -> int | None:
+    return http_status(url, body, timeout=60)
 
 
-def admin(method: str, url: str, body: dict | None = None) -> int:
-    request = urllib.request.Request(
-        url,
-        method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+def admin(method: str, url: str, body: dict | None = None) -> int | None:
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    return http_status(url, body, method=method, headers=auth, timeout=10)
 
 
 def test_a_prefill_the_router_drains_is_draining_until_its_request_ends(healthy):
@@ -408,7 +404,7 @@ def test_a_prefill_killed_mid_transfer_is_down_and_the_decode_counts_the_failure
 
         wait_until("the decode waiting for the KV", waiting_for_kv)
         healthy.kill("prefill-1")
-        assert legs[1].result(timeout=60) >= 500  # the decode leg fails, it does not hang
+        assert legs[1].result(timeout=60) in range(500, 600)  # it fails, it does not hang
     try:
         result = pdkit("health", str(healthy.topology), "--timeout", "2")
         assert result.returncode == 1
