@@ -112,11 +112,7 @@ def targets_from_plan(plan: Plan) -> Targets:
             )
         )
     router = plan.router
-    if router.metrics_port is not None:
-        host = f"[{router.address}]" if ":" in router.address else router.address
-        metrics_url = f"http://{host}:{router.metrics_port}/metrics"
-    else:
-        metrics_url = f"{router.url}/metrics"
+    metrics_url = router.metrics_url
     return Targets(
         deployment=plan.name,
         workers=tuple(workers),

@@ -40,5 +40,16 @@ def check_topology(path: str | Path) -> Topology:
 
 
 def resolve(path: str | Path) -> Plan:
-    """The Plan of the topology at `path` (raises `TopologyError` when it has problems)."""
-    return build_plan(check_topology(path))
+    """The Plan of the topology at `path` (raises `TopologyError` when it has problems).
+
+    Paths in the topology are taken from the topology file's folder: a relative
+    `router.api_key_file` is made absolute here, so every later stage reads the same file
+    wherever pdkit runs from."""
+    plan = build_plan(check_topology(path))
+    key_file = plan.router.api_key_file
+    if key_file and not Path(key_file).expanduser().is_absolute():
+        absolute = str(Path(path).absolute().parent / Path(key_file).expanduser())
+        plan = plan.model_copy(
+            update={"router": plan.router.model_copy(update={"api_key_file": absolute})}
+        )
+    return plan

@@ -104,8 +104,18 @@ class RouterProcess(Frozen):
 
     @property
     def url(self) -> str:
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}"
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Prometheus endpoint: smg's separate port, else /metrics on the router's port."""
+        if self.metrics_port is None:
+            return f"{self.url}/metrics"
+        return f"http://{self._host}:{self.metrics_port}/metrics"
+
+    @property
+    def _host(self) -> str:
+        return f"[{self.address}]" if ":" in self.address else self.address
 
 
 class ModelPlan(Frozen):

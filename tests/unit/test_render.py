@@ -138,3 +138,17 @@ def test_user_args_render_sorted_with_bool_and_list_rules(write_topology):
         "--watchdog-timeout",
         "600",
     ]
+
+
+def test_a_relative_key_file_is_taken_from_the_topology_folder(write_topology, tmp_path):
+    data = base_topology()
+    data["router"]["api_key_file"] = "secrets/key"
+    plan = resolve(write_topology(data))
+    assert plan.router.api_key_file == str(tmp_path / "secrets" / "key")
+
+
+def test_router_metrics_url_follows_the_router_kind():
+    local = resolve(REPO / "topologies" / "local.yaml").router
+    assert local.metrics_url == "http://127.0.0.1:8000/metrics"
+    smg = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml").router
+    assert smg.metrics_url == "http://10.0.2.1:29000/metrics"
