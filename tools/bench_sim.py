@@ -25,9 +25,8 @@ from dataclasses import replace
 
 import aiohttp
 
-from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
-from kit.sim.models import resolve_model
-from kit.sim.sweep import (
+from kit.perf.models import resolve_model
+from kit.perf.sweep import (
     Cluster,
     InstanceConfig,
     Slo,
@@ -37,7 +36,8 @@ from kit.sim.sweep import (
     rate_grid,
     run_rate,
 )
-from kit.sim.timing import Efficiency, StepShape, gpu_spec
+from kit.perf.timing import Efficiency, StepShape, gpu_spec
+from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
 
 PROMPT, OUTPUT = 512, 64
 SLO = Slo(ttft=0.4, tpot=0.04, attainment=0.9)

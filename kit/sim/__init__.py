@@ -4,21 +4,18 @@
 answers SGLang's HTTP API (``/generate``, ``/v1/completions``, ``/v1/chat/completions``,
 health, info, loads, metrics), follows SGLang's prefill/decode protocol (bootstrap server,
 ``bootstrap_room``, SGLang's timeouts), moves KV bytes for real over the Mooncake transfer
-engine, and takes the time a real GPU would, from `kit.sim.timing`.
+engine, and takes the time a real GPU would: it runs `kit.perf`'s scheduler and timing model
+on a real-time clock.
 
 Modules, bottom up:
 
 * ``settings`` (``PDKIT_SIM_*`` and the SGLang variables honoured), ``args`` (the argv)
-* ``models`` (model shapes, shipped configs in ``models/``), ``timing`` (the roofline model)
-* ``clock`` (real and virtual time), ``kvpool`` (KV pages), ``scheduler`` (batching)
 * ``tokens`` (the token rule, emulated outputs), ``requests`` (one request's state)
 * ``transfer`` (Mooncake), ``bootstrap`` (prefill side), ``pd_client`` (decode side)
 * ``engine`` (ranks and the PD hand-off), ``api_native``/``api_openai``/``metrics``/``server``
   (HTTP), ``worker`` (process lifecycle), ``__main__`` (entry point)
-* ``sweep``: the same scheduler and timing model in virtual time, for benchmarks and planning.
 * ``launch``: start workers as subprocesses that are always stopped (tests, benchmarks).
+
+The performance model (model shapes, GPU specs, timing, KV pool, scheduler, virtual-time
+sweeps) is `kit.perf`.
 """
-
-from kit.sim.sweep import Cluster, InstanceConfig, Slo, goodput, poisson_workload, run_rate
-
-__all__ = ["Cluster", "InstanceConfig", "Slo", "goodput", "poisson_workload", "run_rate"]

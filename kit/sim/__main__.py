@@ -13,9 +13,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from kit.perf.models import ModelConfigError
 from kit.sim.args import ArgsError, parse_args
 from kit.sim.engine import StartupError
-from kit.sim.models import ModelConfigError
 from kit.sim.settings import SettingsError, SimSettings
 from kit.sim.worker import run_worker
 

@@ -27,17 +27,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from kit.sim import tokens
-from kit.sim.args import WorkerArgs
-from kit.sim.bootstrap import Reservation, RoomError, RoomTable
-from kit.sim.clock import RealClock
-from kit.sim.kvpool import KvPool
-from kit.sim.models import ModelShape, resolve_model
-from kit.sim.pd_client import PdError, PrefillDirectory
-from kit.sim.requests import GenerateInput, RequestState
-from kit.sim.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
-from kit.sim.settings import SimSettings
-from kit.sim.timing import (
+from kit.perf.clock import RealClock
+from kit.perf.kvpool import KvPool
+from kit.perf.models import ModelShape, resolve_model
+from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
+from kit.perf.timing import (
     GpuSpec,
     Parallelism,
     TimingModel,
@@ -45,6 +39,12 @@ from kit.sim.timing import (
     kv_dtype_bytes,
     plan_memory,
 )
+from kit.sim import tokens
+from kit.sim.args import WorkerArgs
+from kit.sim.bootstrap import Reservation, RoomError, RoomTable
+from kit.sim.pd_client import PdError, PrefillDirectory
+from kit.sim.requests import GenerateInput, RequestState
+from kit.sim.settings import SimSettings
 from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
 
 logger = logging.getLogger(__name__)

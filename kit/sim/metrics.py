@@ -16,9 +16,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kit.perf.scheduler import Mode
 from kit.sim.engine import Engine, TransferRecord
 from kit.sim.requests import RequestState
-from kit.sim.scheduler import Mode
 
 # sglang/srt/observability/metrics_collector.py default buckets.
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kit.perf.scheduler import FinishReason, Sequence
 from kit.sim import tokens
-from kit.sim.scheduler import FinishReason, Sequence
 
 
 @dataclass
@@ -98,8 +98,10 @@ class RequestState:
             # sequence the same as a colocated worker's.
             own = self.sample_first_token()
             token = self.prefill_first_token if self.prefill_first_token is not None else own
-        elif reason is not None:
-            token = tokens.EOS_TOKEN_ID if reason.kind == "stop" else self.source.next_token()
+        elif reason is not None and reason.kind == "stop":
+            # The scheduler's end of answer: the emulated model emits its EOS token.
+            token = tokens.EOS_TOKEN_ID
+            reason = FinishReason("stop", matched=token)
         else:
             token = self.source.next_token()
         self._append(token)

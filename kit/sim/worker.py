@@ -24,9 +24,9 @@ import time
 
 from aiohttp import web
 
+from kit.perf.clock import RealClock
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import BootstrapServer, rank_registration
-from kit.sim.clock import RealClock
 from kit.sim.engine import Engine, StartupError
 from kit.sim.server import Api, startup_phases
 from kit.sim.settings import SimSettings

@@ -9,10 +9,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from kit.perf.clock import RealClock
 from kit.sim.api_native import ApiError, parse_generate
 from kit.sim.api_openai import StreamFormatter, parse_chat, parse_completion
 from kit.sim.args import parse_args
-from kit.sim.clock import RealClock
 from kit.sim.engine import Engine
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.server import Api

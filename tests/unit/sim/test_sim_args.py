@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.perf.clock import RealClock
 from kit.sim.args import ArgsError, parse_args
-from kit.sim.clock import RealClock
 from kit.sim.engine import Engine
 from kit.sim.settings import SettingsError, SimSettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.sim.kvpool import KvPool, page_runs
+from kit.perf.kvpool import KvPool, page_runs
 from kit.sim.transfer import (
     MAX_BUFFER_BYTES,
     TransferError,

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kit.sim.clock import VirtualClock
-from kit.sim.kvpool import KvPool
-from kit.sim.models import ModelShape
-from kit.sim.scheduler import FinishReason, Mode, Scheduler
-from kit.sim.scheduler import Sequence as Seq
-from kit.sim.timing import (
+from kit.perf.clock import VirtualClock
+from kit.perf.kvpool import KvPool
+from kit.perf.models import ModelShape
+from kit.perf.scheduler import FinishReason, Mode, Scheduler
+from kit.perf.scheduler import Sequence as Seq
+from kit.perf.timing import (
     Efficiency,
     GpuSpec,
     Parallelism,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kit.sim.timing import pages
+from kit.perf.timing import pages
 
 
 class KvPool:

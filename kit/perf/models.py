@@ -1,7 +1,7 @@
 """Model shapes: what the timing model needs to know about a model.
 
 Shapes come from a Hugging Face ``config.json``: either one of the configs shipped in
-``kit/sim/models/*.json`` (matched by the name in ``--model-path``) or the ``config.json`` of a
+``kit/perf/models/*.json`` (matched by the name in ``--model-path``) or the ``config.json`` of a
 local model folder. Parameter counts are derived from the shape (tests check them against the
 published counts); nothing is read from the weights.
 
@@ -230,9 +230,9 @@ class ShippedModel:
 
 @cache
 def shipped_models() -> tuple[ShippedModel, ...]:
-    """The configs in kit/sim/models/, in file-name order."""
+    """The configs in kit/perf/models/, in file-name order."""
     out = []
-    folder = resources.files("kit.sim") / "models"
+    folder = resources.files("kit.perf") / "models"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".json"):
             continue

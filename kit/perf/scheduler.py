@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-from kit.sim.clock import Clock
-from kit.sim.kvpool import KvPool
-from kit.sim.timing import (
+from kit.perf.clock import Clock
+from kit.perf.kvpool import KvPool
+from kit.perf.timing import (
     CLIP_MAX_NEW_TOKENS,
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO,
@@ -36,7 +36,6 @@ from kit.sim.timing import (
     StepShape,
     TimingModel,
 )
-from kit.sim.tokens import EOS_TOKEN_ID
 
 
 class Mode(StrEnum):
@@ -95,7 +94,9 @@ class SequenceSink(Protocol):
     def on_token(
         self, seq: Sequence, now: float, reason: FinishReason | None
     ) -> FinishReason | None:
-        """A token was produced; return the reason to finish (may add a stop match)."""
+        """A token was produced; return the reason to finish. A ``stop`` reason with no
+        ``matched`` is the model's end of answer (`Sequence.eos_after`): the sink picks the
+        end-of-sequence token and may set it as ``matched``, or suppress the stop."""
 
     def on_finish(self, seq: Sequence, reason: FinishReason, now: float) -> None: ...
 
@@ -114,7 +115,7 @@ class Sequence:
     prompt_len: int
     max_new_tokens: int
     sink: SequenceSink
-    eos_after: int | None = None
+    eos_after: int | None = None  # the model ends its answer after this many tokens
     phase: Phase = Phase.WAITING
     target: int = 0
     computed: int = 0
@@ -347,7 +348,8 @@ class Scheduler:
         if seq.generated >= seq.max_new_tokens:
             reason = FinishReason("length", length=seq.max_new_tokens)
         elif seq.eos_after is not None and seq.generated >= seq.eos_after:
-            reason = FinishReason("stop", matched=EOS_TOKEN_ID)
+            # The model ends its answer here; the sink names the end-of-sequence token.
+            reason = FinishReason("stop")
         reason = seq.sink.on_token(seq, now, reason)
         if reason is None:
             return False

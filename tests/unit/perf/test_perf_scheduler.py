@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kit.sim.clock import VirtualClock
-from kit.sim.kvpool import KvPool
-from kit.sim.models import resolve_model
-from kit.sim.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
-from kit.sim.timing import Parallelism, StepShape, TimingModel, gpu_spec
+from kit.perf.clock import VirtualClock
+from kit.perf.kvpool import KvPool
+from kit.perf.models import resolve_model
+from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
+from kit.perf.timing import Parallelism, StepShape, TimingModel, gpu_spec
 
 
 class Sink:

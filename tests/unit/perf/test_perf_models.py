@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kit.sim.models import resolve_model, shipped_models
+from kit.perf.models import resolve_model, shipped_models
 
 
 @pytest.mark.parametrize("model", shipped_models(), ids=lambda m: m.shape.name)
@@ -41,7 +41,7 @@ def test_kv_bytes_per_token_follow_the_config():
 
 
 def test_unknown_model_falls_back_to_8b_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="kit.sim.models"):
+    with caplog.at_level(logging.WARNING, logger="kit.perf.models"):
         shape = resolve_model("acme/secret-model")
     assert not shape.matched
     assert shape.total_params() == resolve_model("Llama-3.1-8B").total_params()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kit.sim.models import ModelShape
+from kit.perf.models import ModelShape
 
 GIB = 1024**3
 

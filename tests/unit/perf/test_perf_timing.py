@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.sim.models import resolve_model
-from kit.sim.timing import (
+from kit.perf.models import resolve_model
+from kit.perf.timing import (
     Parallelism,
     StepShape,
     TimingModel,

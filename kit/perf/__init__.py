@@ -1,0 +1,13 @@
+"""The performance model: how fast SGLang serves a model on given GPUs.
+
+Modules, bottom up:
+
+* ``models`` (model shapes from a ``config.json``; shipped configs in ``models/``)
+* ``timing`` (the roofline step time, KV capacity, SGLang's memory defaults)
+* ``clock`` (real and virtual time), ``kvpool`` (KV pages), ``scheduler`` (SGLang's batching)
+* ``sweep``: the scheduler and timing model in virtual time (latency, SLO attainment,
+  goodput).
+
+The sim worker runs this model in real time; planning and benchmarks run it in virtual time.
+Nothing here imports `kit.sim`.
+"""
