@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import aiohttp
 
+from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.sweep import (
     Cluster,
@@ -36,7 +37,7 @@ from kit.perf.sweep import (
     rate_grid,
     run_rate,
 )
-from kit.perf.timing import Efficiency, StepShape, gpu_spec
+from kit.perf.timing import Efficiency, StepShape
 from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
 
 PROMPT, OUTPUT = 512, 64

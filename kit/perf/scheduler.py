@@ -28,14 +28,14 @@ from typing import Any, Literal, Protocol
 
 from kit.perf.clock import Clock
 from kit.perf.kvpool import KvPool
-from kit.perf.timing import (
-    CLIP_MAX_NEW_TOKENS,
-    INIT_NEW_TOKEN_RATIO,
-    MIN_NEW_TOKEN_RATIO,
-    NEW_TOKEN_RATIO_DECAY,
-    StepShape,
-    TimingModel,
-)
+from kit.perf.timing import StepShape, TimingModel
+
+# SGLang's KV admission estimate (sglang/srt/environ.py: SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
+# min ratio factor 0.14, decay over 600 decode steps; schedule_policy.CLIP_MAX_NEW_TOKENS 4096).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+CLIP_MAX_NEW_TOKENS = 4096
 
 
 class Mode(StrEnum):

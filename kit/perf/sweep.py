@@ -17,17 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kit.perf.clock import VirtualClock
+from kit.perf.gpus import GpuSpec
 from kit.perf.kvpool import KvPool
 from kit.perf.models import ModelShape
 from kit.perf.scheduler import FinishReason, Mode, Scheduler
 from kit.perf.scheduler import Sequence as Seq
-from kit.perf.timing import (
-    Efficiency,
-    GpuSpec,
-    Parallelism,
-    TimingModel,
-    plan_memory,
-)
+from kit.perf.timing import Efficiency, Parallelism, TimingModel, plan_memory
 
 Kind = Literal["colocated", "prefill-only", "decode-only", "pd"]
 

@@ -17,7 +17,7 @@ Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023):
   prefill's compute time in every decoding request's inter-token latency: the interference
   PD disaggregation removes.
 
-Every constant is named here with its source; the GPU table is vendor datasheet numbers.
+Every constant is named here with its source; GPU numbers are in `kit.perf.gpus`.
 Units: seconds, bytes, FLOP/s, bytes/s, tokens.
 """
 
@@ -26,9 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kit.perf.gpus import GpuSpec
 from kit.perf.models import ModelShape
-
-GIB = 1024**3
 
 # Achieved fraction of dense tensor-core peak for a whole prefill forward (GEMMs, attention,
 # norms, activations). cuBLAS GEMMs at LLM shapes reach 70-80% of peak (NVIDIA "Matrix
@@ -71,124 +70,6 @@ INTERNODE_LATENCY_S = 5e-6
 TCP_HOST_BANDWIDTH = 100e9 / 8
 TCP_EFFICIENCY = 0.6
 KV_TRANSFER_SETUP_S = 0.0005  # per request: notification round trip plus write submission
-
-# SGLang's KV admission estimate (sglang/srt/environ.py: SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
-# min ratio factor 0.14, decay over 600 decode steps; schedule_policy.CLIP_MAX_NEW_TOKENS 4096).
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-CLIP_MAX_NEW_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One GPU. FLOP/s are dense (no sparsity); bandwidths are per direction."""
-
-    name: str
-    bf16_flops: float
-    fp8_flops: float  # 0: no FP8 tensor cores (FP8 weights are dequantised to BF16)
-    hbm_bandwidth: float
-    memory_bytes: float
-    link_bandwidth: float  # GPU-to-GPU within a node: NVLink, or PCIe where there is none
-    source: str
-
-    def flops(self, weight_bytes: float) -> float:
-        """Peak dense FLOP/s for weights of `weight_bytes` per element."""
-        return self.fp8_flops if weight_bytes <= 1.0 and self.fp8_flops else self.bf16_flops
-
-
-GPUS: dict[str, GpuSpec] = {
-    g.name: g
-    for g in (
-        GpuSpec(
-            "A100-40G",
-            312e12,
-            0.0,
-            1555e9,
-            40 * GIB,
-            300e9,
-            "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB; NVLink 600 GB/s total)",
-        ),
-        GpuSpec(
-            "A100-80G",
-            312e12,
-            0.0,
-            2039e9,
-            80 * GIB,
-            300e9,
-            "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB; NVLink 600 GB/s total)",
-        ),
-        GpuSpec(
-            "H100-SXM",
-            989e12,
-            1979e12,
-            3.35e12,
-            80 * GIB,
-            450e9,
-            "NVIDIA H100 Tensor Core GPU datasheet (SXM5; NVLink 900 GB/s total)",
-        ),
-        GpuSpec(
-            "H200",
-            989e12,
-            1979e12,
-            4.8e12,
-            141 * GIB,
-            450e9,
-            "NVIDIA H200 Tensor Core GPU datasheet (SXM; NVLink 900 GB/s total)",
-        ),
-        GpuSpec(
-            "B200",
-            2.25e15,
-            4.5e15,
-            8.0e12,
-            180 * GIB,
-            900e9,
-            "NVIDIA DGX B200 datasheet (per GPU: 1/8 of 72 PF FP8 sparse, 64 TB/s, "
-            "1,440 GB; NVLink 5 1.8 TB/s total)",
-        ),
-        GpuSpec(
-            "L40S",
-            362e12,
-            733e12,
-            864e9,
-            48 * GIB,
-            32e9,
-            "NVIDIA L40S datasheet (GDDR6; no NVLink: PCIe Gen4 x16)",
-        ),
-    )
-}
-
-GPU_ALIASES = {
-    "A100": "A100-80G",
-    "A100-80GB": "A100-80G",
-    "A100-SXM4-80GB": "A100-80G",
-    "A100-40GB": "A100-40G",
-    "A100-SXM4-40GB": "A100-40G",
-    "H100": "H100-SXM",
-    "H100-80G": "H100-SXM",
-    "H100-SXM5": "H100-SXM",
-    "H100-80GB": "H100-SXM",
-    "H200-SXM": "H200",
-    "H200-141G": "H200",
-    "B200-SXM": "B200",
-}
-
-
-class UnknownGpuError(ValueError):
-    """PDKIT_SIM_GPU names a GPU the model has no numbers for."""
-
-
-def gpu_spec(name: str) -> GpuSpec:
-    """Look a GPU up by name or alias, ignoring case."""
-    by_upper = {k.upper(): v for k, v in GPUS.items()}
-    key = name.strip().upper()
-    alias = {k.upper(): v for k, v in GPU_ALIASES.items()}.get(key)
-    spec = by_upper.get(alias.upper() if alias else key)
-    if spec is None:
-        raise UnknownGpuError(
-            f"PDKIT_SIM_GPU={name!r} is not a GPU the sim knows; use one of {', '.join(GPUS)}"
-        )
-    return spec
 
 
 @dataclass(frozen=True)

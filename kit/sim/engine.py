@@ -28,17 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.perf.clock import RealClock
+from kit.perf.gpus import GpuSpec, UnknownGpuError, gpu_spec
 from kit.perf.kvpool import KvPool
 from kit.perf.models import ModelShape, resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
-from kit.perf.timing import (
-    GpuSpec,
-    Parallelism,
-    TimingModel,
-    gpu_spec,
-    kv_dtype_bytes,
-    plan_memory,
-)
+from kit.perf.timing import Parallelism, TimingModel, kv_dtype_bytes, plan_memory
 from kit.sim import tokens
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
@@ -101,8 +95,8 @@ class Engine:
         self.model: ModelShape = resolve_model(args.model_path)
         try:
             self.gpu: GpuSpec = gpu_spec(settings.gpu)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from exc
+        except UnknownGpuError as exc:
+            raise StartupError(f"PDKIT_SIM_GPU: {exc}") from exc
         dp = args.dp_size
         gpus_per_rank = args.tp_size * args.pp_size
         attn_tp = args.tp_size // dp if args.enable_dp_attention else args.tp_size

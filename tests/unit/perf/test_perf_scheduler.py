@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kit.perf.clock import VirtualClock
+from kit.perf.gpus import gpu_spec
 from kit.perf.kvpool import KvPool
 from kit.perf.models import resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
-from kit.perf.timing import Parallelism, StepShape, TimingModel, gpu_spec
+from kit.perf.timing import Parallelism, StepShape, TimingModel
 
 
 class Sink:

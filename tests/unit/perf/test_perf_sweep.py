@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.sweep import Cluster, InstanceConfig, Slo, goodput, poisson_workload, run_rate
-from kit.perf.timing import gpu_spec
 
 CFG = InstanceConfig(resolve_model("Llama-2-13b"), gpu_spec("A100-80G"))
 SLO = Slo(ttft=0.4, tpot=0.04, attainment=0.9)

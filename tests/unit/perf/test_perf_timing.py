@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.timing import (
     Parallelism,
     StepShape,
     TimingModel,
-    UnknownGpuError,
     default_chunked_prefill_size,
     default_mem_fraction_static,
-    gpu_spec,
 )
 
 
@@ -26,13 +25,6 @@ def prefill(t, n):
 
 def decode(t, batch, ctx=544):
     return t.step_seconds(StepShape(decode_reqs=batch, decode_context=batch * ctx, sampled=batch))
-
-
-def test_gpu_names_and_aliases():
-    assert gpu_spec("h100").name == "H100-SXM"
-    assert gpu_spec("A100").name == "A100-80G"
-    with pytest.raises(UnknownGpuError, match="A100-80G"):
-        gpu_spec("V100")
 
 
 def test_prefill_is_compute_bound_and_linear_in_tokens():
