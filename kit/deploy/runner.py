@@ -3,7 +3,8 @@
 The private data dir is ``<state dir>/ansible``: ``inventory/hosts.json`` (written from the
 Plan before each run, readable: it holds no secret) and ``artifacts/<run>/`` (Ansible's output
 ``stdout`` and its ``job_events``; the last 20 runs are kept). The project dir is pdkit's
-``playbooks/`` folder. ansible-playbook is the one installed beside this interpreter.
+playbooks folder, package data of ``kit.playbooks`` (see `playbooks_dir`). ansible-playbook is
+the one installed beside this interpreter.
 
 Ansible's own output is not printed (``--verbose`` shows it); each event goes through
 `RunProgress`, and a listener (the rich view) shows what it returns.
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +29,54 @@ from kit.deploy.events import RunProgress
 from kit.errors import DeployError
 
 PLAYBOOKS_ENV = "PDKIT_PLAYBOOKS"
+PLAYBOOKS_PACKAGE = "kit.playbooks"
 KEEP_RUNS = 20
 
 Listener = Callable[[RunProgress, list[str], Mapping[str, Any]], None]
 """Called after every event with the progress, the lines to show, and the raw event."""
 
 
-def playbooks_dir() -> Path:
-    """pdkit's playbooks: ``$PDKIT_PLAYBOOKS`` or ``playbooks/`` of the source tree."""
+def playbooks_dir(scratch: Path) -> Path:
+    """pdkit's playbooks folder: ``$PDKIT_PLAYBOOKS`` when set, else the package data
+    ``kit.playbooks`` (``site-packages/kit/playbooks`` of an installed wheel, the repository's
+    ``playbooks/`` in an editable install). Package data that is no folder on disk (pdkit
+    imported from a zip) is copied to ``scratch/playbooks`` first: ansible-playbook reads files."""
     override = os.environ.get(PLAYBOOKS_ENV)
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "playbooks"
-    if not (path / "deploy.yml").is_file():
+    if override:
+        path = Path(override)
+        if not (path / "deploy.yml").is_file():
+            raise DeployError(
+                f"{PLAYBOOKS_ENV}={override} has no deploy.yml. To fix: point {PLAYBOOKS_ENV} at "
+                "pdkit's playbooks folder, or unset it to use the playbooks installed with pdkit."
+            )
+        return path
+    reinstall = (
+        "To fix: reinstall pdkit (pip install sglang-pdkit, or pip install -e . in its "
+        f"repository), or set {PLAYBOOKS_ENV} to a playbooks folder."
+    )
+    try:
+        shipped = resources.files(PLAYBOOKS_PACKAGE)
+    except ModuleNotFoundError as exc:
         raise DeployError(
-            f"pdkit's playbooks are not at {path} (no deploy.yml). To fix: run pdkit from its "
-            f"source tree (pip install -e .), or set {PLAYBOOKS_ENV} to the playbooks folder."
-        )
-    return path
+            f"pdkit's playbooks ({PLAYBOOKS_PACKAGE}) are not installed with it. {reinstall}"
+        ) from exc
+    if not shipped.joinpath("deploy.yml").is_file():
+        raise DeployError(f"pdkit's playbooks at {shipped} have no deploy.yml. {reinstall}")
+    if isinstance(shipped, Path):
+        return shipped
+    return extract_tree(shipped, scratch / "playbooks")
+
+
+def extract_tree(source: Traversable, target: Path) -> Path:
+    """Copy a resource folder (e.g. inside a zip) to `target`, replacing what was there."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for entry in source.iterdir():
+        if entry.is_dir():
+            extract_tree(entry, target / entry.name)
+        else:
+            (target / entry.name).write_bytes(entry.read_bytes())
+    return target
 
 
 def ansible_bin_dir() -> Path:
@@ -119,7 +155,7 @@ def run_playbook(
     options (e.g. "--check --skip-tags nvidia")."""
     import ansible_runner  # noqa: PLC0415 (slow import; only commands that deploy pay it)
 
-    project = playbooks_dir()
+    project = playbooks_dir(private_dir)
     inventory_file = write_inventory(private_dir, inventory)
     progress = RunProgress()
     ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{Path(playbook).stem}-{tags or 'all'}-"
