@@ -5,8 +5,10 @@
     ├── RenderError        a Plan cannot be turned into commands (e.g. no flag catalog)
     ├── DeployError        Ansible or a readiness gate failed; says what is still running
     ├── ProbeError         a worker or router could not be asked for its state
-    └── LbError            (kit/lb/errors.py) the load balancer cannot start
-        └── LbConfigError  a bad `pdkit lb` option or key file
+    ├── LbError            (kit/lb/errors.py) the load balancer cannot start
+    │   └── LbConfigError  a bad `pdkit lb` option or key file
+    ├── ModelConfigError   (kit/perf/models.py) a model config.json that cannot be read
+    └── UnknownGpuError    (kit/perf/gpus.py) a GPU name the performance model has no numbers for
 
 The CLI catches `PdkitError` once, prints its message and exits non-zero (`--debug` shows the
 traceback). Foreign exceptions are wrapped with `raise ... from exc` where they cross a layer.

@@ -2,8 +2,9 @@
 
 Modules, bottom up:
 
-* ``models`` (model shapes from a ``config.json``; shipped configs in ``models/``), ``gpus``
-  (GPU specs)
+* ``hfcache`` (a model's ``config.json`` in the local Hugging Face cache)
+* ``models`` (model shapes from a ``config.json``: parameters, active parameters, KV bytes
+  per token; shipped configs in ``models/``), ``gpus`` (GPU specs)
 * ``timing`` (the roofline step time, KV capacity, SGLang's memory defaults)
 * ``clock`` (real and virtual time), ``kvpool`` (KV pages), ``scheduler`` (SGLang's batching)
 * ``sweep``: the scheduler and timing model in virtual time (latency, SLO attainment,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.errors import PdkitError
+
 GIB = 1024**3
 
 
@@ -105,7 +107,7 @@ GPU_ALIASES = {
 }
 
 
-class UnknownGpuError(ValueError):
+class UnknownGpuError(PdkitError, ValueError):
     """A GPU name that is neither in `GPUS` nor an alias in `GPU_ALIASES`."""
 
 

@@ -148,7 +148,7 @@ class TimingModel:
             m.layer_params() + m.moe_layers * m.experts_per_token * m.expert_params()
         )
         shard = 1 if m.is_mla else min(par.attn_tp, m.kv_heads)
-        self.kv_bytes_per_token = m.kv_elements_per_token() * kv_dtype_bytes
+        self.kv_bytes_per_token = m.kv_bytes_per_token(kv_dtype_bytes)
         self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token / shard / par.pp
 
     # -- memory ----------------------------------------------------------------------------
