@@ -7,8 +7,10 @@ Modules, bottom up:
   per token; shipped configs in ``models/``), ``gpus`` (GPU specs)
 * ``timing`` (the roofline step time, KV capacity, SGLang's memory defaults)
 * ``clock`` (real and virtual time), ``kvpool`` (KV pages), ``scheduler`` (SGLang's batching)
-* ``sweep``: the scheduler and timing model in virtual time (latency, SLO attainment,
-  goodput).
+* ``workload`` (synthetic requests: lengths and arrival times)
+* ``cluster`` (instances in virtual time: colocated, prefill-only, decode-only, xPyD)
+* ``sweep`` (latency percentiles, SLO attainment and goodput at request rates; the SLO is the
+  topology's, in milliseconds)
 
 The sim worker runs this model in real time; planning and benchmarks run it in virtual time.
 Nothing here imports `kit.sim`.

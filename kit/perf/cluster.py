@@ -1,0 +1,289 @@
+"""Deployments in virtual time: SGLang instances, each the worker's own scheduler and timing
+model, on one `VirtualClock`, serving a list of requests to completion.
+
+Deployments: colocated instances; prefill-only or decode-only instances (DistServe's Fig. 1
+set-ups: a prefill that hands the KV off at once, a decode whose KV appears at once); and xPyD
+PD clusters, whose prefill and decode instances may be launched differently (TP per role), in
+which each request reserves KV room on its decode before its prefill runs and the KV then takes
+the timing model's transfer time. Requests are dealt round-robin, as a simple router would.
+Times are model seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kit.perf.clock import VirtualClock
+from kit.perf.gpus import GpuSpec
+from kit.perf.kvpool import KvPool
+from kit.perf.models import ModelShape
+from kit.perf.scheduler import FinishReason, Mode, Scheduler
+from kit.perf.scheduler import Sequence as Seq
+from kit.perf.timing import Efficiency, MemoryPlan, Parallelism, TimingModel, plan_memory
+from kit.perf.workload import Request
+
+Kind = Literal["colocated", "prefill-only", "decode-only", "pd"]
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """One SGLang instance: model, GPU type and the launch knobs the scheduler honours (None:
+    SGLang's default). `kv_dtype_bytes` is bytes per KV element (2: bf16, 1: fp8)."""
+
+    model: ModelShape
+    gpu: GpuSpec
+    tp: int = 1
+    page_size: int = 16
+    chunked_prefill_size: int | None = None
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+    mixed_chunk: bool = False
+    reserved_decode_tokens: int = 512
+    kv_dtype_bytes: float = 2.0
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp
+
+    def build_timing(self) -> TimingModel:
+        return TimingModel(
+            self.model,
+            self.gpu,
+            Parallelism(tp=self.tp, attn_tp=self.tp),
+            self.kv_dtype_bytes,
+            self.efficiency,
+        )
+
+    def memory(self, timing: TimingModel | None = None) -> MemoryPlan:
+        """How SGLang sizes this instance (KV capacity 0: the weights leave no room)."""
+        return plan_memory(
+            timing or self.build_timing(),
+            self.model.context_len,
+            chunked_prefill_size=self.chunked_prefill_size,
+            mem_fraction_static=self.mem_fraction_static,
+            max_total_tokens=self.max_total_tokens,
+            max_running_requests=self.max_running_requests,
+        )
+
+    def fits(self) -> bool:
+        """True when the weights leave room for at least one KV page."""
+        return self.memory().capacity_tokens >= self.page_size
+
+    def build(self, mode: Mode, clock: VirtualClock) -> Scheduler:
+        timing = self.build_timing()
+        memory = self.memory(timing)
+        if memory.capacity_tokens < self.page_size:
+            weights = timing.weight_bytes_per_gpu() / 1024**3
+            raise ValueError(
+                f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}: "
+                f"{weights:.1f} GiB of weights per GPU leave no KV room. To fix: raise tp."
+            )
+        return Scheduler(
+            mode=mode,
+            timing=timing,
+            pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
+            clock=clock,
+            max_running=memory.max_running_requests,
+            chunk_size=memory.chunked_prefill_size,
+            mixed_chunk=self.mixed_chunk,
+            reserved_decode_tokens=self.reserved_decode_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Instances:
+    """`count` instances launched with the same `config`."""
+
+    config: InstanceConfig
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"Instances.count must be >= 1, not {self.count}")
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.config.gpus
+
+
+@dataclass
+class Outcome:
+    """What one request saw, in model seconds. `first_token` and `finish` are None when it
+    failed; its TTFT and TPOT are then infinite."""
+
+    request: Request
+    first_token: float | None = None
+    finish: float | None = None
+    tokens: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token (s) from the request's arrival."""
+        return (
+            (self.first_token - self.request.arrival)
+            if self.first_token is not None
+            else float("inf")
+        )
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (s)."""
+        if self.first_token is None or self.finish is None:
+            return float("inf")
+        return (self.finish - self.first_token) / (self.tokens - 1) if self.tokens > 1 else 0.0
+
+
+class _Recorder:
+    """A SequenceSink that records times; PD hooks are plugged in per deployment."""
+
+    def __init__(self, outcome: Outcome, record_first: bool = True) -> None:
+        self.outcome = outcome
+        self.record_first = record_first
+        self.prefilled: Callable[[Seq, float], None] = lambda seq, now: None
+        self.reserved: Callable[[Seq, float], None] = lambda seq, now: None
+
+    def on_token(self, seq: Seq, now: float, reason: FinishReason | None) -> FinishReason | None:
+        if self.record_first and self.outcome.first_token is None:
+            self.outcome.first_token = now
+        self.outcome.tokens = seq.generated
+        return reason
+
+    def on_finish(self, seq: Seq, reason: FinishReason, now: float) -> None:
+        if reason.kind != "abort" and self.record_first:
+            self.outcome.finish = now
+
+    def on_prefilled(self, seq: Seq, now: float) -> None:
+        self.prefilled(seq, now)
+
+    def on_reserved(self, seq: Seq, now: float) -> None:
+        self.reserved(seq, now)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A deployment: `colocated` instances alone, or `prefill` and/or `decode` instances
+    (both: a PD cluster; one: DistServe's prefill-only or decode-only set-up). `rdma`: KV
+    moves over RDMA (else Mooncake over TCP)."""
+
+    colocated: Instances | None = None
+    prefill: Instances | None = None
+    decode: Instances | None = None
+    rdma: bool = True
+
+    def __post_init__(self) -> None:
+        if self.colocated is not None and (self.prefill or self.decode):
+            raise ValueError("a Cluster has colocated instances or prefill/decode ones, not both")
+        if not (self.colocated or self.prefill or self.decode):
+            raise ValueError("a Cluster needs colocated, prefill or decode instances")
+
+    @property
+    def kind(self) -> Kind:
+        if self.colocated is not None:
+            return "colocated"
+        if self.prefill is not None and self.decode is not None:
+            return "pd"
+        return "prefill-only" if self.prefill is not None else "decode-only"
+
+    @property
+    def gpus(self) -> int:
+        groups = (self.colocated, self.prefill, self.decode)
+        return sum(group.gpus for group in groups if group is not None)
+
+    def run(self, workload: Sequence[Request]) -> list[Outcome]:
+        """Serve `workload` to completion on a fresh virtual clock; one outcome per request,
+        in the workload's order."""
+        return _Run(self, VirtualClock()).serve(workload)
+
+
+class _Run:
+    """One run of a cluster: its schedulers on one clock."""
+
+    def __init__(self, cluster: Cluster, clock: VirtualClock) -> None:
+        self.cluster = cluster
+        self.clock = clock
+
+        def build(group: Instances | None, mode: Mode) -> list[Scheduler]:
+            return [group.config.build(mode, clock) for _ in range(group.count)] if group else []
+
+        if cluster.colocated is not None:
+            self.prefills = build(cluster.colocated, Mode.NULL)
+        else:
+            self.prefills = build(cluster.prefill, Mode.PREFILL)
+        self.decodes = build(cluster.decode, Mode.DECODE)
+
+    def serve(self, workload: Sequence[Request]) -> list[Outcome]:
+        p_cycle = itertools.cycle(self.prefills) if self.prefills else None
+        d_cycle = itertools.cycle(self.decodes) if self.decodes else None
+        outcomes = [Outcome(r) for r in workload]
+        for i, (req, out) in enumerate(zip(workload, outcomes, strict=True)):
+            p = next(p_cycle) if p_cycle else None
+            d = next(d_cycle) if d_cycle else None
+            self.clock.call_at(req.arrival, self._arrival(str(i), req, out, p, d))
+        self.clock.run()
+        return outcomes
+
+    def _arrival(
+        self, rid: str, req: Request, out: Outcome, p: Scheduler | None, d: Scheduler | None
+    ) -> Callable[[], None]:
+        clock = self.clock
+        kind = self.cluster.kind
+
+        def arrive() -> None:
+            if kind == "colocated" and p is not None:
+                p.submit(Seq(rid, req.prompt_len, req.output_len, _Recorder(out)))
+            elif kind == "prefill-only" and p is not None:
+                sink = _Recorder(out)
+
+                def handed_off(seq: Seq, now: float) -> None:
+                    # Prefill-only: the first token is out when the prefill ends.
+                    out.first_token = out.finish = now
+                    out.tokens = 1
+                    clock.call_at(now, lambda: p.transfer_done(seq))
+
+                sink.prefilled = handed_off
+                p.submit(Seq(rid, req.prompt_len, 1, sink))
+            elif kind == "decode-only" and d is not None:
+                sink = _Recorder(out)
+
+                def landed(seq: Seq, now: float) -> None:
+                    clock.call_at(now, lambda: d.kv_arrived(seq))
+
+                sink.reserved = landed
+                d.submit(Seq(rid, req.prompt_len, req.output_len, sink))
+            elif p is not None and d is not None:
+                self._pd_request(rid, req, out, p, d)
+
+        return arrive
+
+    def _pd_request(self, rid: str, req: Request, out: Outcome, p: Scheduler, d: Scheduler) -> None:
+        clock = self.clock
+        rdma = self.cluster.rdma
+        d_sink = _Recorder(out)
+        d_seq = Seq(rid, req.prompt_len, req.output_len, d_sink)
+        p_sink = _Recorder(Outcome(req), record_first=False)
+
+        def prefilled(seq: Seq, now: float) -> None:
+            # The side with fewer NICs (fewer attention GPUs) bounds the transfer.
+            delay = max(
+                p.timing.kv_transfer_seconds(req.prompt_len, rdma=rdma),
+                d.timing.kv_transfer_seconds(req.prompt_len, rdma=rdma),
+            )
+
+            def landed() -> None:
+                p.transfer_done(seq)
+                d.kv_arrived(d_seq)
+
+            clock.call_at(now + delay, landed)
+
+        def reserved(seq: Seq, now: float) -> None:
+            # The prefill leaves its bootstrap queue once the decode has sent its KV pages.
+            clock.call_at(now, lambda: p.submit(Seq(rid, req.prompt_len, 1, p_sink)))
+
+        p_sink.prefilled = prefilled
+        d_sink.reserved = reserved
+        d.submit(d_seq)
