@@ -25,23 +25,17 @@ from dataclasses import replace
 
 import aiohttp
 
+from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
-from kit.perf.sweep import (
-    Cluster,
-    InstanceConfig,
-    Slo,
-    goodput,
-    percentile,
-    poisson_workload,
-    rate_grid,
-    run_rate,
-)
+from kit.perf.sweep import goodput, percentile, rate_grid, run_rate
 from kit.perf.timing import Efficiency, StepShape
+from kit.perf.workload import fixed_poisson, poisson_workload
 from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
+from kit.topology.schema import SLO
 
 PROMPT, OUTPUT = 512, 64
-SLO = Slo(ttft=0.4, tpot=0.04, attainment=0.9)
+DISTSERVE_SLO = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)
 DISTSERVE = {
     "colocated": 1.6,
     "prefill-only": 5.6,
@@ -54,8 +48,8 @@ DISTSERVE = {
 DISTSERVE_EFFICIENCY = Efficiency(compute=0.4, memory=0.5)
 
 
-def ms(seconds: float) -> str:
-    return "   inf" if seconds == float("inf") else f"{seconds * 1000:6.0f}"
+def ms(millis: float) -> str:
+    return "   inf" if millis == float("inf") else f"{millis:6.0f}"
 
 
 def physics(cfg: InstanceConfig) -> None:
@@ -78,14 +72,15 @@ def physics(cfg: InstanceConfig) -> None:
 
 def kinds_of(cfg: InstanceConfig) -> dict[str, Cluster]:
     return {
-        "colocated": Cluster("colocated", cfg),
-        "prefill-only": Cluster("prefill-only", cfg),
-        "decode-only": Cluster("decode-only", cfg, prefill=0),
+        "colocated": Cluster(colocated=Instances(cfg)),
+        "prefill-only": Cluster(prefill=Instances(cfg)),
+        "decode-only": Cluster(decode=Instances(cfg)),
     }
 
 
 def sweep(cfg: InstanceConfig, requests: int) -> None:
     kinds = kinds_of(cfg)
+    work = fixed_poisson(PROMPT, OUTPUT, requests=requests)
     rates = [*rate_grid(1.0, 14.0, 14), 16.0, 20.0, 24.0]
     print(
         f"\nP90 TTFT / P90 TPOT (ms) and SLO attainment vs rate ({requests} requests per "
@@ -95,28 +90,21 @@ def sweep(cfg: InstanceConfig, requests: int) -> None:
     for rate in rates:
         row = []
         for kind, cluster in kinds.items():
-            s = run_rate(cluster, rate, PROMPT, OUTPUT, requests=requests, slo=SLO)
-            tpot = "     -" if kind == "prefill-only" else ms(s.p90_tpot)
-            row.append(f"{ms(s.p90_ttft)} {tpot}  {s.attainment:5.0%}  ")
+            s = run_rate(cluster, rate, work, slo=DISTSERVE_SLO)
+            tpot = "     -" if kind == "prefill-only" else ms(s.p90_tpot_ms)
+            row.append(f"{ms(s.p90_ttft_ms)} {tpot}  {s.attainment:5.0%}  ")
         print(f"{rate:6.1f} | " + " | ".join(f"{r:^26}" for r in row))
 
 
 def goodputs(cfg: InstanceConfig, requests: int) -> dict[str, float]:
     """Goodput (req/s) of each single-GPU set-up, of 1P2D/2P1D per GPU, and their best."""
-    out = {
-        k: goodput(c, PROMPT, OUTPUT, slo=SLO, requests=requests) for k, c in kinds_of(cfg).items()
-    }
-    out["colocated, mixed chunk"] = goodput(
-        Cluster("colocated", replace(cfg, mixed_chunk=True)),
-        PROMPT,
-        OUTPUT,
-        slo=SLO,
-        requests=requests,
-    )
+    work = fixed_poisson(PROMPT, OUTPUT, requests=requests)
+    out = {k: goodput(c, work, slo=DISTSERVE_SLO) for k, c in kinds_of(cfg).items()}
+    mixed = Cluster(colocated=Instances(replace(cfg, mixed_chunk=True)))
+    out["colocated, mixed chunk"] = goodput(mixed, work, slo=DISTSERVE_SLO)
     for p, d in ((1, 2), (2, 1)):
-        cluster = Cluster("pd", cfg, prefill=p, decode=d)
-        g = goodput(cluster, PROMPT, OUTPUT, slo=SLO, requests=requests)
-        out[f"{p}P{d}D per GPU"] = g / cluster.gpus
+        cluster = Cluster(prefill=Instances(cfg, p), decode=Instances(cfg, d))
+        out[f"{p}P{d}D per GPU"] = goodput(cluster, work, slo=DISTSERVE_SLO) / cluster.gpus
     best = max(("1P2D per GPU", "2P1D per GPU"), key=lambda k: out[k])
     out["best xPyD on 3 GPUs per GPU"] = out[best]
     out["best / colocated"] = out[best] / out["colocated"] if out["colocated"] else float("inf")
@@ -226,7 +214,7 @@ def live(streams: int, tokens: int = 256) -> None:
     )
     cfg = InstanceConfig(resolve_model(model), gpu_spec(gpu))
     burst = [replace(r, arrival=0.0) for r in poisson_workload(1.0, streams, PROMPT, tokens)]
-    modelled = [o.tpot for o in Cluster("colocated", cfg).run(burst)]
+    modelled = [o.tpot_s for o in Cluster(colocated=Instances(cfg)).run(burst)]
     for api in ("openai", "native"):
         proc = SimProcess(
             worker_argv(port=free_port(), model=model),
