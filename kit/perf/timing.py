@@ -1,4 +1,4 @@
-"""The timing model: how long a forward step takes on the emulated GPUs, and how much KV fits.
+"""The timing model: how long a forward step takes on given GPUs, and how much KV fits.
 
 One roofline per step (Williams et al., "Roofline", CACM 2009; applied to LLM inference by
 Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023):
