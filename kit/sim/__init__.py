@@ -14,7 +14,6 @@ Modules, bottom up:
 * ``transfer`` (Mooncake), ``bootstrap`` (prefill side), ``pd_client`` (decode side)
 * ``engine`` (ranks and the PD hand-off), ``api_native``/``api_openai``/``metrics``/``server``
   (HTTP), ``worker`` (process lifecycle), ``__main__`` (entry point)
-* ``launch``: start workers as subprocesses that are always stopped (tests, benchmarks).
 
 The performance model (model shapes, GPU specs, timing, KV pool, scheduler, virtual-time
 sweeps) is `kit.perf`.

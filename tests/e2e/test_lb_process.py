@@ -13,9 +13,10 @@ import time
 import aiohttp
 import pytest
 
-from kit.sim.launch import free_port
 from tests.conftest import REPO
-from tests.lb_fake_worker import FakeWorker, Ledger, run, sse_events
+from tests.lb_cluster import run, sse_events
+from tools.fake_worker import FakeWorker, Ledger
+from tools.sim_launch import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from kit.sim.launch import SimProcess, free_port, request_json, worker_argv
+from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,8 @@ import asyncio
 import openai
 import pytest
 
-from tests.lb_fake_worker import MODEL, FakeWorker, run, running_cluster
+from tests.lb_cluster import run, running_cluster
+from tools.fake_worker import MODEL, FakeWorker
 
 KEYS = {"PDKIT_LB_API_KEY": "client-key", "PDKIT_LB_ADMIN_KEY": "admin-key"}
 

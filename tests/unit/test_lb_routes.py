@@ -10,7 +10,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.lb_fake_worker import MODEL, lp, out_token, prompt_ids, run, running_cluster, sse_events
+from tests.lb_cluster import run, running_cluster, sse_events
+from tools.fake_worker import MODEL, lp, out_token, prompt_ids
 
 
 def test_generate_returns_the_decode_answer_and_both_legs_get_the_same_body():
@@ -78,7 +79,7 @@ def test_generate_stream_passes_decode_bytes_through_unchanged():
             status, raw, headers = await c.post("/generate", payload)
             assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
             decode = c.decode[0]
-            expected = b"".join(decode._events("/generate", decode.requests[0][1], None))
+            expected = b"".join(decode.events("/generate", decode.requests[0][1]))
             assert raw == expected + b"data: [DONE]\n\n"
 
     run(scenario())
