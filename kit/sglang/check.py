@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
 from kit.sglang.render import normalize_flag, role_args
+from kit.sglang.startup import check as startup_problems
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 OWNED_FLAGS: dict[str, str] = {
@@ -52,6 +53,7 @@ def check(topology: Topology, catalog: Catalog) -> list[Problem]:
     problems = list(_flags(topology, catalog))
     problems += _agreement(topology, catalog)
     problems += _parallelism(topology, catalog)
+    problems += startup_problems(topology, catalog)  # values SGLang refuses when it starts
     return problems
 
 
