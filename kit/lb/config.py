@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from typing import Literal
 from yarl import URL
 
 from kit.lb.errors import LbConfigError
+from kit.net import url_host
+from kit.secrets import SecretError, SecretSource, read_secret
 from kit.topology import ports
 from kit.topology.policies import DEFAULT_POLICIES, PDKIT_POLICIES
 
@@ -52,13 +53,7 @@ class WorkerSpec:
     @property
     def bootstrap_host(self) -> str:
         """Host part of the URL as the decode must dial it (IPv6 in brackets)."""
-        host = URL(self.url).raw_host or ""
-        try:
-            if isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address):
-                return f"[{host}]"
-        except ValueError:
-            pass
-        return host
+        return url_host(URL(self.url).raw_host or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,20 +381,15 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
     return p
 
 
-def _read_secret(path: Path | None, env_name: str, environ: Mapping[str, str]) -> str | None:
-    if path is not None:
-        try:
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise LbConfigError(
-                f"cannot read key file {path}: {exc.strerror}. "
-                "To fix: check the path and its permissions."
-            ) from exc
-        if not text:
-            raise LbConfigError(f"key file {path} is empty. To fix: write the key into it.")
-        return text
-    value = environ.get(env_name, "").strip()
-    return value or None
+def _read_secret(
+    path: Path | None, option: str, env_name: str, environ: Mapping[str, str]
+) -> str | None:
+    """A key from `option`'s file, else from `env_name` (optional)."""
+    source = SecretSource(option, file=path, env=env_name, required=False)
+    try:
+        return read_secret(source, environ)
+    except SecretError as exc:
+        raise LbConfigError(str(exc)) from exc
 
 
 def argv_problem(argv: Sequence[str]) -> str | None:
@@ -418,7 +408,7 @@ def argv_problem(argv: Sequence[str]) -> str | None:
     try:
         parse_args(argv, environ={})
     except LbConfigError as exc:
-        if "key file" not in str(exc):
+        if not isinstance(exc.__cause__, SecretError):  # key files live on the router host
             return str(exc)
     return None
 
@@ -458,9 +448,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         port=ns.port,
         prefill_policy=ns.prefill_policy,
         decode_policy=ns.decode_policy,
-        api_key=_read_secret(ns.api_key_file, API_KEY_ENV, env),
-        admin_key=_read_secret(ns.admin_key_file, ADMIN_KEY_ENV, env),
-        worker_api_key=_read_secret(ns.worker_api_key_file, WORKER_KEY_ENV, env),
+        api_key=_read_secret(ns.api_key_file, "--api-key-file", API_KEY_ENV, env),
+        admin_key=_read_secret(ns.admin_key_file, "--admin-key-file", ADMIN_KEY_ENV, env),
+        worker_api_key=_read_secret(
+            ns.worker_api_key_file, "--worker-api-key-file", WORKER_KEY_ENV, env
+        ),
         connect_timeout=ns.connect_timeout,
         prefill_timeout=ns.prefill_timeout,
         idle_timeout=ns.idle_timeout,

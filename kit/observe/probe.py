@@ -12,23 +12,18 @@ did (refused, timeout, ...); `kit.observe.worker` and `kit.observe.router` evalu
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace, TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
 from kit.errors import ProbeError
+from kit.net import FailureKind, classify_failure
 from kit.observe.targets import RouterTarget, Targets, WorkerTarget
-
-FailureKind = Literal["refused", "unreachable", "connect_timeout", "timeout", "broken", "skipped"]
-"""Why no HTTP answer came: nothing listens at the port; no route to the host; the TCP connection
-did not open in time (host down or filtered); it opened but no answer came in time (the
-process hangs); the connection broke mid-answer; not asked because /health got no answer."""
 
 WORKER_PATHS = ("/server_info", "/v1/loads?include=all", "/metrics")
 """What a worker is asked besides /health."""
@@ -115,23 +110,6 @@ async def _mark_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, param
     ctx.trace_request_ctx.sent = True
 
 
-def _failure(exc: BaseException, sent: bool, timeout: float) -> tuple[FailureKind, str]:
-    if isinstance(exc, TimeoutError):
-        if sent:
-            return "timeout", f"no answer within {timeout:g} s"
-        return "connect_timeout", f"no TCP connection within {timeout:g} s (host down?)"
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "unreachable", f"cannot resolve the host ({exc.os_error})"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        code = exc.os_error.errno
-        if code == errno.ECONNREFUSED:
-            return "refused", "connection refused"
-        return "unreachable", f"cannot connect: {exc.os_error.strerror or exc.os_error}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "broken", "closed the connection without answering"
-    return "broken", f"{type(exc).__name__}: {exc}".rstrip(": ")
-
-
 class Prober:
     """Concurrent GETs over one session. Use as `async with Prober(...) as prober:`.
 
@@ -195,7 +173,7 @@ class Prober:
                             url, response.status, body, seconds=ended - started, at=ended
                         )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                kind, detail = _failure(exc, bool(state.sent), self.timeout)
+                kind, detail = classify_failure(exc, bool(state.sent), self.timeout)
                 ended = time.monotonic()
                 return Fetched(url, failure=kind, detail=detail, seconds=ended - started, at=ended)
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kit.net import bare_host
+
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 # SGLang 0.5.23 accepts these backends; the sim moves KV with Mooncake for the first two and
 # fakes the transfer (decode only, like SGLang) for `fake`.
@@ -275,7 +277,7 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
 
 def _check_host(host: str, fail: Any) -> None:
     """Accept an IP literal (bracketed IPv6 too) or a plausible host name."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bare = bare_host(host)
     try:
         ipaddress.ip_address(bare)
         return

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from kit.net import host_port
 from kit.perf.clock import RealClock
 from kit.perf.gpus import GpuSpec, UnknownGpuError, gpu_spec
 from kit.perf.kvpool import KvPool
@@ -423,11 +424,8 @@ class Engine:
     # -- decode side -----------------------------------------------------------------------
 
     def _bootstrap_addr(self, inp: GenerateInput) -> str:
-        host = inp.bootstrap_host or "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
         port = inp.bootstrap_port or self.args.disaggregation_bootstrap_port
-        return f"{host}:{port}"
+        return host_port(inp.bootstrap_host or "127.0.0.1", port)
 
     async def _decode_flow(
         self, state: RequestState, seq: Sequence, rank_index: int, fake: bool

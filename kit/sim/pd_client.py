@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from kit.net import http_url
 from kit.sim.bootstrap import KV_PATH
 
 logger = logging.getLogger(__name__)
@@ -131,9 +132,7 @@ class PrefillDirectory:
                 rank = await r.json()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise PdError(f"Error fetching prefill info from bootstrap: {exc}") from exc
-        host = rank["rank_ip"]
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        url = f"http://{host}:{rank['rank_port']}{KV_PATH}"
+        url = http_url(rank["rank_ip"], rank["rank_port"], KV_PATH)
         prefill.ranks[dp_rank] = url
         return url
 

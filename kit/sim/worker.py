@@ -24,6 +24,7 @@ import time
 
 from aiohttp import web
 
+from kit.net import bare_host
 from kit.perf.clock import RealClock
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import BootstrapServer, rank_registration
@@ -36,16 +37,12 @@ logger = logging.getLogger("kit.sim")
 READY_LINE = "The server is fired up and ready to roll!"
 
 
-def _bind_host(host: str) -> str:
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
 def advertised_ip(host: str, override: str | None) -> str:
     """The address peers reach this worker's transfer engine at: ``SGLANG_HOST_IP``, else
     ``--host``, else (for a wildcard) the primary address, else 127.0.0.1."""
     if override:
         return override
-    bare = _bind_host(host)
+    bare = bare_host(host)
     try:
         wildcard = ipaddress.ip_address(bare).is_unspecified
     except ValueError:
@@ -65,7 +62,7 @@ async def _serve(app: web.Application, host: str, port: int, flag: str) -> web.A
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
-        await web.TCPSite(runner, _bind_host(host), port, reuse_address=True).start()
+        await web.TCPSite(runner, bare_host(host), port, reuse_address=True).start()
     except OSError as exc:
         await runner.cleanup()
         reason = exc.strerror or str(exc)

@@ -6,7 +6,7 @@ import pytest
 
 from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
 from kit.lb.errors import LbConfigError
-from kit.sglang.resolve import resolve
+from kit.topology.resolve import resolve
 from tests.conftest import TOPOLOGIES
 
 PLAN_ARGV = [
@@ -140,7 +140,7 @@ def test_malformed_options_exit_2_naming_the_option(argv, needle, capsys):
 
 
 def test_a_missing_key_file_says_how_to_fix(tmp_path):
-    with pytest.raises(LbConfigError, match="cannot read key file"):
+    with pytest.raises(LbConfigError, match=r"--admin-key-file .* cannot be read"):
         parse_args(
             [
                 "--prefill",

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from kit.errors import ProbeError
-from kit.observe.probe import Prober, _failure
+from kit.observe.probe import Prober
 from kit.observe.targets import RouterTarget, Targets
 from kit.topology.schema import SLO
 from tests.unit.observe.builders import worker_target
@@ -66,12 +66,6 @@ def test_an_answer_a_refusal_and_silence_are_told_apart():
             assert refused.failure == "refused" and refused.detail == "connection refused"
 
     asyncio.run(scenario())
-
-
-def test_a_timeout_before_the_request_went_out_is_a_connect_timeout():
-    kind, detail = _failure(TimeoutError(), sent=False, timeout=3.0)
-    assert kind == "connect_timeout" and "host down" in detail
-    assert _failure(TimeoutError(), sent=True, timeout=3.0)[0] == "timeout"
 
 
 def test_a_silent_worker_costs_one_timeout_and_its_other_requests_are_skipped():
