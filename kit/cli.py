@@ -60,27 +60,11 @@ def _main(
     _state["debug"] = debug
 
 
-def _checked_plan(topology: Path) -> Plan:
-    """The topology's Plan, with the pdkit router's own options (router.args) checked too."""
-    from kit.errors import Problem, TopologyError  # noqa: PLC0415
-    from kit.lb import argv_problem  # noqa: PLC0415
-    from kit.sglang.resolve import resolve  # noqa: PLC0415
+def _resolve(topology: Path) -> Plan:
+    """The topology's Plan, every check run (`kit.topology.resolve`)."""
+    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
-    plan = resolve(topology)
-    if plan.router.kind == "pdkit":
-        problem = argv_problem(plan.router.command.args)
-        if problem:
-            raise TopologyError(
-                [
-                    Problem(
-                        ("router", "args"),
-                        f"pdkit's router would refuse its options: {problem}.",
-                        "fix router.args (every option: `pdkit lb --help`).",
-                        str(topology),
-                    )
-                ]
-            )
-    return plan
+    return resolve(topology)
 
 
 @app.command(
@@ -89,7 +73,7 @@ def _checked_plan(topology: Path) -> Plan:
 )
 def validate(topology: TopologyArg) -> None:
     """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
-    plan = _checked_plan(topology)
+    plan = _resolve(topology)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     out.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
@@ -106,7 +90,7 @@ def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     """Show the exact launch command of every process, per host (or the Plan as JSON)."""
     from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = _checked_plan(topology)
+    plan = _resolve(topology)
     if as_json:
         print(plan.model_dump_json(indent=2))
     else:
@@ -141,9 +125,7 @@ def lb(
 
     argv = list(ctx.args)
     if topology is not None:
-        from kit.sglang.resolve import resolve  # noqa: PLC0415
-
-        router = resolve(topology).router
+        router = _resolve(topology).router
         if router.kind != "pdkit":
             raise PdkitError(
                 f"{topology}: router.kind is {router.kind}; `pdkit lb` runs pdkit's router. "
@@ -181,9 +163,8 @@ def health(
     """Probe every worker and the router once, concurrently; list what is wrong."""
     from kit.observe import ProbeOptions  # noqa: PLC0415
     from kit.observe import health as run_health  # noqa: PLC0415
-    from kit.sglang.resolve import resolve  # noqa: PLC0415
 
-    plan = resolve(topology)
+    plan = _resolve(topology)
     raise typer.Exit(run_health(plan, out, ProbeOptions(timeout, concurrency), as_json))
 
 
@@ -212,9 +193,8 @@ def status(
     """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO."""
     from kit.observe import ProbeOptions  # noqa: PLC0415
     from kit.observe import status as run_status  # noqa: PLC0415
-    from kit.sglang.resolve import resolve  # noqa: PLC0415
 
-    plan = resolve(topology)
+    plan = _resolve(topology)
     options = ProbeOptions(timeout, concurrency)
     raise typer.Exit(
         run_status(
@@ -262,11 +242,10 @@ def up(
     verbose: VerboseOpt = False,
 ) -> None:
     """Install and start every process of a topology, in order, and wait until it serves."""
-    from kit.deploy import UpOptions, load_context  # noqa: PLC0415
+    from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import up as deploy_up  # noqa: PLC0415
 
-    _checked_plan(topology)  # the router's own options too, before any host is touched
-    context = load_context(topology, state_dir)
+    context = DeployContext.build(_resolve(topology), topology, state_dir)
     deploy_up(context, out, UpOptions(timeout, router_timeout, verbose))
 
 
@@ -281,10 +260,10 @@ def down(
     verbose: VerboseOpt = False,
 ) -> None:
     """Stop every process of a topology: router first, then workers."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
     from kit.deploy import down as deploy_down  # noqa: PLC0415
-    from kit.deploy import load_context  # noqa: PLC0415
 
-    deploy_down(load_context(topology, state_dir), out, verbose)
+    deploy_down(DeployContext.build(_resolve(topology), topology, state_dir), out, verbose)
 
 
 @app.command(
@@ -309,10 +288,10 @@ def logs(
     ] = False,
 ) -> None:
     """Show the logs of a deployment's processes."""
-    from kit.deploy import load_context  # noqa: PLC0415
+    from kit.deploy import DeployContext  # noqa: PLC0415
     from kit.deploy.logs import show_logs  # noqa: PLC0415
 
-    context = load_context(topology)
+    context = DeployContext.build(_resolve(topology), topology)
     selected = [context.log_file(name) for name in context.select_processes(process)]
     try:
         show_logs(selected, print, lambda text: err.print(text, markup=False), lines, follow)
@@ -361,7 +340,7 @@ def provision(
     verbose: VerboseOpt = False,
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
-    from kit.deploy import load_context  # noqa: PLC0415
+    from kit.deploy import DeployContext  # noqa: PLC0415
     from kit.deploy.provision import ProvisionOptions, parse_extra_vars  # noqa: PLC0415
     from kit.deploy.provision import provision as run_provision  # noqa: PLC0415
 
@@ -374,7 +353,7 @@ def provision(
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
     )
-    run_provision(load_context(topology, state_dir), out, options)
+    run_provision(DeployContext.build(_resolve(topology), topology, state_dir), out, options)
 
 
 def main() -> None:

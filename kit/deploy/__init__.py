@@ -2,7 +2,7 @@
 
 context   topology file -> DeployContext (Plan, state dir, hosts with their layout)
 layout    where files live: state dir on the control machine, root prefix on each host
-inventory Plan -> Ansible inventory (pure); secrets: the router API key, never logged
+inventory Plan -> Ansible inventory (pure); the router API key travels only in the environment
 runner    ansible-runner driver; events: its event stream -> progress and failure reports
 wait      readiness polling from the control machine; readiness: the pure verdicts
 services  supervisord's own view of local hosts (XML-RPC over its unix socket)

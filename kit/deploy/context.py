@@ -1,5 +1,6 @@
 """A deployment as the deploy commands see it: the Plan of a topology file plus where its state
-lives on the control machine and its files on each host. Built once per command."""
+lives on the control machine and its files on each host. Built once per command, from a Plan
+resolved once."""
 
 from __future__ import annotations
 
@@ -23,6 +24,23 @@ class DeployContext:
     state_dir: Path
     hosts: tuple[DeployHost, ...]
 
+    @classmethod
+    def build(
+        cls,
+        plan: Plan,
+        topology_file: Path,
+        state_base: Path | str | None = None,
+        control_python: str | None = None,
+    ) -> DeployContext:
+        """The context of a resolved Plan. `control_python` is the interpreter local hosts run
+        pdkit's processes with; default: this one (the control machine's venv)."""
+        return cls(
+            topology_file=topology_file,
+            plan=plan,
+            state_dir=state_dir(topology_file, plan.name, state_base),
+            hosts=deploy_hosts(plan, control_python or sys.executable),
+        )
+
     @property
     def private_dir(self) -> Path:
         """ansible-runner's private data dir (inventory, artifacts)."""
@@ -43,18 +61,13 @@ class DeployContext:
 
     def process_names(self) -> list[str]:
         """Every process, workers in plan order then the router."""
-        return [*(w.name for w in self.plan.workers), self.plan.router.name]
+        return list(self.plan.process_names)
 
     def process_host(self, process: str) -> DeployHost:
-        if process == self.plan.router.name:
-            return self.host(self.plan.router.host)
-        for worker in self.plan.workers:
-            if worker.name == process:
-                return self.host(worker.host)
-        raise KeyError(process)
+        return self.host(self.plan.process(process).host)
 
     def log_file(self, process: str) -> LogFile:
-        return LogFile(process, self.process_host(process))
+        return LogFile(process, self.process_host(process), self.plan.process(process).log_path)
 
     def select_processes(self, selector: str | None) -> list[str]:
         """Processes named by `selector`: a process name, a role (prefill, decode, router), or
@@ -78,18 +91,7 @@ class DeployContext:
 def load_context(
     topology: Path, state_base: Path | str | None = None, control_python: str | None = None
 ) -> DeployContext:
-    """Resolve the topology (every check runs first) and place the deployment.
+    """Resolve the topology (every check runs first) and build its context."""
+    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
-    `control_python` is the interpreter local hosts run pdkit's processes with; default: this
-    one (the control machine's venv).
-    """
-    from kit.sglang.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
-
-    plan = resolve(topology)
-    python = control_python or sys.executable
-    return DeployContext(
-        topology_file=topology,
-        plan=plan,
-        state_dir=state_dir(topology, plan.name, state_base),
-        hosts=deploy_hosts(plan, topology, python),
-    )
+    return DeployContext.build(resolve(topology), topology, state_base, control_python)

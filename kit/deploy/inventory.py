@@ -4,7 +4,7 @@ deployment on it and one record per process it runs. Pure: no I/O, no clock.
 Secrets never enter the inventory. A process record names, in `secret_env`, the variable to
 write into its environment file and the variable of the *ansible-playbook process* (on the
 control machine) that holds the value; the playbook reads it with ``lookup('ansible.builtin.env')``
-(see `kit.deploy.secrets`).
+(`RouterProcess.api_key` reads it on the control machine).
 
 Inventory groups: ``pdkit_hosts`` (every host of the deployment), ``pdkit_workers`` (hosts
 running a worker) and ``pdkit_router`` (the router's host).
@@ -13,10 +13,10 @@ running a worker) and ``pdkit_router`` (the router's host).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from kit.deploy.layout import HostLayout, host_root
+from kit.topology.layout import HostLayout, service_name, unit_pattern
 from kit.topology.plan import Command, HostPlan, Plan, RouterProcess, WorkerProcess
 
 Stage = Literal["workers", "router"]
@@ -53,13 +53,12 @@ class DeployHost:
         return self.plan.service_manager == "systemd" or self.layout.root == "/"
 
 
-def deploy_hosts(plan: Plan, topology_file: Path, control_python: str) -> tuple[DeployHost, ...]:
+def deploy_hosts(plan: Plan, control_python: str) -> tuple[DeployHost, ...]:
     """Every host of the plan with its layout; local hosts run `control_python` (the
     interpreter of the control machine's venv), remote ones the venv provisioning made."""
     hosts = []
     for host in plan.hosts:
-        root = host_root(host.root, topology_file)
-        layout = HostLayout(deployment=plan.name, root=root)
+        layout = HostLayout(deployment=plan.name, root=host.root)
         python = (
             control_python
             if host.connection == "local"
@@ -69,8 +68,19 @@ def deploy_hosts(plan: Plan, topology_file: Path, control_python: str) -> tuple[
     return tuple(hosts)
 
 
-def _command_record(command: Command) -> dict[str, Any]:
+def _process_record(
+    process: WorkerProcess | RouterProcess, layout: HostLayout, command: Command
+) -> dict[str, Any]:
+    """What every process record holds: its names and files (from the Plan and the host's
+    layout; the playbooks format none of them) and its command."""
     return {
+        "name": process.name,
+        "unit": process.unit,
+        "log_tag": service_name(layout.deployment, process.name),
+        "env_file": layout.env_file(process.name),
+        "launch_script": layout.launch_script(process.name),
+        "program_conf": layout.program_conf(process.name),
+        "log_file": process.log_path,
         "module": command.module,
         "executable": command.executable,
         "args": list(command.args),
@@ -79,7 +89,7 @@ def _command_record(command: Command) -> dict[str, Any]:
 
 
 def worker_record(
-    worker: WorkerProcess, deployment: str, hf_home: str | None = None
+    worker: WorkerProcess, deployment: str, layout: HostLayout, hf_home: str | None = None
 ) -> dict[str, Any]:
     """The process record of a worker (what the pdkit_process role installs). `hf_home`, when
     given and the topology sets no HF_HOME, points SGLang at the provisioned weights."""
@@ -87,25 +97,23 @@ def worker_record(
     if hf_home and "HF_HOME" not in env:
         env["HF_HOME"] = hf_home
     return {
-        "name": worker.name,
+        **_process_record(worker, layout, worker.command),
         "role": worker.role,
         "stage": "workers",
-        **_command_record(worker.command),
         "env": dict(sorted(env.items())),
         "secret_env": {},
         "url": worker.url if worker.serves_http else None,
     }
 
 
-def router_record(router: RouterProcess, deployment: str) -> dict[str, Any]:
+def router_record(router: RouterProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:
     """The process record of the router; its API key (if any) arrives through `secret_env`."""
     env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
     has_key = bool(router.api_key_env or router.api_key_file)
     return {
-        "name": router.name,
+        **_process_record(router, layout, router.command),
         "role": "router",
         "stage": "router",
-        **_command_record(router.command),
         "env": dict(sorted(env.items())),
         "secret_env": {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {},
         "url": router.url,
@@ -115,9 +123,9 @@ def router_record(router: RouterProcess, deployment: str) -> dict[str, Any]:
 def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     """Everything one host's plays need: connection, layout, interpreter, processes."""
     hf_home = host.layout.hf_home if plan.engine == "sglang" else None
-    records = [worker_record(w, plan.name, hf_home) for w in plan.on_host(host.name)]
+    records = [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
     if plan.router.host == host.name:
-        records.append(router_record(plan.router, plan.name))
+        records.append(router_record(plan.router, plan.name, host.layout))
     out: dict[str, Any] = {"ansible_host": host.plan.address}
     if host.local:
         # The control machine's own interpreter: no discovery, and it has pdkit installed.
@@ -137,6 +145,7 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
         "pdkit_python": host.python,
         "pdkit_service_manager": host.plan.service_manager,
         **host.layout.ansible_vars(),
+        "pdkit_unit_pattern": unit_pattern(plan.name),
         "pdkit_processes": records,
     }
     return out

@@ -24,14 +24,11 @@ _CHUNK = 8192
 
 @dataclass(frozen=True)
 class LogFile:
-    """One process's log on its host."""
+    """One process's log on its host: `path` is the Plan's `log_path` of the process."""
 
     process: str
     host: DeployHost
-
-    @property
-    def path(self) -> str:
-        return self.host.layout.log_file(self.process)
+    path: str
 
 
 def tail_lines(path: str, count: int) -> list[str]:

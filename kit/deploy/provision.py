@@ -37,12 +37,9 @@ from kit.topology.plan import Plan
 ROLES = ("base", "nvidia", "rdma", "python", "model")
 """Role tags of provision.yml, in the order they run."""
 
-FACT_TASKS = {
-    "Read the NVIDIA facts": "pdkit_nvidia_facts",
-    "Note persistence mode in the facts": "pdkit_nvidia_facts",
-    "Read the RDMA facts": "pdkit_rdma_facts",
-}
-"""provision.yml tasks whose `set_fact` results pdkit shows after the run."""
+FACTS = ("pdkit_nvidia_facts", "pdkit_rdma_facts")
+"""Facts provision.yml's roles set (`set_fact`) that pdkit shows after the run; the last value
+a host reports wins."""
 
 
 @dataclass(frozen=True)
@@ -83,17 +80,6 @@ def check_skip(skip: Sequence[str]) -> tuple[str, ...]:
     return tuple(skip)
 
 
-def ib_devices(ib_device: str | None) -> list[str]:
-    """RDMA device names in a rendered --disaggregation-ib-device value (a comma list or a
-    per-GPU JSON map)."""
-    if not ib_device:
-        return []
-    if ib_device.lstrip().startswith("{"):
-        mapping: dict[str, str] = json.loads(ib_device)
-        return sorted(set(mapping.values()))
-    return sorted({name.strip() for name in ib_device.split(",") if name.strip()})
-
-
 def _model_source(plan: Plan) -> str:
     if plan.engine == "sim":
         return "none"
@@ -110,15 +96,15 @@ def provision_vars(
     """The provision.yml variables of one host (added to its inventory entry). Pure."""
     workers = plan.on_host(host.name)
     sim = plan.engine == "sim"
-    devices = sorted({d for w in workers for d in ib_devices(w.ib_device)})
-    gid_index = next((w.env["MC_GID_INDEX"] for w in workers if "MC_GID_INDEX" in w.env), "")
+    devices = sorted({d for w in workers for d in w.rdma_devices})
+    gid_index = next((w.gid_index for w in workers if w.gid_index is not None), None)
     out: dict[str, Any] = {
         "pdkit_provision_gpu_roles": bool(workers) and not sim,
         "pdkit_base_rdma_tools": not sim,
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
         "pdkit_rdma_expected_devices": devices,
         "pdkit_rdma_required": plan.transfer_backend == "mooncake" and bool(workers),
-        "pdkit_rdma_gid_index": gid_index,
+        "pdkit_rdma_gid_index": "" if gid_index is None else str(gid_index),
         "pdkit_model_source": _model_source(plan) if workers else "none",
         "pdkit_model_path": plan.model.path,
         # Where `pdkit up` points the workers' HF_HOME (kit.deploy.inventory).
@@ -209,12 +195,13 @@ class _FactsCollector:
     def listener(self, progress: Any, lines: list[str], event: Mapping[str, Any]) -> None:
         self.view.listener(progress, lines, event)
         data = event.get("event_data") or {}
-        if event.get("event") != "runner_on_ok" or data.get("task") not in FACT_TASKS:
+        if event.get("event") != "runner_on_ok":
             return
-        res = data.get("res") or {}
-        value = (res.get("ansible_facts") or {}).get(FACT_TASKS[data["task"]])
-        if isinstance(value, dict):
-            self.facts.setdefault(str(data.get("host")), {})[FACT_TASKS[data["task"]]] = value
+        set_facts = (data.get("res") or {}).get("ansible_facts") or {}
+        for name in FACTS:
+            value = set_facts.get(name)
+            if isinstance(value, dict):
+                self.facts.setdefault(str(data.get("host")), {})[name] = value
 
 
 def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -> PlaybookResult:

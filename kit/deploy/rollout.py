@@ -28,11 +28,11 @@ from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
 from kit.deploy.layout import display_path
 from kit.deploy.logs import tail
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
-from kit.deploy.secrets import api_key_path, router_api_key
 from kit.deploy.services import can_probe, host_processes
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
 from kit.deploy.wait import ProcessStatus, Target, router_targets, wait_ready, worker_targets
 from kit.errors import DeployError, PdkitError
+from kit.secrets import SecretError
 
 WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
 """Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
@@ -121,7 +121,10 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
 
 def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     plan = ctx.plan
-    key = router_api_key(plan.router, ctx.topology_file, os.environ)
+    try:
+        key = plan.router.api_key(os.environ)
+    except SecretError as exc:
+        raise DeployError(f"{exc} Nothing was deployed.") from exc
     secret_env = {CONTROL_ROUTER_KEY_ENV: key} if key else {}
     console.print(
         f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
@@ -266,8 +269,9 @@ def _curl_line(ctx: DeployContext) -> str:
     line = shlex.join(parts)
     if router.api_key_env:
         line += f' -H "Authorization: Bearer ${router.api_key_env}"'
-    elif key_file := api_key_path(router, ctx.topology_file):
-        line += f' -H "Authorization: Bearer $(cat {shlex.quote(display_path(key_file))})"'
+    elif router.api_key_file:
+        key_file = shlex.quote(display_path(router.api_key_file))
+        line += f' -H "Authorization: Bearer $(cat {key_file})"'
     return f"{line} -d {shlex.quote(json.dumps(body))}"
 
 

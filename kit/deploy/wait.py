@@ -6,12 +6,9 @@ timeout passes. The judging is `kit.deploy.readiness`; this module only polls an
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-
-import aiohttp
 
 from kit.deploy.inventory import DeployHost
 from kit.deploy.readiness import (
@@ -23,6 +20,7 @@ from kit.deploy.readiness import (
     timed_out,
 )
 from kit.deploy.services import host_processes
+from kit.observe.probe import Prober
 from kit.topology.plan import Plan
 
 POLL_INTERVAL_S = 0.5
@@ -55,7 +53,7 @@ class ProcessStatus:
 
 def worker_targets(plan: Plan) -> list[Target]:
     """Every worker process, in plan order; rank > 0 nodes follow their rank 0."""
-    rank0 = {(w.role, w.instance): w.name for w in plan.workers if w.serves_http}
+    rank0 = {w.instance_name: w.name for w in plan.workers if w.serves_http}
     return [
         Target(
             name=w.name,
@@ -63,7 +61,7 @@ def worker_targets(plan: Plan) -> list[Target]:
             host=w.host,
             url=w.url if w.serves_http else None,
             ready_path="/health",
-            rank0=None if w.serves_http else rank0[(w.role, w.instance)],
+            rank0=None if w.serves_http else rank0[w.instance_name],
         )
         for w in plan.workers
     ]
@@ -74,21 +72,9 @@ def router_targets(plan: Plan) -> list[Target]:
     return [Target(router.name, "router", router.host, router.url, "/readiness")]
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> HttpAnswer:
-    try:
-        async with session.get(url, allow_redirects=False) as response:
-            await response.read()
-            return HttpAnswer(response.status)
-    except aiohttp.ClientConnectorError as exc:
-        if exc.os_error.errno == errno.ECONNREFUSED or isinstance(
-            exc.os_error, ConnectionRefusedError
-        ):
-            return HttpAnswer(None, "connection refused")
-        return HttpAnswer(None, (exc.os_error.strerror or str(exc.os_error)).lower())
-    except TimeoutError:
-        return HttpAnswer(None, f"no answer within {REQUEST_TIMEOUT_S:.0f} s")
-    except aiohttp.ClientError as exc:
-        return HttpAnswer(None, type(exc).__name__)
+async def _get(prober: Prober, url: str, headers: Mapping[str, str] | None) -> HttpAnswer:
+    fetched = await prober.get(url, dict(headers) if headers else None)
+    return HttpAnswer(fetched.status, fetched.detail or None)
 
 
 async def _services(hosts: Sequence[DeployHost], names: set[str]) -> dict[str, ServiceInfo]:
@@ -120,8 +106,7 @@ async def wait_ready(
     names = {t.name for t in targets}
     probe_hosts = [hosts[name] for name in sorted({t.host for t in targets}) if name in hosts]
     settled: dict[str, ProcessStatus] = {}
-    client_timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=client_timeout, headers=headers) as session:
+    async with Prober(timeout=REQUEST_TIMEOUT_S) as prober:
         while True:
             services = await _services(probe_hosts, names)
             pending = [t for t in targets if t.url and t.name not in settled]
@@ -129,7 +114,7 @@ async def wait_ready(
                 zip(
                     [t.name for t in pending],
                     await asyncio.gather(
-                        *(_get(session, f"{t.url}{t.ready_path}") for t in pending)
+                        *(_get(prober, f"{t.url}{t.ready_path}", headers) for t in pending)
                     ),
                     strict=True,
                 )

@@ -5,9 +5,7 @@ Only node rank 0 of a multi-node instance serves HTTP, so one target stands for 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from kit.topology.plan import Plan, Role
 from kit.topology.schema import SLO, Engine, RouterKind
@@ -22,7 +20,7 @@ class Expected:
     engine: Engine
     sglang_version: str
     bootstrap_port: int | None
-    tp_size: int | None
+    tp_size: int
 
 
 @dataclass(frozen=True)
@@ -65,37 +63,16 @@ class Targets:
     slo: SLO
 
 
-def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _router_api_key(env_name: str | None, file: str | None) -> str | None:
-    """The client API key from the control machine (env var or file), if it is there."""
-    if env_name:
-        return os.environ.get(env_name, "").strip() or None
-    if file:
-        try:
-            return Path(file).expanduser().read_text().strip() or None
-        except OSError:
-            return None
-    return None
-
-
 def targets_from_plan(plan: Plan) -> Targets:
-    """The probe targets of a Plan: rank-0 workers in start order, then the router."""
+    """The probe targets of a Plan: rank-0 workers in start order, then the router. Raises
+    `SecretError` when the topology names a router key this machine cannot read."""
     workers = []
     for w in plan.workers:
         if not w.serves_http:
             continue
-        tp = _flag_value(w.command.args, "--tp-size")
         workers.append(
             WorkerTarget(
-                name=f"{w.role}-{w.instance}",
+                name=w.instance_name,
                 role=w.role,
                 instance=w.instance,
                 host=w.host,
@@ -107,12 +84,11 @@ def targets_from_plan(plan: Plan) -> Targets:
                     engine=plan.engine,
                     sglang_version=plan.sglang_version,
                     bootstrap_port=w.bootstrap_port if w.role == "prefill" else None,
-                    tp_size=int(tp) if tp and tp.isdigit() else None,
+                    tp_size=w.parallelism.tp,
                 ),
             )
         )
     router = plan.router
-    metrics_url = router.metrics_url
     return Targets(
         deployment=plan.name,
         workers=tuple(workers),
@@ -121,8 +97,8 @@ def targets_from_plan(plan: Plan) -> Targets:
             kind=router.kind,
             host=router.host,
             url=router.url,
-            metrics_url=metrics_url,
-            api_key=_router_api_key(router.api_key_env, router.api_key_file),
+            metrics_url=router.metrics_url,
+            api_key=router.api_key(),
         ),
         slo=plan.slo,
     )

@@ -151,7 +151,7 @@ def mismatches(server_info: dict[str, Any], expected: Expected) -> list[str]:
             f"{expected.bootstrap_port}"
         )
     tp = server_info.get("tp_size")
-    if expected.tp_size is not None and isinstance(tp, int) and tp != expected.tp_size:
+    if isinstance(tp, int) and tp != expected.tp_size:
         found.append(f"runs with tp_size {tp}, the topology expects {expected.tp_size}")
     return found
 

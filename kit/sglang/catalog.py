@@ -265,16 +265,23 @@ def supported_versions() -> list[str]:
     return sorted(names, key=_version_key)
 
 
+class UnsupportedVersion(RenderError):
+    """No flag catalog ships for the SGLang version asked for; `reason` and `fix` apart, so
+    that validation can report them on the `sglang_version` key."""
+
+    def __init__(self, version: str, supported: list[str]) -> None:
+        self.reason = f"no flag catalog for SGLang {version}; supported: {', '.join(supported)}"
+        self.fix = "set sglang_version to a supported version, or generate one with `make catalog`."
+        super().__init__(f"{self.reason}. To fix: {self.fix}")
+
+
 @functools.lru_cache(maxsize=8)
 def load_catalog(version: str) -> Catalog:
-    """The flag catalog of SGLang `version` (e.g. "0.5.23"); RenderError if none ships."""
+    """The flag catalog of SGLang `version` (e.g. "0.5.23"); `UnsupportedVersion` if none
+    ships, RenderError if it is unreadable."""
     supported = supported_versions()
     if version not in supported:
-        raise RenderError(
-            f"no flag catalog for SGLang {version}; supported: {', '.join(supported)}. "
-            "To fix: set sglang_version to a supported version, or generate one with "
-            "`make catalog`."
-        )
+        raise UnsupportedVersion(version, supported)
     path = _catalog_dir().joinpath(f"{version}.json")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

@@ -8,12 +8,17 @@ name; `_` -> `-`; `true` -> bare flag; `false`/`null` -> nothing; a list -> flag
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from kit.net import bare_host, host_port
+from kit.topology.layout import ROUTER_PROCESS, HostLayout, host_root, process_name, unit_name
+from kit.topology.nics import NicChoice, choose_nics
 from kit.topology.place import InstancePlacement, Node, place
 from kit.topology.plan import (
     Command,
     HostPlan,
     ModelPlan,
+    Parallelism,
     Plan,
     RouterProcess,
     WorkerProcess,
@@ -70,20 +75,15 @@ def _scalar(value: str | int | float | bool) -> str:
     return str(value)
 
 
-def ib_device(topology: Topology, host: Host, gpus: tuple[int, ...]) -> str | None:
-    """The --disaggregation-ib-device value for a process using `gpus` on `host`, or None."""
-    transfer = topology.transfer
-    if transfer.backend != "mooncake":
+def ib_device(choice: NicChoice | None) -> str | None:
+    """The --disaggregation-ib-device value for a process's RDMA devices, or None (no RDMA, or
+    Mooncake's own discovery): a per-GPU JSON map, else a comma list."""
+    if choice is None:
         return None
-    if isinstance(transfer.ib_devices, tuple):
-        return ",".join(transfer.ib_devices)
-    per_gpu = transfer.ib_devices == "per_gpu" or (
-        transfer.ib_devices is None and bool(host.gpu_nics)
-    )
-    if per_gpu:
-        mapping = {str(g): host.gpu_nics[g] for g in gpus if g in host.gpu_nics}
+    if choice.mode == "per_gpu":
+        mapping = {str(g): nic for g, nic in choice.per_gpu.items()}
         return json.dumps(mapping, separators=(",", ":")) if mapping else None
-    return ",".join(host.rdma_devices) or None
+    return ",".join(choice.devices) or None
 
 
 def worker_env(topology: Topology, role: str, host: Host) -> dict[str, str]:
@@ -92,7 +92,7 @@ def worker_env(topology: Topology, role: str, host: Host) -> dict[str, str]:
     if topology.engine == "sim" and host.gpu_type:
         env["PDKIT_SIM_GPU"] = host.gpu_type
     # The address the transfer engine advertises to its peers.
-    env["SGLANG_HOST_IP"] = host.address
+    env["SGLANG_HOST_IP"] = bare_host(host.address)
     if topology.transfer.gid_index is not None:
         env["MC_GID_INDEX"] = str(topology.transfer.gid_index)
     env.update(topology.transfer.env)
@@ -114,7 +114,7 @@ def worker_args(
         args += ["--revision", model.revision]
     if model.trust_remote_code:
         args.append("--trust-remote-code")
-    args += ["--host", spec.bind or host.address, "--port", str(p.http_port)]
+    args += ["--host", bind_address(spec, host), "--port", str(p.http_port)]
     args += ["--disaggregation-mode", p.role]
     if p.bootstrap_port is not None:
         args += ["--disaggregation-bootstrap-port", str(p.bootstrap_port)]
@@ -139,39 +139,56 @@ def worker_args(
     return args + render_args(role_args(topology, p.role))
 
 
+def bind_address(spec: Role, host: Host) -> str:
+    """What a role's servers bind on `host` (--host): the role's `bind`, else the host's
+    address; bare, as SGLang's uvicorn takes it."""
+    return bare_host(spec.bind or host.address)
+
+
 def dist_init_addr(topology: Topology, p: InstancePlacement) -> str | None:
     """host:port of a multi-node instance's rank 0 (None for a single-node instance)."""
-    if p.nnodes == 1:
+    if p.nnodes == 1 or p.dist_init_port is None:
         return None
-    address = topology.host(p.nodes[0].host).address
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    return f"{host}:{p.dist_init_port}"
+    return host_port(topology.host(p.nodes[0].host).address, p.dist_init_port)
 
 
-def build_workers(topology: Topology, placements: list[InstancePlacement]) -> list[WorkerProcess]:
+def build_workers(
+    topology: Topology, placements: list[InstancePlacement], layouts: dict[str, HostLayout]
+) -> list[WorkerProcess]:
     module = SIM_MODULE if topology.engine == "sim" else SGLANG_MODULE
     workers = []
     for p in placements:
         spec: Role = getattr(topology, p.role)
+        parallelism = Parallelism(
+            tp=spec.tp, dp=spec.dp, dp_attention=spec.dp_attention, ep=spec.ep, pp=spec.pp
+        )
         for node in p.nodes:
             host = topology.host(node.host)
-            device = ib_device(topology, host, node.gpus)
-            name = p.name if p.nnodes == 1 else f"{p.name}-node{node.rank}"
+            nics = choose_nics(topology, host, node.gpus)
+            device = ib_device(nics)
+            name = process_name(p.name, node.rank, p.nnodes)
             workers.append(
                 WorkerProcess(
                     name=name,
+                    instance_name=p.name,
                     role=p.role,
                     instance=p.index,
                     node_rank=node.rank,
                     nnodes=p.nnodes,
                     host=host.name,
-                    address=host.address,
-                    bind=spec.bind or host.address,
+                    address=bare_host(host.address),
+                    bind=bind_address(spec, host),
                     gpus=node.gpus,
+                    parallelism=parallelism,
                     http_port=p.http_port,
                     bootstrap_port=p.bootstrap_port,
                     dist_init_addr=dist_init_addr(topology, p),
+                    rdma_devices=nics.devices if nics else (),
+                    gpu_nics=nics.per_gpu if nics else {},
                     ib_device=device,
+                    gid_index=topology.transfer.gid_index,
+                    unit=unit_name(topology.name, name),
+                    log_path=layouts[host.name].log_file(name),
                     command=Command(
                         module=module, args=tuple(worker_args(topology, p, node, device))
                     ),
@@ -181,7 +198,9 @@ def build_workers(topology: Topology, placements: list[InstancePlacement]) -> li
     return workers
 
 
-def build_router(topology: Topology, workers: list[WorkerProcess]) -> RouterProcess:
+def build_router(
+    topology: Topology, workers: list[WorkerProcess], layout: HostLayout, topology_dir: Path
+) -> RouterProcess:
     router = topology.router
     host = topology.host(topology.router_host)
     policies = {
@@ -196,7 +215,7 @@ def build_router(topology: Topology, workers: list[WorkerProcess]) -> RouterProc
             worker_args_ += ["--prefill", w.url, str(w.bootstrap_port)]
         else:
             worker_args_ += ["--decode", w.url]
-    common = ["--host", router.bind, "--port", str(router.port)]
+    common = ["--host", bare_host(router.bind), "--port", str(router.port)]
     common += ["--prefill-policy", policies["prefill"], "--decode-policy", policies["decode"]]
     extra = render_args({normalize_flag(k): v for k, v in router.args.items()})
     has_key = bool(router.api_key_env or router.api_key_file)
@@ -204,35 +223,48 @@ def build_router(topology: Topology, workers: list[WorkerProcess]) -> RouterProc
         command = Command(module=LB_MODULE, args=tuple(worker_args_ + common + extra))
         metrics_port = None
     else:
-        metrics = ["--prometheus-host", router.bind, "--prometheus-port", str(router.metrics_port)]
+        metrics = ["--prometheus-host", bare_host(router.bind)]
+        metrics += ["--prometheus-port", str(router.metrics_port)]
         command = Command(
             executable=SMG_EXECUTABLE,
             args=tuple(["launch", "--pd-disaggregation", *worker_args_, *common, *metrics, *extra]),
             secret_args=(("--api-key", ROUTER_API_KEY_ENV),) if has_key else (),
         )
         metrics_port = router.metrics_port
+    key_file = None
+    if router.api_key_file:
+        # Relative to the topology's folder, so that every stage reads the same file.
+        key_file = str(topology_dir / Path(router.api_key_file).expanduser())
     return RouterProcess(
+        name=ROUTER_PROCESS,
         kind=router.kind,
         host=host.name,
-        address=host.address,
-        bind=router.bind,
+        address=bare_host(host.address),
+        bind=bare_host(router.bind),
         port=router.port,
         metrics_port=metrics_port,
         prefill_policy=policies["prefill"],
         decode_policy=policies["decode"],
         api_key_env=router.api_key_env,
-        api_key_file=router.api_key_file,
+        api_key_file=key_file,
+        unit=unit_name(topology.name, ROUTER_PROCESS),
+        log_path=layout.log_file(ROUTER_PROCESS),
         command=command,
         env={},
     )
 
 
-def build_plan(topology: Topology) -> Plan:
-    """Render a validated topology into its Plan (call only after validation passed)."""
+def build_plan(topology: Topology, topology_dir: Path) -> Plan:
+    """Render a validated topology into its Plan (call only after validation passed).
+
+    `topology_dir` is the absolute folder of the topology file: relative host roots and key
+    files are taken from there."""
     placements, problems = place(topology)
     if problems:  # validation runs first; this guards misuse of the API
         raise ValueError(f"topology does not place: {problems[0]}")
-    workers = build_workers(topology, placements)
+    roots = {h.name: host_root(h.root, topology_dir) for h in topology.hosts}
+    layouts = {name: HostLayout(topology.name, root) for name, root in roots.items()}
+    workers = build_workers(topology, placements, layouts)
     model = topology.model
     return Plan(
         name=topology.name,
@@ -248,7 +280,7 @@ def build_plan(topology: Topology) -> Plan:
         hosts=tuple(
             HostPlan(
                 name=h.name,
-                address=h.address,
+                address=bare_host(h.address),
                 connection=h.connection,
                 ssh_user=h.ssh.user,
                 ssh_port=h.ssh.port,
@@ -256,11 +288,12 @@ def build_plan(topology: Topology) -> Plan:
                 gpus=h.gpus,
                 gpu_type=h.gpu_type,
                 service_manager=h.service_manager,
-                root=h.root,
+                root=roots[h.name],
+                rdma_devices=h.rdma_devices,
             )
             for h in topology.hosts
         ),
         workers=tuple(workers),
-        router=build_router(topology, workers),
+        router=build_router(topology, workers, layouts[topology.router_host], topology_dir),
         slo=topology.slo,
     )

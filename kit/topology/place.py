@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import Problem
 from kit.topology import ports
+from kit.topology.layout import instance_name
 from kit.topology.schema import ROLE_NAMES, Host, Role, Topology
 
 
@@ -44,7 +45,7 @@ class InstancePlacement:
 
     @property
     def name(self) -> str:
-        return f"{self.role}-{self.index}"
+        return instance_name(self.role, self.index)
 
 
 @dataclass

@@ -6,10 +6,13 @@ or an address. `pdkit render --json` prints it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kit.net import http_url
+from kit.secrets import SecretSource, read_secret
 from kit.topology.schema import SLO, Engine, RouterKind, ServiceManager, TransferBackend
 
 Role = Literal["prefill", "decode"]
@@ -41,7 +44,7 @@ class HostPlan(Frozen):
     """A host as the deployment sees it."""
 
     name: str
-    address: str
+    address: str = Field(description="Bare address (an IPv6 literal without brackets).")
     connection: Literal["ssh", "local"]
     ssh_user: str
     ssh_port: int
@@ -49,33 +52,64 @@ class HostPlan(Frozen):
     gpus: int
     gpu_type: str | None
     service_manager: ServiceManager
-    root: str
+    root: str = Field(description="Absolute root prefix on the host (POSIX path).")
+    rdma_devices: tuple[str, ...] = Field(description="RDMA devices the topology lists.")
+
+
+class Parallelism(Frozen):
+    """How one instance spreads over GPUs (SGLang's --tp-size, --dp-size, ...)."""
+
+    tp: int
+    dp: int
+    dp_attention: bool
+    ep: int
+    pp: int
+
+    @property
+    def attn_tp(self) -> int:
+        """GPUs that run one DP rank's attention and hold its KV (tp / dp with DP attention)."""
+        return self.tp // self.dp if self.dp_attention else self.tp
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole instance, over all its nodes."""
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
 
 
 class WorkerProcess(Frozen):
     """One SGLang (or sim) server process: an instance, or one node of a multi-node instance."""
 
     name: str = Field(description="Unique in the deployment, e.g. prefill-0 or decode-1-node1.")
+    instance_name: str = Field(description="The instance this process belongs to: prefill-0.")
     role: Role
     instance: int = Field(description="Instance index within its role.")
     node_rank: int
     nnodes: int
     host: str
-    address: str = Field(description="The host's address (reachable by other hosts).")
+    address: str = Field(description="The host's bare address (reachable by other hosts).")
     bind: str = Field(description="Address the HTTP (and bootstrap) server binds.")
     gpus: tuple[int, ...] = Field(description="GPU indices on the host this process uses.")
+    parallelism: Parallelism
     http_port: int
     bootstrap_port: int | None = Field(description="Prefill only (on every node of it).")
     dist_init_addr: str | None = Field(description="host:port of rank 0, multi-node only.")
+    rdma_devices: tuple[str, ...] = Field(
+        description="RDMA devices the transfer engine of this process uses (none: no RDMA)."
+    )
+    gpu_nics: dict[int, str] = Field(
+        description="GPU index -> RDMA device, when the devices are mapped per GPU."
+    )
     ib_device: str | None = Field(description="Rendered --disaggregation-ib-device value.")
+    gid_index: int | None = Field(description="RoCE GID index (MC_GID_INDEX), if set.")
+    unit: str = Field(description="systemd unit name (systemd hosts).")
+    log_path: str = Field(description="Log file on the host (absolute).")
     command: Command
     env: dict[str, str]
 
     @property
     def url(self) -> str:
         """HTTP base URL the control machine and the router use."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.http_port}"
+        return http_url(self.address, self.http_port)
 
     @property
     def serves_http(self) -> bool:
@@ -86,7 +120,7 @@ class WorkerProcess(Frozen):
 class RouterProcess(Frozen):
     """The load balancer."""
 
-    name: str = "router"
+    name: str
     kind: RouterKind
     host: str
     address: str
@@ -98,24 +132,37 @@ class RouterProcess(Frozen):
     api_key_env: str | None = Field(
         description="Control-machine env var holding the client API key (copied at deploy)."
     )
-    api_key_file: str | None
+    api_key_file: str | None = Field(
+        description="Control-machine file holding the client API key (absolute)."
+    )
+    unit: str = Field(description="systemd unit name (systemd hosts).")
+    log_path: str = Field(description="Log file on the host (absolute).")
     command: Command
     env: dict[str, str]
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        return http_url(self.address, self.port)
 
     @property
     def metrics_url(self) -> str:
         """Prometheus endpoint: smg's separate port, else /metrics on the router's port."""
-        if self.metrics_port is None:
-            return f"{self.url}/metrics"
-        return f"http://{self._host}:{self.metrics_port}/metrics"
+        return http_url(self.address, self.metrics_port or self.port, "/metrics")
 
     @property
-    def _host(self) -> str:
-        return f"[{self.address}]" if ":" in self.address else self.address
+    def api_key_source(self) -> SecretSource | None:
+        """Where clients' API key is kept on the control machine, or None (no key)."""
+        if self.api_key_file:
+            return SecretSource("router.api_key_file", file=self.api_key_file)
+        if self.api_key_env:
+            return SecretSource("router.api_key_env", env=self.api_key_env)
+        return None
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The clients' API key read on the control machine (`SecretError` when the topology
+        names one that cannot be read), or None when the router takes no key."""
+        source = self.api_key_source
+        return read_secret(source, environ) if source else None
 
 
 class ModelPlan(Frozen):
@@ -144,3 +191,24 @@ class Plan(Frozen):
 
     def on_host(self, host: str) -> tuple[WorkerProcess, ...]:
         return tuple(w for w in self.workers if w.host == host)
+
+    def host(self, name: str) -> HostPlan:
+        """The host called `name` (KeyError if none)."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    @property
+    def process_names(self) -> tuple[str, ...]:
+        """Every process: workers in start order, then the router."""
+        return (*(w.name for w in self.workers), self.router.name)
+
+    def process(self, name: str) -> WorkerProcess | RouterProcess:
+        """The process called `name` (KeyError if none)."""
+        if name == self.router.name:
+            return self.router
+        for worker in self.workers:
+            if worker.name == name:
+                return worker
+        raise KeyError(name)

@@ -6,12 +6,13 @@ SGLang-specific checks (flags, values, backend compatibility) live in `kit.sglan
 
 from __future__ import annotations
 
-import ipaddress
 from collections import Counter
 from collections.abc import Iterator
 
 from kit.errors import Problem
+from kit.net import is_loopback
 from kit.topology import ports
+from kit.topology.nics import choose_nics
 from kit.topology.place import InstancePlacement, place
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
@@ -27,15 +28,6 @@ def validate(topology: Topology) -> list[Problem]:
         problems += _addresses(topology, placements)
         problems += _rdma_coverage(topology, placements)
     return problems
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _references(topology: Topology) -> Iterator[Problem]:
@@ -209,42 +201,54 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
 
 
 def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
-    """With RDMA (backend mooncake on real GPUs) every GPU in use needs an RDMA device."""
-    transfer = topology.transfer
-    if topology.engine == "sim" or transfer.backend != "mooncake":
-        return
-    if isinstance(transfer.ib_devices, tuple):
-        return
+    """With RDMA (backend mooncake) every process has devices, and only devices its host has.
+
+    Listed devices (`transfer.ib_devices: [...]`) are checked against every worker host's
+    `rdma_devices` when the host lists any, on the sim engine too (the topology is meant for real
+    hosts); the rest is checked for engine sglang only, where a missing device fails transfers."""
     seen: set[str] = set()
     for p in placements:
         for node in p.nodes:
-            host = topology.host(node.host)
             if node.host in seen:
                 continue
-            per_gpu = transfer.ib_devices == "per_gpu" or (
-                transfer.ib_devices is None and bool(host.gpu_nics)
-            )
+            host = topology.host(node.host)
+            choice = choose_nics(topology, host, node.gpus)
+            if choice is None:
+                return
             index = _host_index(topology, node.host)
-            if per_gpu:
-                missing = [g for g in node.gpus if g not in host.gpu_nics]
-                if missing:
-                    seen.add(node.host)
-                    yield Problem(
-                        ("hosts", index, "gpu_nics"),
-                        f"{p.name} uses GPUs {missing} on {node.host}, which have no "
-                        "RDMA device in gpu_nics.",
-                        "map every GPU to a NIC, or set "
-                        "transfer.backend: mooncake_tcp to move KV over TCP.",
+            problem: Problem | None = None
+            if choice.mode == "list":
+                unknown = [d for d in choice.devices if d not in host.rdma_devices]
+                if host.rdma_devices and unknown:
+                    problem = Problem(
+                        ("transfer", "ib_devices"),
+                        f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not in "
+                        f"{node.host}'s rdma_devices ({', '.join(host.rdma_devices)}), and "
+                        f"{p.name} runs there.",
+                        f"list only devices every worker host has, or add them to hosts[{index}]"
+                        ".rdma_devices.",
                     )
-            elif not host.rdma_devices:
-                seen.add(node.host)
-                yield Problem(
+            elif topology.engine == "sim":  # emulated GPUs need no device
+                problem = None
+            elif choice.mode == "per_gpu" and choice.unmapped_gpus:
+                problem = Problem(
+                    ("hosts", index, "gpu_nics"),
+                    f"{p.name} uses GPUs {list(choice.unmapped_gpus)} on {node.host}, which have "
+                    "no RDMA device in gpu_nics.",
+                    "map every GPU to a NIC, or set "
+                    "transfer.backend: mooncake_tcp to move KV over TCP.",
+                )
+            elif choice.mode == "host" and not choice.devices:
+                problem = Problem(
                     ("hosts", index, "rdma_devices"),
                     f"{node.host} runs {p.name} but lists no RDMA device, and "
                     "transfer.backend mooncake moves KV over RDMA.",
                     "list the host's rdma_devices (see `ibv_devices`), or set "
                     "transfer.backend: mooncake_tcp.",
                 )
+            if problem is not None:
+                seen.add(node.host)
+                yield problem
 
 
 def _host_index(topology: Topology, name: str) -> int:

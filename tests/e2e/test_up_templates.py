@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_hosts
-from kit.sglang.resolve import resolve
+from kit.topology.resolve import resolve
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -107,7 +107,7 @@ def systemd_topology(write_topology):
 
 def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
     plan = resolve(systemd_topology)
-    inventory = build_inventory(plan, deploy_hosts(plan, systemd_topology, "/unused"))
+    inventory = build_inventory(plan, deploy_hosts(plan, "/unused"))
     files = render_files(tmp_path, inventory, "a", "workers")
     assert set(files) == {
         "/etc/pdkit/prod/prefill-0.env",
@@ -118,6 +118,7 @@ def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
     assert unit["mode"] == "0644"
     assert "ExecStart=/opt/pdkit/prod/bin/prefill-0.sh\n" in unit["content"]
     assert "LimitMEMLOCK=infinity\n" in unit["content"]
+    assert "SyslogIdentifier=pdkit-prod-prefill-0\n" in unit["content"]
     script = files["/opt/pdkit/prod/bin/prefill-0.sh"]["content"]
     assert "exec > >(exec tee -a /var/log/pdkit/prod/prefill-0.log) 2>&1\n" in script
     assert "exec /opt/pdkit/venv/bin/python -m kit.sim \\\n  --model-path m \\\n" in script
@@ -128,7 +129,7 @@ def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
 
 def test_smg_router_reads_its_key_from_the_env_file_only(tmp_path, systemd_topology):
     plan = resolve(systemd_topology)
-    inventory = build_inventory(plan, deploy_hosts(plan, systemd_topology, "/unused"))
+    inventory = build_inventory(plan, deploy_hosts(plan, "/unused"))
     files = render_files(tmp_path, inventory, "b", "router")
     env = files["/srv/b/etc/pdkit/prod/router.env"]["content"]
     assert "PDKIT_ROUTER_API_KEY=k3y-for-test\n" in env

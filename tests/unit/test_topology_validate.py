@@ -7,13 +7,13 @@ import copy
 import pytest
 
 from kit.errors import TopologyError
-from kit.sglang.resolve import check_topology, resolve
+from kit.topology.resolve import resolve
 from tests.conftest import base_topology
 
 
 def problems_of(write_topology, data) -> list:
     with pytest.raises(TopologyError) as info:
-        check_topology(write_topology(data))
+        resolve(write_topology(data))
     return info.value.problems
 
 
@@ -243,4 +243,4 @@ def test_yaml_syntax_error_has_a_position(write_topology):
 
 def test_missing_file(tmp_path):
     with pytest.raises(TopologyError, match="cannot read the file"):
-        check_topology(tmp_path / "nope.yaml")
+        resolve(tmp_path / "nope.yaml")

@@ -7,6 +7,7 @@ weights."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 from pathlib import Path
 
@@ -60,10 +61,18 @@ def gpu_topology(
 
 @pytest.fixture
 def host_a(testbed: TestBed):
+    """Host a of the shared bed, left as the test found it: what the test (or the playbooks it
+    ran) adds under the host's root goes again, so that later tests see fresh hosts."""
     host = testbed.host("a")
+    before = set(host.root.iterdir())
     yield host
     (host.bin_dir / "nvidia-smi").unlink(missing_ok=True)
     (host.home_dir / "nvidia-persistence").unlink(missing_ok=True)
+    for path in set(host.root.iterdir()) - before:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path):

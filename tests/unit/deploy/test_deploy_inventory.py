@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 
 import pytest
 
@@ -12,7 +12,7 @@ from kit.deploy.inventory import (
     build_inventory,
     deploy_hosts,
 )
-from kit.sglang.resolve import resolve
+from kit.topology.resolve import resolve
 from tests.conftest import REPO
 
 LOCAL = REPO / "topologies" / "local.yaml"
@@ -21,7 +21,7 @@ PYTHON = "/venv/bin/python"
 
 def local_inventory():
     plan = resolve(LOCAL)
-    return plan, build_inventory(plan, deploy_hosts(plan, LOCAL, PYTHON))
+    return plan, build_inventory(plan, deploy_hosts(plan, PYTHON))
 
 
 def test_local_default_runs_on_this_machine_with_the_control_venv():
@@ -59,6 +59,24 @@ def test_each_process_gets_a_record_with_its_command_and_identity():
     assert records[3]["secret_env"] == {}
 
 
+def test_records_carry_every_name_and_path_the_playbooks_use():
+    plan, inventory = local_inventory()
+    host = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["localhost"]
+    decode = host["pdkit_processes"][2]
+    root = host["pdkit_root"]
+    assert decode["unit"] == plan.workers[2].unit == "pdkit-local-decode-0.service"
+    assert decode["log_tag"] == "pdkit-local-decode-0"
+    assert (
+        decode["log_file"] == plan.workers[2].log_path == f"{root}/var/log/pdkit/local/decode-0.log"
+    )
+    assert decode["env_file"] == f"{root}/etc/pdkit/local/decode-0.env"
+    assert decode["launch_script"] == f"{root}/opt/pdkit/local/bin/decode-0.sh"
+    assert decode["program_conf"] == f"{root}/etc/pdkit/local/supervisord.d/decode-0.conf"
+    units = [r["unit"] for r in host["pdkit_processes"]]
+    assert all(re.match(host["pdkit_unit_pattern"], unit) for unit in units)
+    assert not re.match(host["pdkit_unit_pattern"], "pdkit-local2-decode-0.service")
+
+
 def test_the_inventory_is_deterministic():
     assert json.dumps(local_inventory()[1]) == json.dumps(local_inventory()[1])
 
@@ -94,8 +112,8 @@ def remote_plan(write_topology):
 
 
 def test_ssh_hosts_get_connection_settings_and_a_venv_under_their_root(remote_plan):
-    path, plan = remote_plan
-    hosts = build_inventory(plan, deploy_hosts(plan, path, PYTHON))["all"]["children"]
+    _, plan = remote_plan
+    hosts = build_inventory(plan, deploy_hosts(plan, PYTHON))["all"]["children"]
     a = hosts["pdkit_hosts"]["hosts"]["a"]
     b = hosts["pdkit_hosts"]["hosts"]["b"]
     assert (a["ansible_host"], a["ansible_user"], a["ansible_port"]) == ("10.0.0.1", "ops", 2222)
@@ -109,9 +127,9 @@ def test_ssh_hosts_get_connection_settings_and_a_venv_under_their_root(remote_pl
 
 
 def test_the_router_key_is_named_never_included(remote_plan, monkeypatch):
-    path, plan = remote_plan
+    _, plan = remote_plan
     monkeypatch.setenv("MY_KEY", "sekret-value")
-    inventory = build_inventory(plan, deploy_hosts(plan, path, PYTHON))
+    inventory = build_inventory(plan, deploy_hosts(plan, PYTHON))
     router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["b"]["pdkit_processes"][-1]
     assert router["secret_env"] == {"PDKIT_ROUTER_API_KEY": CONTROL_ROUTER_KEY_ENV}
     assert router["secret_args"] == [["--api-key", "PDKIT_ROUTER_API_KEY"]]
@@ -142,7 +160,7 @@ def test_pdkit_router_key_goes_to_its_own_variable(write_topology):
     )
     path = write_topology(data)
     plan = resolve(path)
-    inventory = build_inventory(plan, deploy_hosts(plan, Path(path), PYTHON))
+    inventory = build_inventory(plan, deploy_hosts(plan, PYTHON))
     router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["h"]["pdkit_processes"][-1]
     assert router["secret_env"] == {"PDKIT_LB_API_KEY": CONTROL_ROUTER_KEY_ENV}
 
@@ -163,7 +181,7 @@ def test_sglang_workers_look_for_weights_where_provisioning_put_them(write_topol
     }
     path = write_topology(data)
     plan = resolve(path)
-    hosts = build_inventory(plan, deploy_hosts(plan, path, PYTHON))["all"]["children"]
+    hosts = build_inventory(plan, deploy_hosts(plan, PYTHON))["all"]["children"]
     records = hosts["pdkit_hosts"]["hosts"]["a"]["pdkit_processes"]
     workers = [r for r in records if r["role"] != "router"]
     assert {r["env"]["HF_HOME"] for r in workers} == {"/srv/a/var/lib/pdkit/huggingface"}

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import jinja2
 import pytest
 import yaml
 
-from kit.deploy.layout import MAX_SOCKET_PATH, HostLayout, host_root, state_dir
+from kit.deploy.layout import state_dir
+from kit.topology.layout import (
+    MAX_SOCKET_PATH,
+    HostLayout,
+    host_root,
+    process_name,
+    unit_name,
+    unit_pattern,
+)
 from tests.conftest import REPO
 
 
@@ -27,10 +36,10 @@ def test_state_dir_option_wins_over_the_environment(tmp_path, monkeypatch):
 
 
 def test_relative_root_is_taken_from_the_topology_folder(tmp_path):
-    topology = tmp_path / "topologies" / "local.yaml"
-    assert host_root(".pdkit/local/root", topology) == f"{tmp_path}/topologies/.pdkit/local/root"
-    assert host_root("/srv/a/", topology) == "/srv/a"
-    assert host_root("/", topology) == "/"
+    folder = tmp_path / "topologies"
+    assert host_root(".pdkit/local/root", folder) == f"{tmp_path}/topologies/.pdkit/local/root"
+    assert host_root("/srv/a/", folder) == "/srv/a"
+    assert host_root("/", folder) == "/"
 
 
 def test_layout_under_the_root_prefix():
@@ -40,7 +49,18 @@ def test_layout_under_the_root_prefix():
     assert layout.log_file("router") == "/r/var/log/pdkit/local/router.log"
     assert layout.supervisord_socket == "/r/run/pdkit/local/supervisord.sock"
     assert HostLayout("prod", "/").config_dir == "/etc/pdkit/prod"
-    assert HostLayout("prod", "/").systemd_unit("decode-0") == "pdkit-prod-decode-0.service"
+
+
+@pytest.mark.parametrize(
+    "process", ["router", "prefill-0", "decode-12", process_name("decode-1", 1, 2)]
+)
+def test_the_unit_pattern_matches_exactly_the_deployments_units(process):
+    pattern = re.compile(unit_pattern("prod"))
+    assert unit_name("prod", "decode-0") == "pdkit-prod-decode-0.service"
+    assert pattern.match(unit_name("prod", process))
+    assert not pattern.match(unit_name("prod-2", process))  # a deployment whose name extends it
+    assert not pattern.match(unit_name("prod", process) + ".bak")
+    assert not pattern.match(unit_name("pro", process))
 
 
 def test_a_deep_root_moves_the_supervisord_socket_to_a_short_path():

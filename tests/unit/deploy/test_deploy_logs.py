@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from kit.deploy.inventory import DeployHost
-from kit.deploy.layout import HostLayout
 from kit.deploy.logs import LogFile, follow, show_logs, ssh_argv, tail_lines
+from kit.topology.layout import HostLayout
 from kit.topology.plan import HostPlan
 
 
@@ -22,8 +22,13 @@ def host(root, connection="local", user="root"):
         gpu_type=None,
         service_manager="supervisord",
         root=str(root),
+        rdma_devices=(),
     )
     return DeployHost(plan=plan, layout=HostLayout("d", str(root)), python="/p")
+
+
+def log_file(process: str, h: DeployHost) -> LogFile:
+    return LogFile(process, h, h.layout.log_file(process))
 
 
 def test_tail_reads_only_the_end_of_a_large_file(tmp_path):
@@ -35,7 +40,7 @@ def test_tail_reads_only_the_end_of_a_large_file(tmp_path):
 
 def test_show_logs_prefixes_lines_when_there_are_several(tmp_path):
     h = host(tmp_path)
-    logs = [LogFile("prefill-0", h), LogFile("router", h)]
+    logs = [log_file("prefill-0", h), log_file("router", h)]
     os.makedirs(h.layout.log_dir)
     for log in logs:
         with open(log.path, "w") as handle:
@@ -44,7 +49,7 @@ def test_show_logs_prefixes_lines_when_there_are_several(tmp_path):
     show_logs(logs, out.append, notes.append, lines=5)
     assert out == ["prefill-0 | prefill-0 up", "router    | router up"]
     out.clear()
-    show_logs([LogFile("decode-0", h)], out.append, notes.append, lines=5)
+    show_logs([log_file("decode-0", h)], out.append, notes.append, lines=5)
     assert out == []
     assert "no log yet" in notes[0]
 
@@ -52,7 +57,7 @@ def test_show_logs_prefixes_lines_when_there_are_several(tmp_path):
 def test_follow_prints_new_lines_and_survives_rotation(tmp_path):
     h = host(tmp_path)
     os.makedirs(h.layout.log_dir)
-    log = LogFile("decode-0", h)
+    log = log_file("decode-0", h)
     with open(log.path, "w") as handle:
         handle.write("old\n")
     seen: list[str] = []

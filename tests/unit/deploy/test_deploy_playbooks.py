@@ -4,7 +4,6 @@ folder, mapped in pyproject.toml), $PDKIT_PLAYBOOKS, or a copy when the package 
 from __future__ import annotations
 
 import sys
-import tomllib
 import zipfile
 
 import pytest
@@ -72,16 +71,3 @@ def test_a_missing_playbooks_package_says_how_to_reinstall(tmp_path, monkeypatch
     monkeypatch.delenv(PLAYBOOKS_ENV, raising=False)
     with pytest.raises(DeployError, match=r"not installed with it\. To fix: reinstall pdkit"):
         playbooks_dir(tmp_path)
-
-
-def test_pyproject_lists_every_package_of_kit_and_maps_the_playbooks():
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {
-        ".".join(init.parent.relative_to(REPO).parts)
-        for init in (REPO / "kit").rglob("__init__.py")
-        if "__pycache__" not in init.parts
-    }
-    # A package missing from the list would be missing from the wheel.
-    assert set(config["packages"]) == on_disk | {"kit.playbooks"}
-    assert config["package-dir"] == {"kit.playbooks": "playbooks"}
-    assert config["package-data"]["kit.playbooks"] == ["**/*"]

@@ -15,7 +15,6 @@ from kit.deploy.provision import (
     _pdkit_wheel,
     check_skip,
     describe_facts,
-    ib_devices,
     parse_extra_vars,
     provision_inventory,
     wheel_version,
@@ -98,19 +97,6 @@ def test_a_wheelhouse_turns_the_index_off_and_extra_vars_win(gpu_topology):
     # Still the inventory `pdkit up` uses: same connection and layout.
     assert a["ansible_host"] == "10.0.0.1"
     assert a["pdkit_log_dir"] == "/var/log/pdkit/t"
-
-
-@pytest.mark.parametrize(
-    ("value", "devices"),
-    [
-        (None, []),
-        ("mlx5_0", ["mlx5_0"]),
-        ("mlx5_1,mlx5_0", ["mlx5_0", "mlx5_1"]),
-        ('{"0":"mlx5_0","1":"mlx5_0","2":"mlx5_2"}', ["mlx5_0", "mlx5_2"]),
-    ],
-)
-def test_ib_device_values_name_their_devices(value, devices):
-    assert ib_devices(value) == devices
 
 
 def test_extra_vars_are_read_as_yaml_values():

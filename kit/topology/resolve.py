@@ -1,0 +1,73 @@
+"""The one way from a topology file to a Plan: load, check everything, render.
+
+    plan = resolve("topologies/local.yaml")   # raises TopologyError with every problem
+
+Every command and every library caller (kit.deploy, kit.observe, kit.bench) goes through
+`resolve`, so all get the same checks: the shape, the meaning (GPUs, ports, addresses, NICs),
+SGLang's flags and values for the pinned version, and the options of pdkit's router. This
+module composes the checks of the layers that own them (`kit.sglang` for SGLang, `kit.lb` for
+the router's command line); it is imported on its own, never from `kit.topology`'s package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.errors import Problem, TopologyError
+from kit.lb.config import argv_problem
+from kit.sglang.catalog import UnsupportedVersion, load_catalog
+from kit.sglang.check import check
+from kit.sglang.render import build_plan
+from kit.topology.load import locate, parse_topology, read_topology_text
+from kit.topology.plan import Plan
+from kit.topology.schema import Topology
+from kit.topology.validate import validate
+
+
+def _problems(topology: Topology) -> list[Problem]:
+    """Every problem of a topology whose shape is right."""
+    problems = validate(topology)
+    try:
+        catalog = load_catalog(topology.sglang_version)
+    except UnsupportedVersion as exc:  # one problem, on the key
+        problems.append(Problem(("sglang_version",), f"{exc.reason}.", exc.fix))
+    else:
+        problems += check(topology, catalog)
+    return problems
+
+
+def _router_problems(plan: Plan) -> list[Problem]:
+    """The pdkit router's own parser on the command line the Plan gives it (router.args)."""
+    if plan.router.kind != "pdkit":
+        return []
+    problem = argv_problem(plan.router.command.args)
+    if problem is None:
+        return []
+    return [
+        Problem(
+            ("router", "args"),
+            f"pdkit's router would refuse its options: {problem}.",
+            "fix router.args (every option: `pdkit lb --help`).",
+        )
+    ]
+
+
+def resolve(path: str | Path) -> Plan:
+    """The Plan of the topology at `path`; `TopologyError` with every problem, each located
+    at its file:line:col and listed in file order, when it cannot be deployed.
+
+    Relative paths in the topology (host roots, `router.api_key_file`) are taken from the
+    topology file's folder, so every later stage finds the same files wherever pdkit runs."""
+    file = str(path)
+    topology, positions = parse_topology(read_topology_text(path), file)
+    problems = _problems(topology)
+    plan = None
+    if not problems:
+        plan = build_plan(topology, Path(path).absolute().parent)
+        problems = _router_problems(plan)
+    if problems or plan is None:
+        located = [locate(p, positions, file) for p in problems]
+        # In file order, as a reader goes through the topology; unplaced ones last.
+        located.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))
+        raise TopologyError(located)
+    return plan
