@@ -186,7 +186,8 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
                     (role, "tp"),
                     f"the prefill_complete allocation policy needs attention-TP 1 and pp 1 on "
                     f"both roles; {role} has attention-TP {_attention_tp(spec)}, pp {spec.pp}.",
-                    "use dp_attention with dp = tp, or the default allocation policy.",
+                    "set tp: 1 and pp: 1 on both roles, or use the default allocation policy "
+                    "(early).",
                 )
 
 
