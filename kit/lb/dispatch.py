@@ -31,6 +31,7 @@ from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
 from kit.lb.policies import Policy
 from kit.lb.protocol import Merge, PdRequest, affinity_key
+from kit.lb.recent import PathRecord, RecentRequests
 from kit.lb.stream import ClientGone, StreamRelay
 from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import Worker, WorkerPool
@@ -45,6 +46,8 @@ class Exchange:
     request: web.BaseRequest
     pd: PdRequest
     started: float
+    request_id: str = ""
+    path: PathRecord | None = None  # the prefill, decode and room chosen (last attempt)
     out: web.StreamResponse | None = None
     relay: StreamRelay | None = None
     # Metrics labels of what went wrong on the way (retries, a lost client...), counted once.
@@ -165,6 +168,7 @@ class Dispatcher:
         worker_headers: dict[str, str],
         on_connection_error: Callable[[Worker, str], None],
         on_failure: Callable[[ApiError], None],
+        recent: RecentRequests,
     ) -> None:
         self._config = config
         self._pool = pool
@@ -174,6 +178,7 @@ class Dispatcher:
         self._rng = rng
         self._on_connection_error = on_connection_error
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
+        self._recent = recent
         self._background: set[asyncio.Task[bytes]] = set()
         connect = config.connect_timeout
         self._prefill_timeout = aiohttp.ClientTimeout(
@@ -224,20 +229,19 @@ class Dispatcher:
         pd = ex.pd
         needs_key = self._policies["prefill"].needs_key or self._policies["decode"].needs_key
         key = affinity_key(pd, self._config.prefix_chars) if needs_key else None
-        headers = self._base_headers
-        request_id = ex.request.headers.get("X-Request-Id")
-        if request_id:
-            headers = {**headers, "X-Request-Id": request_id}
+        ex.request_id = (
+            ex.request.headers.get("X-Request-Id") or f"{self._rng.getrandbits(64):016x}"
+        )
+        headers = {**self._base_headers, "X-Request-Id": ex.request_id}
         excluded: set[str] = set()
         attempt = 0
         while True:
             prefill = self._pick("prefill", key, excluded)
             decode = self._pick("decode", key, excluded)
-            send = _Send(
-                pd.path,
-                pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng),
-                headers,
-            )
+            body, room = pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
+            ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
+            self._recent.chose(ex.path)
+            send = _Send(pd.path, body, headers)
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
@@ -483,8 +487,15 @@ class Dispatcher:
             raise self._stream_failure(pair, decode, exc) from exc
 
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:
-        headers = {"Content-Type": content_type}
-        request_id = ex.request.headers.get("X-Request-Id")
-        if request_id:
-            headers["X-Request-Id"] = request_id
-        return headers
+        return {"Content-Type": content_type, **path_headers(ex)}
+
+
+def path_headers(ex: Exchange) -> dict[str, str]:
+    """The request id and the PD path chosen for it, for the client (`pdkit bench` records
+    them; `GET /requests?id=` answers the same after the fact)."""
+    headers = {"X-Request-Id": ex.request_id} if ex.request_id else {}
+    if ex.path is not None:
+        headers["X-PDKit-Prefill"] = ex.path.prefill
+        headers["X-PDKit-Decode"] = ex.path.decode
+        headers["X-PDKit-Bootstrap-Room"] = str(ex.path.bootstrap_room)
+    return headers

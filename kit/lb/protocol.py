@@ -52,8 +52,9 @@ class PdRequest:
     merge: Merge
     spliceable: bool
 
-    def encode(self, host: str, port: int | None, rng: random.Random) -> bytes:
-        """The body for both legs, with fresh bootstrap fields (new rooms on every call)."""
+    def encode(self, host: str, port: int | None, rng: random.Random) -> tuple[bytes, int]:
+        """The body for both legs, with fresh bootstrap fields (new rooms on every call), and
+        its (first) bootstrap room."""
         if self.batch_size is None:
             room = rng.getrandbits(63) % ROOM_SPAN
             if self.spliceable:
@@ -61,24 +62,26 @@ class PdRequest:
                     self.raw[: self.raw.rindex(b"}")],
                     _host_port(host, port),
                     room,
-                )
+                ), room
             fields: dict[str, Any] = {
                 "bootstrap_host": host,
                 "bootstrap_port": port,
                 "bootstrap_room": room,
             }
         else:
+            rooms = [rng.getrandbits(63) % ROOM_SPAN for _ in range(self.batch_size)]
+            room = rooms[0]
             fields = {
                 "bootstrap_host": [host] * self.batch_size,
                 "bootstrap_port": [port] * self.batch_size,
-                "bootstrap_room": [rng.getrandbits(63) % ROOM_SPAN for _ in range(self.batch_size)],
+                "bootstrap_room": rooms,
             }
         if self.spliceable:
             tail = json.dumps(fields, separators=(",", ":")).encode()
-            return self.raw[: self.raw.rindex(b"}")] + b"," + tail[1:]
+            return self.raw[: self.raw.rindex(b"}")] + b"," + tail[1:], room
         body = dict(self.body)
         body.update(fields)
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), room
 
 
 @functools.lru_cache(maxsize=1024)

@@ -34,13 +34,14 @@ from aiohttp.web_protocol import RequestHandler
 
 from kit.lb.admin import AdminRoutes
 from kit.lb.config import LbConfig, Role
-from kit.lb.dispatch import Dispatcher, Exchange
+from kit.lb.dispatch import Dispatcher, Exchange, path_headers
 from kit.lb.errors import ApiError, error_body
 from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, parse_request
+from kit.lb.recent import RecentRequests
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 log = logging.getLogger("kit.lb")
@@ -78,6 +79,7 @@ class LoadBalancer:
             self.pool.add(spec, now)
         self.metrics = LbMetrics(lambda: self.pool)
         self.rng = random.Random(config.seed)
+        self.recent = RecentRequests()
         self.policies: dict[Role, Policy] = {
             "prefill": make_policy(config.prefill_policy, self.rng, config.affinity_load_factor),
             "decode": make_policy(config.decode_policy, self.rng, config.affinity_load_factor),
@@ -152,6 +154,7 @@ class LoadBalancer:
         for path in ("/health", "/liveness"):
             add("GET", path, self._open(path, self._health))
         add("GET", "/readiness", self._open("/readiness", self._readiness))
+        add("GET", "/requests", self._keyed("/requests", self._request_path))
         add("GET", "/metrics", self._open("/metrics", self._metrics))
         add(
             "GET",
@@ -202,6 +205,7 @@ class LoadBalancer:
             worker_headers=self._worker_headers,
             on_connection_error=self._on_connection_error,
             on_failure=self._log_failure,
+            recent=self.recent,
         )
         self._monitor = HealthMonitor(
             self.pool,
@@ -388,6 +392,8 @@ class LoadBalancer:
             if ex is not None:
                 for cause in ex.causes:
                     self.metrics.error(cause)
+                if ex.request_id:
+                    self.recent.ended(ex.request_id, status)
             self.metrics.request(path, status, time.monotonic() - started, stream)
 
     def _log_failure(self, error: ApiError) -> None:
@@ -415,6 +421,8 @@ class LoadBalancer:
                 log.debug("could not send the error event", exc_info=True)
             return ex.out
         response = _error_response(error)
+        if ex is not None:
+            response.headers.update(path_headers(ex))
         if error.cause == "draining":
             response.force_close()
         return response
@@ -441,6 +449,20 @@ class LoadBalancer:
         )
         out = [w.describe(now) for w in self.pool if not w.routable]
         return ready, {"ready": ready, "draining": self.draining, **counts, "out": out}
+
+    async def _request_path(self, request: web.BaseRequest) -> web.Response:
+        """Where a recent request went (`?id=REQUEST_ID`): its prefill, decode, room, state."""
+        request_id = request.query.get("id", "")
+        if not request_id:
+            raise ApiError(400, "give the request id: /requests?id=ID", "bad_request", param="id")
+        record = self.recent.get(request_id)
+        if record is None:
+            raise ApiError(
+                404,
+                f"no recent request {request_id!r} (the last {self.recent.capacity} are kept)",
+                "not_found",
+            )
+        return web.json_response(record.to_json(time.monotonic()))
 
     async def _readiness(self, request: web.BaseRequest) -> web.Response:
         ready, report = self.readiness_report()

@@ -24,7 +24,11 @@ from kit.lb.protocol import (
 def encode(path: str, body: dict | bytes, host: str = "10.0.0.1", port: int | None = 8998):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = parse_request(path, raw)
-    return req, json.loads(req.encode(host, port, random.Random(1)))
+    body, room = req.encode(host, port, random.Random(1))
+    out = json.loads(body)
+    rooms = out["bootstrap_room"]
+    assert room == (rooms[0] if isinstance(rooms, list) else rooms)
+    return req, out
 
 
 def test_single_request_gets_scalar_bootstrap_fields_and_keeps_every_field():
@@ -60,7 +64,9 @@ def test_client_bootstrap_fields_are_replaced_not_duplicated():
 def test_every_encode_draws_new_rooms():
     req = parse_request(GENERATE, b'{"text": "x"}')
     rng = random.Random(3)
-    rooms = {json.loads(req.encode("h", 1, rng))["bootstrap_room"] for _ in range(20)}
+    encoded = [req.encode("h", 1, rng) for _ in range(20)]
+    rooms = {json.loads(body)["bootstrap_room"] for body, _ in encoded}
+    assert rooms == {room for _, room in encoded}
     assert len(rooms) == 20
 
 

@@ -7,6 +7,8 @@ if they saw a problem.
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
 
@@ -226,5 +228,46 @@ def test_metrics_count_requests_latency_tokens_and_workers():
             assert f'pdkit_lb_worker_healthy{{role="prefill",worker="{prefill}"}} 1.0' in text
             assert f'pdkit_lb_worker_inflight{{role="prefill",worker="{prefill}"}} 0.0' in text
             assert "pdkit_lb_draining 0.0" in text
+
+    run(scenario())
+
+
+def test_every_answer_names_its_request_id_and_pd_path():
+    async def scenario():
+        async with running_cluster(2, 2) as c:
+            status, _, headers = await c.post("/generate", {"text": "hi", "stream": True})
+            assert status == 200
+            (_, sent), _ = c.all_requests()
+            assert headers["X-PDKit-Bootstrap-Room"] == str(sent["bootstrap_room"])
+            prefill, decode = headers["X-PDKit-Prefill"], headers["X-PDKit-Decode"]
+            assert prefill in {w.url for w in c.prefill} and decode in {w.url for w in c.decode}
+            assert len(headers["X-Request-Id"]) == 16  # made up when the client sends none
+            status, path, _ = await c.get(f"/requests?id={headers['X-Request-Id']}")
+            assert status == 200
+            assert (path["prefill"], path["decode"], path["state"], path["status"]) == (
+                prefill,
+                decode,
+                "done",
+                200,
+            )
+            assert path["bootstrap_room"] == sent["bootstrap_room"]
+
+    run(scenario())
+
+
+def test_a_client_that_gave_up_can_ask_where_its_request_is_stuck():
+    async def scenario():
+        async with running_cluster(1, 1) as c:
+            c.decode[0].hang = True
+            request = asyncio.ensure_future(
+                c.post("/generate", {"text": "x", "stream": True}, headers={"X-Request-Id": "r9"})
+            )
+            await c.wait_for(lambda: c.decode[0].requests, what="the decode to get the request")
+            status, path, _ = await c.get("/requests?id=r9")
+            assert status == 200 and path["state"] == "in_flight"
+            assert path["decode"] == c.decode[0].url and path["status"] is None
+            request.cancel()
+            status, body, _ = await c.get("/requests?id=nope")
+            assert status == 404 and "no recent request" in body["error"]["message"]
 
     run(scenario())
