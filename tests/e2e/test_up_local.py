@@ -20,54 +20,17 @@ import yaml
 
 from kit.deploy.layout import HostLayout, host_root
 from kit.deploy.services import supervisor_processes
-from tests.conftest import REPO, run_pdkit
+from tests.conftest import run_pdkit
+from tests.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
 
 pytestmark = pytest.mark.e2e
 
-API_KEY = "e2e-router-key-93f1c2"
 UP_TIMEOUT_S = 240
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` ports, in blocks where a role needs consecutive ones: found by binding port 0."""
-    found: list[int] = []
-    while len(found) < count:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if all(_free(p) for p in (port, port + 1)) and not {port, port + 1} & set(found):
-            found.append(port)
-    return found
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def write_topology(tmp_path: Path, name: str) -> tuple[Path, dict]:
-    """A copy of local.yaml under tmp_path: own name, root, ports and a router API key."""
-    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
-    prefill, bootstrap, decode, router = free_ports(4)
-    data["name"] = name
-    data["hosts"][0]["root"] = f".pdkit/{name}/root"
-    data["prefill"]["port"] = prefill  # prefill-1 takes prefill + 1
-    data["prefill"]["bootstrap_port"] = bootstrap
-    data["decode"]["port"] = decode
-    data["router"]["port"] = router
-    data["router"]["api_key_env"] = "PDKIT_E2E_KEY"
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path, data
 
 
 def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env["PDKIT_E2E_KEY"] = API_KEY
+    env[API_KEY_ENV] = API_KEY
     return run_pdkit(*args, timeout=timeout, env=env)
 
 
@@ -82,22 +45,6 @@ def pids(topology: Path, name: str) -> dict[str, int]:
     return {n: info.pid for n, info in view.items() if info.state in ("STARTING", "RUNNING")}
 
 
-def processes_of(name: str) -> list[int]:
-    """PIDs of every process whose environment says it belongs to deployment `name`."""
-    found = []
-    marker = f"PDKIT_DEPLOYMENT={name}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
-
-
 @pytest.fixture
 def deployment(tmp_path):
     """A fresh copy of local.yaml; brought down at the end if anything still runs."""
@@ -106,25 +53,6 @@ def deployment(tmp_path):
     yield topology, name, data
     if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
         pdkit("down", str(topology))
-
-
-def chat(base_url: str, stream: bool) -> str:
-    from openai import OpenAI  # noqa: PLC0415
-
-    client = OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, timeout=60, max_retries=0)
-    messages = [{"role": "user", "content": "Say hello."}]
-    if not stream:
-        reply = client.chat.completions.create(
-            model="llama-3.1-8b", messages=messages, max_tokens=16
-        )
-        return reply.choices[0].message.content or ""
-    parts = []
-    for chunk in client.chat.completions.create(
-        model="llama-3.1-8b", messages=messages, max_tokens=16, stream=True
-    ):
-        if chunk.choices and chunk.choices[0].delta.content:
-            parts.append(chunk.choices[0].delta.content)
-    return "".join(parts)
 
 
 def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_nothing(deployment):

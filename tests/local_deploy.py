@@ -1,0 +1,90 @@
+"""Helpers for the end-to-end tests that deploy a copy of topologies/local.yaml: its own name,
+root and free ports (never a developer's `make up`), a chat request through the router, and the
+processes that belong to a deployment."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import REPO
+
+API_KEY = "e2e-router-key-93f1c2"
+API_KEY_ENV = "PDKIT_E2E_KEY"
+"""The router's API key comes from this environment variable (see write_topology)."""
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` ports, in blocks where a role needs consecutive ones: found by binding port 0."""
+    found: list[int] = []
+    while len(found) < count:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if all(_free(p) for p in (port, port + 1)) and not {port, port + 1} & set(found):
+            found.append(port)
+    return found
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_topology(folder: Path, name: str) -> tuple[Path, dict]:
+    """A copy of local.yaml in `folder`: own name, root, ports and a router API key."""
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    prefill, bootstrap, decode, router = free_ports(4)
+    data["name"] = name
+    data["hosts"][0]["root"] = f".pdkit/{name}/root"
+    data["prefill"]["port"] = prefill  # prefill-1 takes prefill + 1
+    data["prefill"]["bootstrap_port"] = bootstrap
+    data["decode"]["port"] = decode
+    data["router"]["port"] = router
+    data["router"]["api_key_env"] = API_KEY_ENV
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path, data
+
+
+def chat(base_url: str, stream: bool) -> str:
+    """One chat completion through the router with the openai client; the reply's text."""
+    from openai import OpenAI  # noqa: PLC0415
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+    messages = [{"role": "user", "content": "Say hello."}]
+    if not stream:
+        reply = client.chat.completions.create(
+            model="llama-3.1-8b", messages=messages, max_tokens=16
+        )
+        return reply.choices[0].message.content or ""
+    parts = []
+    for chunk in client.chat.completions.create(
+        model="llama-3.1-8b", messages=messages, max_tokens=16, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+def processes_of(name: str) -> list[int]:
+    """PIDs of every process whose environment says it belongs to deployment `name`."""
+    found = []
+    marker = f"PDKIT_DEPLOYMENT={name}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
