@@ -75,14 +75,13 @@ def dependency_wheels(cache: Path) -> list[str]:
 
 
 def shipped_files() -> set[str]:
-    """What the wheel must hold: every module of kit/ and every file of playbooks/ (roles'
-    tasks, templates, handlers, defaults, meta, library modules and files; group_vars)."""
+    """What the wheel must hold: every file of kit/ (modules, catalogs, model configs) and of
+    playbooks/ (roles' tasks, templates, handlers, defaults, meta, library modules and files;
+    group_vars)."""
     found = set()
     for folder, prefix in ((REPO / "kit", "kit"), (REPO / "playbooks", "kit/playbooks")):
         for path in folder.rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                if folder.name == "kit" and path.suffix != ".py":
-                    continue
                 found.add(f"{prefix}/{path.relative_to(folder).as_posix()}")
     return found
 
