@@ -56,13 +56,7 @@ class Reply:
         return b"" if self.keep_alive else b"Connection: close\r\n"
 
     def send(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
-        if self.done:
-            return
-        self.done = True
-        transport = self._conn.transport
-        if transport is None or transport.is_closing():
-            return
-        transport.write(
+        self._last_write(
             b"%sContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s"
             % (
                 _STATUS_LINES.get(status) or b"HTTP/1.1 %d X\r\n" % status,
@@ -72,8 +66,6 @@ class Reply:
                 body,
             )
         )
-        if not self.keep_alive:
-            transport.close()
 
     def json(self, status: int, payload: Any) -> None:
         self.send(status, json.dumps(payload).encode())
@@ -100,13 +92,17 @@ class Reply:
 
     def end_stream(self, *chunks: bytes) -> None:
         """The last chunks of a started stream and its end, in one write."""
+        self._last_write(_chunked(chunks) + b"0\r\n\r\n")
+
+    def _last_write(self, data: bytes) -> None:
+        """The end of the answer (once); closes the connection unless it is kept alive."""
         if self.done:
             return
         self.done = True
         transport = self._conn.transport
         if transport is None or transport.is_closing():
             return
-        transport.write(_chunked(chunks) + b"0\r\n\r\n")
+        transport.write(data)
         if not self.keep_alive:
             transport.close()
 
@@ -168,7 +164,7 @@ class Connection(asyncio.Protocol):
             self.task.cancel()
 
     def _serve(self) -> None:
-        while self.task is None and self.transport is not None:
+        while self.task is None and self.transport and not self.transport.is_closing():
             parsed = self._parse()
             if parsed is None:
                 return

@@ -380,25 +380,43 @@ class FakeWorker:
         dies = self.die_after_tokens is not None and self.die_after_tokens < len(events)
         if dies:
             events = events[: self.die_after_tokens]
-        if self.token_delay:
+        if self.token_delay and events:
             return self._paced(events, reply, dies)
-        if dies:
-            reply.write(*events)
-            reply.abort()
-        else:
-            reply.end_stream(*events, DONE)
+        _last(reply, events, dies)
         return None
 
     async def _paced(self, events: list[bytes], reply: Reply, dies: bool) -> None:
-        for count, event in enumerate(events):
-            if count:
-                await asyncio.sleep(self.token_delay)
-            reply.write(event)
-        if dies:
-            reply.abort()
-        else:
-            reply.end_stream(DONE)
+        """Write the events `token_delay` apart. Timer callbacks write them (a task waking up
+        per token would cost the fake more CPU than some routers spend per request)."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        timer: asyncio.TimerHandle | None = None
+
+        def step(k: int) -> None:
+            nonlocal timer
+            if k + 1 < len(events):
+                reply.write(events[k])
+                timer = loop.call_later(self.token_delay, step, k + 1)
+            else:
+                _last(reply, events[k:], dies)
+                finished.set_result(None)
+
+        step(0)
+        try:
+            await finished
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def events(self, path: str, body: dict[str, Any], batch: int | None = None) -> list[bytes]:
         """The SSE events this worker streams for a request (without the final `[DONE]`)."""
         return Shapes(self.role, path, body, batch).events()
+
+
+def _last(reply: Reply, events: list[bytes], dies: bool) -> None:
+    """The last events of a stream, then `[DONE]` and its end, or a dropped connection."""
+    if dies:
+        reply.write(*events)
+        reply.abort()
+    else:
+        reply.end_stream(*events, DONE)

@@ -139,7 +139,7 @@ async def closed_loop(
 ) -> LoadResult:
     """Throughput: `concurrency` clients, each sending the next request when the last is
     answered, for `seconds` after a warm-up. `cpu` holds the CPU time of each process tree in
-    `watch` (name: pid) over exactly the measured window.
+    `watch` (name: pid), and of this load generator ("loadgen"), over exactly the measured window.
 
     An answer counts as an error unless its status is 200 and, when `events` > 0, it carried
     exactly that many SSE events (the tokens and `[DONE]`).
@@ -162,10 +162,12 @@ async def closed_loop(
     measuring = True
     watch = dict(watch or {})
     cpu_before = {name: cpu_tree_seconds(pid) for name, pid in watch.items()}
+    loadgen_before = time.process_time()
     begun = time.perf_counter()
     await asyncio.gather(*tasks)
     result.seconds = time.perf_counter() - begun
     result.cpu = {name: cpu_tree_seconds(pid) - cpu_before[name] for name, pid in watch.items()}
+    result.cpu["loadgen"] = time.process_time() - loadgen_before
     for conn in connections:
         await conn.close()
     return result

@@ -14,12 +14,13 @@ from tools.lbbench.targets import Target
 @dataclass
 class Measured:
     """One target, one mode, summed over rounds: throughput and latency phases, and the CPU
-    seconds over the throughput phases of the router and of the fake workers' process."""
+    seconds over the throughput phases of the router, the fake workers and the load generator."""
 
     throughput: LoadResult = field(default_factory=LoadResult)
     latency: LoadResult = field(default_factory=LoadResult)
     cpu: float = 0.0
     fake_cpu: float = 0.0
+    loadgen_cpu: float = 0.0
 
     @property
     def cpu_per_request(self) -> float | None:
@@ -41,6 +42,7 @@ class Measured:
             total.firsts += part.firsts
         self.cpu += throughput.cpu.get("router", 0.0)
         self.fake_cpu += throughput.cpu.get("fake", 0.0)
+        self.loadgen_cpu += throughput.cpu.get("loadgen", 0.0)
 
 
 async def measure_round(

@@ -130,12 +130,12 @@ def headroom(results: dict[str, dict[bool, Measured]], fakes: Summary) -> None:
             name, fastest = max(routers, key=lambda item: item[1].throughput.rate)
             per_request = fastest.fake_cpu_per_request
             if per_request:
-                rate = fastest.throughput.rate
-                busy = fastest.fake_cpu / fastest.throughput.seconds * 100
+                rate, seconds = fastest.throughput.rate, fastest.throughput.seconds
                 parts.append(
                     f"{1 / per_request:.0f}/s routed (both legs); fastest router {name} "
-                    f"{rate:.0f} req/s: headroom x{1 / per_request / rate:.1f} "
-                    f"(fake busy {busy:.0f}% of a core)"
+                    f"{rate:.0f} req/s: headroom x{1 / per_request / rate:.1f} (busy: fake "
+                    f"{fastest.fake_cpu / seconds:.0%}, load generator "
+                    f"{fastest.loadgen_cpu / seconds:.0%} of a core)"
                 )
         print(f"  {kind:13}: " + (", ".join(parts) or "not measured"))
     first = f", first: {fakes.problems[0]}" if fakes.problems else ""
