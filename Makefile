@@ -56,7 +56,7 @@ lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check kit tests tools
 	$(VENV)/bin/ruff format --check kit tests tools
 	$(VENV)/bin/ansible-lint playbooks/
-	$(PY) -m tools.gen_readme_reference --check
+	$(PY) -m tools.gen_docs_reference --check
 
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
