@@ -44,7 +44,7 @@ DISTSERVE = {
     "best / colocated": 2.1,
 }
 # Kernel efficiencies at which the model reproduces DistServe's measured prefill-only and
-# decode-only rates (their 2023 implementation; see the README's sim section).
+# decode-only rates (their 2023 implementation; see docs/benchmarks.md).
 DISTSERVE_EFFICIENCY = Efficiency(compute=0.4, memory=0.5)
 
 

@@ -183,7 +183,7 @@ def _wheelhouse_archive(wheelhouse: Path, work: Path) -> Path:
         return wheelhouse.absolute()
     raise DeployError(
         f"--wheelhouse {wheelhouse}: not a folder of wheels or a tar archive of them. To fix: "
-        "build it first (README: air-gapped hosts), or use --index."
+        "build it first (docs/provisioning.md: air-gapped hosts), or use --index."
     )
 
 

@@ -5,7 +5,7 @@ the control machine's pdkit; with `--wheelhouse` it pushes every other package t
 no package index). Both come from what is installed here, without an index or a build backend:
 an installed distribution is packed back into a wheel from its RECORD (an editable pdkit from
 its source tree). The hosts must then run the same Python version on the same platform as the
-control machine; for other hosts build the wheelhouse with `pip download` (README).
+control machine; for other hosts build the wheelhouse with `pip download` (docs/provisioning.md).
 
 Wheels are reproducible: same files, same bytes (fixed timestamps, sorted entries), so the
 copy to a host reports no change when nothing changed.
@@ -193,8 +193,8 @@ def pack_wheelhouse(folder: Path, archive: Path) -> Path:
     wheels = sorted(folder.glob("*.whl"))
     if not wheels:
         raise DeployError(
-            f"{folder} holds no wheels (*.whl). To fix: build the wheelhouse first (README: "
-            "air-gapped hosts), or use --index."
+            f"{folder} holds no wheels (*.whl). To fix: build the wheelhouse first "
+            "(docs/provisioning.md: air-gapped hosts), or use --index."
         )
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(".partial")

@@ -1,6 +1,6 @@
 """Placement: instances -> hosts, GPUs and ports. Pure and deterministic.
 
-Rules (documented in the README):
+Rules (documented in docs/topology.md):
 - Prefill instances are placed first, then decode, each in index order.
 - An instance that fits on one host takes the lowest free GPUs of the first host (in `hosts:`
   order, or in the role's `hosts:` pin order, starting at instance index mod len(pins)) with

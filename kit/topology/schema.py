@@ -2,8 +2,8 @@
 in `validate.py`; this module only says which keys exist and what type each value has.
 
 Every model is frozen and rejects unknown keys. Field descriptions are the user documentation:
-`pdkit schema` prints them as JSON Schema and the README's topology reference is generated
-from them (tools/gen_readme_reference.py).
+`pdkit schema` prints them as JSON Schema and the topology reference in docs/topology.md is
+generated from them (tools/gen_docs_reference.py).
 """
 
 from __future__ import annotations
