@@ -11,7 +11,7 @@ from __future__ import annotations
 import http.client
 import socket
 import xmlrpc.client
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kit.deploy.inventory import DeployHost
@@ -83,3 +83,14 @@ def host_processes(host: DeployHost) -> dict[str, ServiceInfo] | None:
     if not can_probe(host):
         return None
     return supervisor_processes(host.layout.supervisord_socket)
+
+
+def local_pids(hosts: Iterable[DeployHost]) -> dict[str, int]:
+    """The running processes supervisord reports on the local hosts: name -> pid (hosts it
+    cannot ask are left out)."""
+    pids: dict[str, int] = {}
+    for host in hosts:
+        for name, info in (host_processes(host) or {}).items():
+            if info.state == "RUNNING" and info.pid:
+                pids[name] = info.pid
+    return pids

@@ -15,20 +15,12 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from kit.aio import loop_factory
 from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.server import LoadBalancer
 
 log = logging.getLogger("kit.lb")
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop  # noqa: PLC0415 - optional speed-up
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 async def serve(
@@ -100,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(config))
     except LbError as exc:
         print(f"pdkit lb: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from kit.aio import run
 from kit.perf.models import ModelConfigError
 from kit.sim.args import ArgsError, parse_args
 from kit.sim.engine import StartupError
@@ -36,13 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("kit.sim").info(
             "sim: accepted without effect: %s", " ".join(args.ignored)
         )
-    try:
-        import uvloop  # noqa: PLC0415 - optional speed-up
-
-        uvloop.install()
-    except ImportError:
-        pass
-    return asyncio.run(_serve(args, settings))
+    return run(_serve(args, settings))
 
 
 async def _serve(args: object, settings: SimSettings) -> int:

@@ -8,6 +8,7 @@ the lifecycle test reuses one deployment for every step.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.deploy.layout import HostLayout, host_root
 from kit.deploy.services import supervisor_processes
+from kit.topology.layout import HostLayout, host_root
 from tests.conftest import run_pdkit
 from tests.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
 
@@ -36,7 +37,7 @@ def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProc
 
 def layout(topology: Path, name: str) -> HostLayout:
     """The deployment's layout on its one host (root `.pdkit/<name>/root`, see write_topology)."""
-    return HostLayout(name, host_root(f".pdkit/{name}/root", topology))
+    return HostLayout(name, host_root(f".pdkit/{name}/root", topology.absolute().parent))
 
 
 def pids(topology: Path, name: str) -> dict[str, int]:
@@ -84,6 +85,16 @@ def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_noth
         k: v for k, v in before.items() if k != "decode-0"
     }
     assert chat(router_url, stream=False)
+
+    # pdkit bench takes the router, model and key from the topology and predicts from its Plan.
+    bench = pdkit("bench", str(topology), "--rate", "8", "--requests", "12", "--json")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    report = json.loads(bench.stdout)
+    assert report["target"] == {"url": router_url, "model": "llama-3.1-8b"}
+    (point,) = report["points"]
+    assert point["requests"] + 1 == 12 and point["ok"] == point["requests"]  # 1 warm-up
+    assert set(point["decode"]) == {f"http://127.0.0.1:{data['decode']['port']}"}
+    assert report["prediction"]["goodput"] > 8 and report["gpus"] == 3
 
     # The API key lives only in the router's environment file (0600), nowhere else.
     env_file = Path(layout(topology, name).env_file("router"))

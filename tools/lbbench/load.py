@@ -73,10 +73,10 @@ class Connection:
         self.reader = self.writer = None
 
 
-def http_request(host: str, port: int, body: bytes) -> bytes:
+def http_request(host: str, port: int, body: bytes, path: str = "/generate") -> bytes:
     return (
-        b"POST /generate HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port, len(body), body)
+        b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(), port, len(body), body)
     )
 
 
@@ -136,6 +136,7 @@ async def closed_loop(
     events: int = 0,
     watch: Mapping[str, int] | None = None,
     warmup: float = 0.3,
+    path: str = "/generate",
 ) -> LoadResult:
     """Throughput: `concurrency` clients, each sending the next request when the last is
     answered, for `seconds` after a warm-up. `cpu` holds the CPU time of each process tree in
@@ -144,7 +145,7 @@ async def closed_loop(
     An answer counts as an error unless its status is 200 and, when `events` > 0, it carried
     exactly that many SSE events (the tokens and `[DONE]`).
     """
-    raw = http_request("127.0.0.1", port, body)
+    raw = http_request("127.0.0.1", port, body, path)
     result = LoadResult()
     connections = [Connection("127.0.0.1", port) for _ in range(concurrency)]
     stop_at = time.perf_counter() + warmup + seconds

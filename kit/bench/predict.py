@@ -1,0 +1,116 @@
+"""What `kit/perf`'s model predicts for a deployment under a workload: the same goodput search
+in virtual time, on the instances the Plan starts.
+
+Each role's instance is read from its rank-0 process the way the process itself reads it: its
+argv through the sim's own argument parser (the same argv SGLang gets) and, for engine sim,
+its `PDKIT_SIM_*` environment through the sim's own settings. The sim runs its model time at
+`PDKIT_SIM_SPEED` x wall time; a deployment slowed to speed s serves rate r under SLO (T, P)
+as the model at full speed serves r / s under (T x s, P x s), so the predicted wall goodput is
+s x the model goodput under the scaled SLO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.errors import PdkitError
+from kit.perf.cluster import Cluster, InstanceConfig, Instances
+from kit.perf.gpus import gpu_spec
+from kit.perf.models import resolve_model
+from kit.perf.sweep import goodput, run_rate
+from kit.perf.timing import kv_dtype_bytes
+from kit.perf.workload import WorkloadSpec
+from kit.sim.args import ArgsError, parse_args
+from kit.sim.settings import SettingsError, SimSettings
+from kit.topology.plan import Plan, WorkerProcess
+from kit.topology.schema import SLO
+
+CEILING = 4096.0
+"""Model rates searched up to (requests/s at full speed)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's goodput (requests/s, wall time) and the cluster it ran."""
+
+    goodput: float
+    cluster: Cluster
+    speed: float
+
+    ceiling: float
+
+    @property
+    def capped(self) -> bool:
+        """The model met the SLO at every rate it tried: the workload never saturates it."""
+        return self.goodput >= self.ceiling
+
+    def describe(self) -> str:
+        gpus = self.cluster.gpus
+        speed = f", PDKIT_SIM_SPEED {self.speed:g}" if self.speed != 1 else ""
+        if self.capped:
+            return (
+                f"above {self.goodput:.0f} req/s on {gpus} GPU(s){speed} (the workload is too "
+                "short to saturate the modelled cluster: raise --requests)"
+            )
+        return f"{self.goodput:.2f} req/s on {gpus} GPU(s){speed}"
+
+
+def _instance(worker: WorkerProcess) -> tuple[InstanceConfig, float]:
+    try:
+        args = parse_args(list(worker.command.args))
+        settings = SimSettings.from_env(worker.env)
+    except (ArgsError, SettingsError, SystemExit) as exc:
+        raise PdkitError(f"cannot model {worker.name}: {exc}") from exc
+    model = resolve_model(args.model_path)
+    gpu = gpu_spec(settings.gpu)  # the host's gpu_type reaches it as PDKIT_SIM_GPU
+    config = InstanceConfig(
+        model=model,
+        gpu=gpu,
+        tp=args.tp_size,
+        page_size=args.page_size,
+        chunked_prefill_size=args.chunked_prefill_size,
+        mem_fraction_static=args.mem_fraction_static,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        mixed_chunk=args.enable_mixed_chunk,
+        reserved_decode_tokens=args.num_reserved_decode_tokens,
+        kv_dtype_bytes=kv_dtype_bytes(args.kv_cache_dtype),
+    )
+    return config, settings.speed
+
+
+def plan_cluster(plan: Plan) -> tuple[Cluster, float]:
+    """The Plan's instances as a virtual-time cluster, and the sim speed they run at."""
+    configs: dict[str, tuple[InstanceConfig, float]] = {}
+    counts = {"prefill": len(plan.role("prefill")), "decode": len(plan.role("decode"))}
+    for role in ("prefill", "decode"):
+        configs[role] = _instance(plan.role(role)[0])
+    speeds = {speed for _, speed in configs.values()}
+    if len(speeds) > 1:
+        raise PdkitError(
+            "prefill and decode run at different PDKIT_SIM_SPEED; the model assumes one."
+        )
+    cluster = Cluster(
+        prefill=Instances(configs["prefill"][0], counts["prefill"]),
+        decode=Instances(configs["decode"][0], counts["decode"]),
+        rdma=plan.transfer_backend != "mooncake_tcp",
+    )
+    return cluster, speeds.pop()
+
+
+def _scaled(slo: SLO, speed: float) -> SLO:
+    return SLO(ttft_ms=slo.ttft_ms * speed, tpot_ms=slo.tpot_ms * speed, attainment=slo.attainment)
+
+
+def predict(plan: Plan, spec: WorkloadSpec, slo: SLO) -> Prediction:
+    """The model's goodput for `plan` under `spec` and `slo` (see the module doc)."""
+    cluster, speed = plan_cluster(plan)
+    model_goodput = goodput(cluster, spec.requests, slo=_scaled(slo, speed), ceiling=CEILING)
+    return Prediction(model_goodput * speed, cluster, speed, CEILING * speed)
+
+
+def predicted_attainment(plan: Plan, spec: WorkloadSpec, slo: SLO, rate: float) -> float:
+    """The model's attainment (0..1) at one wall rate (requests/s)."""
+    cluster, speed = plan_cluster(plan)
+    summary = run_rate(cluster, rate / speed, spec.requests, slo=_scaled(slo, speed))
+    return summary.attainment

@@ -1,0 +1,293 @@
+"""`pdkit bench`: measure a live deployment (or any OpenAI-compatible server) under load.
+
+One run is a list of load points: given rates, a closed loop at a concurrency, or a search for
+the goodput rate. Every point is summarized as it ends; with `--out` the run leaves
+`requests.jsonl` (every request of every point), `summary.json` (everything printed, as data)
+and the PNG figures. With a topology the router's URL, model name and API key come from the
+Plan, and kit/perf's model of the same instances predicts the goodput next to the measured one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kit.aio import run
+from kit.bench.client import Client, Target
+from kit.bench.metrics import PointSummary, summarize
+from kit.bench.plots import (
+    attainment_figure,
+    cdf_figures,
+    latency_throughput_figure,
+)
+from kit.bench.predict import Prediction, predict, predicted_attainment
+from kit.bench.records import RequestRecord, write_records
+from kit.bench.runner import LoadSpec, run_point
+from kit.bench.search import SearchResult, SearchSpec, search_goodput
+from kit.bench.view import PointLine, notes_lines, point_line, points_table
+from kit.errors import PdkitError
+from kit.perf.workload import WorkloadSpec
+from kit.topology.plan import Plan
+from kit.topology.schema import SLO
+
+SUMMARY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to run: `rates` (requests/s) or a `search`, or a closed loop (`load.concurrency`);
+    the workload, how points are driven, the SLO, and where results go."""
+
+    workload: WorkloadSpec
+    load: LoadSpec
+    slo: SLO
+    rates: tuple[float, ...] = ()
+    search: SearchSpec | None = None
+    out: Path | None = None
+    as_json: bool = False
+    predict: bool = True
+    label: str = ""
+    gpus: int | None = None
+    watch: dict[str, int] = field(default_factory=dict)
+    """The deployment's processes on this machine (name -> pid): their CPU use is checked."""
+
+
+@dataclass
+class BenchReport:
+    """A finished run: its points in the order run, the search (if any), the prediction."""
+
+    target: Target
+    options: BenchOptions
+    points: list[PointSummary] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+    search: SearchResult | None = None
+    prediction: Prediction | None = None
+    prediction_error: str = ""
+    predicted_curve: list[tuple[float, float]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        opts = self.options
+        out: dict[str, Any] = {
+            "version": SUMMARY_VERSION,
+            "label": opts.label,
+            "started_at": self.started_at,
+            "target": {"url": self.target.url, "model": self.target.model},
+            "gpus": opts.gpus,
+            "workload": opts.workload.describe(),
+            "load": {
+                "api": opts.load.api,
+                "stream": opts.load.stream,
+                "timeout_s": opts.load.timeout_s,
+                "warmup": opts.load.warmup,
+                "duration_s": opts.load.duration_s,
+                "concurrency": opts.load.concurrency,
+                "prefix_share": opts.load.prefix_share,
+                "prefix_groups": opts.load.prefix_groups,
+            },
+            "slo": opts.slo.model_dump(),
+            "points": [p.to_json() for p in self.points],
+        }
+        if self.search is not None:
+            out["search"] = {
+                "goodput": self.search.goodput,
+                "met_below": self.search.met_below,
+                "missed_above": self.search.missed_above,
+                "boundary_attainment": [p.attainment for p in self.search.boundary],
+                "confirmed": self.search.confirmed,
+                "capped": self.search.capped,
+            }
+        if self.prediction is not None:
+            out["prediction"] = {
+                "goodput": self.prediction.goodput,
+                "speed": self.prediction.speed,
+                "curve": [{"rate": r, "attainment": a} for r, a in self.predicted_curve],
+            }
+        elif self.prediction_error:
+            out["prediction"] = {"error": self.prediction_error}
+        return out
+
+
+def _run_id() -> str:
+    return os.urandom(4).hex()
+
+
+async def _measure(
+    client: Client,
+    options: BenchOptions,
+    report: BenchReport,
+    console: Console,
+    rate: float | None,
+) -> PointSummary:
+    index = len(report.points)
+    label = f"{rate:g} req/s" if rate is not None else f"{options.load.concurrency} users"
+    with PointLine(console, label) as line:
+        point = await run_point(
+            client,
+            options.workload,
+            rate,
+            options.load,
+            run_id=f"{_run_id()}-p{index}",
+            on_progress=line.update,
+            is_good=lambda r: r.meets(options.slo),
+            watch=options.watch,
+        )
+    summary = summarize(point, options.slo)
+    report.points.append(summary)
+    report.records += point.records
+    if not options.as_json:
+        console.print(point_line(summary), markup=False, highlight=False)
+    return summary
+
+
+async def _run(target: Target, options: BenchOptions, console: Console) -> BenchReport:
+    report = BenchReport(target, options)
+    async with Client(target, options.load.timeout_s) as client:
+        if options.search is not None:
+            report.search = await search_goodput(
+                lambda rate: _measure(client, options, report, console, rate),
+                options.slo,
+                options.search,
+            )
+        elif options.load.concurrency is not None:
+            await _measure(client, options, report, console, None)
+        else:
+            for rate in options.rates:
+                await _measure(client, options, report, console, rate)
+    return report
+
+
+def bench(
+    target: Target, options: BenchOptions, console: Console, plan: Plan | None = None
+) -> BenchReport:
+    """Run the points, print them, write the results; returns the report."""
+    if not options.as_json:
+        what = (
+            f"search for the goodput rate from {options.search.start:g} req/s"
+            if options.search
+            else (
+                f"{options.load.concurrency} concurrent users"
+                if options.load.concurrency
+                else "rates " + ", ".join(f"{r:g}" for r in options.rates) + " req/s"
+            )
+        )
+        slo = options.slo
+        console.print(
+            f"[bold]pdkit bench[/] {target.url} (model {target.model}): {what}; "
+            f"{options.workload.describe()}; SLO TTFT <= {slo.ttft_ms:g} ms, TPOT <= "
+            f"{slo.tpot_ms:g} ms, {slo.attainment:.0%} attainment",
+            highlight=False,
+        )
+    report = run(_run(target, options, console))
+    if plan is not None and options.predict and options.load.concurrency is None:
+        _add_prediction(report, plan)
+    if options.out is not None:
+        write_results(report, options.out)
+    if options.as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        _print(report, console)
+    return report
+
+
+def _add_prediction(report: BenchReport, plan: Plan) -> None:
+    options = report.options
+    rates = sorted({p.rate for p in report.points if p.rate is not None})
+    try:
+        report.prediction = predict(plan, options.workload, options.slo)
+        report.predicted_curve = [
+            (rate, predicted_attainment(plan, options.workload, options.slo, rate))
+            for rate in rates
+        ]
+    except (PdkitError, ValueError) as exc:
+        report.prediction_error = str(exc)
+
+
+def _print(report: BenchReport, console: Console) -> None:
+    options = report.options
+    console.print(points_table(report.points, "Load points (latencies in ms)"))
+    for line in notes_lines(report.points):
+        console.print(f"  note: {line}", markup=False, highlight=False)
+    if report.search is not None:
+        console.print(f"[bold]{report.search.describe(options.slo)}[/]", highlight=False)
+        edge = [
+            p
+            for p in report.points
+            if p.rate is not None and p.rate >= (report.search.met_below or 0.0)
+        ]
+        bound = sorted({f"{kind}-bound" for p in edge for kind in p.bottlenecks})
+        if bound:
+            console.print(
+                f"warning: points at and above the goodput rate were {' and '.join(bound)}: this "
+                "goodput is the machine's, not the deployment's. Slow the emulated GPUs "
+                "(PDKIT_SIM_SPEED, with the SLO stretched alike: make bench-goodput) or run the "
+                "client on another machine.",
+                style="yellow",
+                highlight=False,
+            )
+    if report.prediction is not None:
+        line = f"kit/perf predicts goodput {report.prediction.describe()}"
+        if report.search is not None and report.search.goodput > 0 and not report.prediction.capped:
+            ratio = report.search.goodput / report.prediction.goodput
+            line += f"; measured / predicted = {ratio:.2f}"
+        console.print(line, highlight=False)
+        for rate, attainment in report.predicted_curve:
+            measured = [p.attainment for p in report.points if p.rate == rate]
+            console.print(
+                f"  {rate:g} req/s: predicted attainment {attainment:.1%}, measured "
+                + ", ".join(f"{m:.1%}" for m in measured),
+                highlight=False,
+            )
+    elif report.prediction_error:
+        console.print(f"no prediction: {report.prediction_error}", markup=False)
+    if options.out is not None:
+        console.print(f"Results in {options.out}/ (requests.jsonl, summary.json, *.png)")
+
+
+def write_results(report: BenchReport, out: Path) -> list[Path]:
+    """requests.jsonl, summary.json and the figures into `out` (created)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / "requests.jsonl", report.records)
+    summary = report.to_json()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    slo = summary["slo"]
+    title = report.options.label or report.target.url
+    files = [out / "requests.jsonl", out / "summary.json"]
+    search = report.search
+    rated = [p for p in summary["points"] if p["rate"] is not None]
+    if len({p["rate"] for p in rated}) >= 1:
+        files.append(
+            attainment_figure(
+                out,
+                rated,
+                slo,
+                search.goodput if search else None,
+                title,
+                predicted=report.predicted_curve,
+            )
+        )
+    # One CDF line per distinct load (a search's repeats at one rate pool together).
+    by_point: dict[str, dict[str, list[float]]] = {}
+    for record in sorted(report.records, key=lambda r: r.rate or 0.0):
+        if record.warmup or not record.ok:
+            continue
+        values = by_point.setdefault(_label(record, report), {"ttft": [], "tpot": []})
+        if record.ttft_ms is not None:
+            values["ttft"].append(record.ttft_ms)
+        if record.tpot_ms is not None:
+            values["tpot"].append(record.tpot_ms)
+    files += cdf_figures(out, by_point, slo, title)
+    files.append(latency_throughput_figure(out, summary["points"], slo, title))
+    return files
+
+
+def _label(record: RequestRecord, report: BenchReport) -> str:
+    if record.rate is not None:
+        return f"{record.rate:g} req/s"
+    return f"{report.options.load.concurrency} users"

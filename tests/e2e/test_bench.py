@@ -1,0 +1,163 @@
+"""`pdkit bench` against real emulated PD workers behind pdkit's router: records, summary and
+figures; a decode that hangs mid-run; runs side by side with `compare`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import REPO, run_pdkit
+from tests.lb_cluster import FAST_HEALTH
+from tools.sim_launch import SimProcess, free_port, worker_argv
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "4", "PDKIT_SIM_GPU": "H100-SXM"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class Cluster:
+    url: str
+    prefill: SimProcess
+    decode: SimProcess
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """One prefill and one decode sim worker behind `python -m kit.lb`."""
+    boot = free_port()
+    prefill = SimProcess(
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=boot, model=MODEL),
+        env=SIM_ENV,
+    ).start()
+    decode = SimProcess(
+        worker_argv(port=free_port(), mode="decode", model=MODEL, extra=["--base-gpu-id", "1"]),
+        env=SIM_ENV,
+    ).start()
+    port = free_port()
+    argv = ["--prefill", prefill.url, str(boot), "--decode", decode.url, "--port", str(port)]
+    lb = subprocess.Popen(
+        [sys.executable, "-m", "kit.lb", *argv, "--host", "127.0.0.1", *FAST_HEALTH],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        prefill.wait_ready()
+        decode.wait_ready()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/readiness", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and lb.poll() is None, "the router never got ready"
+            time.sleep(0.1)
+        yield Cluster(url, prefill, decode)
+    finally:
+        lb.terminate()
+        lb.wait(10)
+        decode.kill(signal.SIGCONT)
+        prefill.stop()
+        decode.stop()
+
+
+def bench(cluster: Cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return run_pdkit("bench", "--url", cluster.url, "--model", MODEL, *args, timeout=timeout)
+
+
+def test_two_rates_leave_every_record_a_summary_and_the_figures(cluster, tmp_path):
+    out = tmp_path / "run"
+    result = bench(
+        cluster, "--rates", "8,16", "--requests", "12", "--warmup", "2", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 24
+    assert [r["rate"] for r in records] == [8.0] * 12 + [16.0] * 12
+    assert all(r["ok"] and r["status"] == 200 for r in records)
+    assert all(r["completion_tokens"] == r["output_tokens"] == 64 for r in records)
+    assert all(r["prompt_tokens"] == r["input_tokens"] == 512 for r in records)
+    assert all(len(r["itl_ms"]) == 63 and r["ttft_ms"] > 0 for r in records)
+    # pdkit's router says where each request went.
+    assert {r["prefill"] for r in records} == {cluster.prefill.url}
+    assert {r["decode"] for r in records} == {cluster.decode.url}
+    assert all(isinstance(r["bootstrap_room"], int) for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["rate"] for p in summary["points"]] == [8.0, 16.0]
+    assert all(p["requests"] == 10 and p["ok"] == 10 for p in summary["points"])  # 2 warm-up
+    assert 0 <= summary["points"][0]["attainment"] <= 1
+    assert summary["points"][0]["decode"] == {cluster.decode.url: {"requests": 10, "failed": 0}}
+    for name in ("attainment", "ttft_cdf", "tpot_cdf", "latency_throughput"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG, name
+    assert "16 req/s" in result.stdout and "attain" in result.stdout
+
+    again = tmp_path / "again"
+    second = bench(cluster, "--rate", "8", "--requests", "6", "--out", str(again), "--label", "b")
+    assert second.returncode == 0, second.stdout + second.stderr
+    compared = run_pdkit("bench", "compare", str(out), str(again), "--out", str(tmp_path / "cmp"))
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "run" in compared.stdout and "b" in compared.stdout
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:8] == PNG
+
+
+def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_path):
+    out = tmp_path / "hung"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from kit.cli import main; main()",
+            "bench",
+            "--url",
+            cluster.url,
+            "--model",
+            MODEL,
+            "--rate",
+            "6",
+            "--requests",
+            "18",
+            "--warmup",
+            "0",
+            "--timeout",
+            "4",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    cluster.decode.kill(signal.SIGSTOP)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        cluster.decode.kill(signal.SIGCONT)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, stdout + stderr
+    assert elapsed < 18 / 6 + 4 + 20  # the schedule, one timeout, and start-up slack
+    summary = json.loads((out / "summary.json").read_text())["points"][0]
+    assert summary["errors"].get("timeout", 0) >= 5
+    assert summary["requests"] == 18
+    assert summary["decode"][cluster.decode.url]["failed"] == summary["errors"]["timeout"]
+    assert f"requests through decode {cluster.decode.url} failed" in stdout
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    hung = [r for r in records if r["error_kind"] == "timeout"]
+    # The router answered nothing for these; pdkit bench asked it where they went.
+    assert all(r["decode"] == cluster.decode.url and r["status"] == 0 for r in hung)
