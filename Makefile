@@ -7,9 +7,10 @@ SMG_VENV := .venv-smg
 ROUTER_VENV := .venv-sglang-router
 SGLANG_VERSION := 0.5.23
 TORCH_VERSION := 2.13.0
-# Small pure dependencies that SGLang's argument parser imports (see reference section 8).
+# Small pure dependencies that SGLang's argument parser imports (see reference section 8), and
+# its request path (tools/sglang_requests.py): openai at SGLang's pin, regex, partial-json-parser.
 SGLANG_PARSER_DEPS := msgspec psutil numpy orjson pybase64 requests packaging pillow starlette \
-	pydantic pyzmq aiohttp fastapi uvicorn uvloop setproctitle
+	pydantic pyzmq aiohttp fastapi uvicorn uvloop setproctitle openai==2.8.0 regex partial-json-parser
 
 export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -53,6 +53,10 @@ class _Stub:
 
     def __getitem__(self, key: object) -> _Stub:
         return _Stub(f"{self._name}[]")
+
+    def __iter__(self) -> Iterator[Any]:
+        # Empty: without this, iterating falls back to __getitem__ and never ends.
+        return iter(())
 
     def __mro_entries__(self, bases: tuple[object, ...]) -> tuple[type, ...]:
         return (object,)

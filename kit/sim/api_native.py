@@ -13,115 +13,184 @@ outputs as ``data:`` lines ending with ``data: [DONE]``.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from kit.sim import tokens
+from kit.sim.admission import Limits, Sampling, check_features, check_lengths, sampling_params
+from kit.sim.errors import ApiError, Stage
 from kit.sim.requests import GenerateInput, RequestState
+from kit.sim.schema import check_generate_contract, validation_message
 
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang SamplingParams default
-
-
-class ApiError(ValueError):
-    """A request SGLang would refuse; `status` is the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["ApiError", "GenerateRequest", "expand", "parse_generate"]
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling parameters the sim acts on (the rest are only validated)."""
+@dataclass
+class GenerateRequest:
+    """SGLang's `GenerateReqInput` (sglang/srt/managers/io_struct.py) with the fields the sim
+    reads: what a /generate body holds, and what the OpenAI routes turn their bodies into.
+    `text` wins over `input_ids` when both are given; a list is a batch, as in SGLang."""
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    min_new_tokens: int = 0
-    ignore_eos: bool = False
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    no_stop_trim: bool = False
-    n: int = 1
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    logprob_start_len: int | list[int] | None = None
+    stream: bool = False
+    bootstrap_host: str | list[str | None] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int | None] | None = None
+    routed_dp_rank: int | None = None
+    lora_path: str | list[str | None] | None = None
+    return_hidden_states: Any = False
+    custom_logit_processor: Any = None
+    priority: int | None = None
+    max_thinking_tokens: int | None = None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> GenerateRequest:
+        """A /generate body that passed the contract (types are right)."""
+        names = [f for f in cls.__dataclass_fields__ if f in body and body[f] is not None]
+        return cls(**{name: body[name] for name in names})
 
 
-def _number(params: dict[str, Any], key: str, default: float) -> float:
-    value = params.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ApiError(f"{key} must be a number, got {value!r}.")
-    return float(value)
+def parse_generate(body: Any, limits: Limits) -> tuple[list[GenerateInput], bool, bool]:
+    """The sequences a /generate body asks for, whether to answer with a list, and whether
+    to stream. Raises `ApiError` where SGLang refuses the body, with its message."""
+    if not isinstance(body, dict):
+        # FastAPI's parse of the body into GenerateReqInput (a dataclass).
+        error = {
+            "type": "dataclass_type",
+            "loc": ("body",),
+            "msg": "Input should be a dictionary or an instance of GenerateReqInput",
+            "input": body,
+            "ctx": {"class_name": "GenerateReqInput"},
+        }
+        raise ApiError(validation_message([error]), stage=Stage.SCHEMA)
+    check_generate_contract(body)
+    request = GenerateRequest.from_body(body)
+    inputs, batched = expand(request, limits)
+    return inputs, batched, request.stream
 
 
-def _int(params: dict[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(f"{key} must be an integer, got {value!r}.")
-    return value
-
-
-def parse_sampling(params: Any) -> Sampling:
-    """Validate like SGLang's ``SamplingParams.verify`` and keep what the sim uses."""
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ApiError(f"sampling_params must be an object, got {type(params).__name__}.")
-    temperature = _number(params, "temperature", 1.0)
-    if temperature < 0 or not math.isfinite(temperature):
-        raise ApiError(f"temperature must be a non-negative finite number, got {temperature}.")
-    top_p = _number(params, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(f"top_p must be in (0, 1], got {top_p}.")
-    top_k = _int(params, "top_k", -1)
-    if top_k < 1 and top_k != -1:
-        raise ApiError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    for key in ("frequency_penalty", "presence_penalty"):
-        value = _number(params, key, 0.0)
-        if not -2 <= value <= 2:
-            raise ApiError(f"{key} must be in [-2, 2], got {value}.")
-    max_new = _int(params, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    if max_new < 0:
-        raise ApiError(f"max_new_tokens must be at least 0, got {max_new}.")
-    min_new = _int(params, "min_new_tokens", 0)
-    if not 0 <= min_new <= max_new:
-        raise ApiError(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.")
-    n = _int(params, "n", 1)
-    if n < 1:
-        raise ApiError(f"n must be at least 1, got {n}.")
-    stop = params.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
-        raise ApiError("stop must be a string or a list of strings.")
-    stop_ids = params.get("stop_token_ids") or ()
-    if not isinstance(stop_ids, list | tuple) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in stop_ids
-    ):
-        raise ApiError("stop_token_ids must be a list of integers.")
-    return Sampling(
-        max_new_tokens=max_new,
-        min_new_tokens=min_new,
-        ignore_eos=bool(params.get("ignore_eos", False)),
-        stop=tuple(stop),
-        stop_token_ids=tuple(stop_ids),
-        no_stop_trim=bool(params.get("no_stop_trim", False)),
-        n=n,
+def expand(request: GenerateRequest, limits: Limits) -> tuple[list[GenerateInput], bool]:
+    """The tokenizer manager's work on a request (`generate_request`): normalize the batch
+    and `n` (`GenerateReqInput.normalize_batch_and_arguments`), refuse what the server does
+    not offer, tokenize, check lengths and sampling parameters. Returns one input per
+    sequence (prompt-major: prompt 0's n samples first) and whether the answer is a list."""
+    text, ids = request.text, request.input_ids
+    prompts: list[list[int]]
+    if text is not None:
+        batched = not isinstance(text, str)
+        texts = [text] if isinstance(text, str) else text
+        prompts = [tokens.encode(t, limits.vocab) for t in texts]
+    elif ids is not None:
+        if not ids:
+            raise ApiError("input_ids cannot be empty.")
+        batched = not isinstance(ids[0], int)
+        prompts = [list(row) for row in ids] if batched else [list(ids)]  # type: ignore[arg-type]
+    else:
+        raise ApiError("Either text, input_ids or input_embeds should be provided.")
+    n = _parallel_sample_num(request.sampling_params)
+    count = len(prompts)
+    if batched or n > 1:
+        _check_batch(request, count, n)
+    check_features(
+        limits,
+        lora_path=request.lora_path,
+        routed_dp_rank=request.routed_dp_rank,
+        priority=request.priority,
+        return_hidden_states=request.return_hidden_states,
+        custom_logit_processor=request.custom_logit_processor,
+        max_thinking_tokens=request.max_thinking_tokens,
     )
 
+    def per_prompt(name: str) -> list[Any]:
+        return _per_item(getattr(request, name), name, count, batched)
 
-def _per_item(value: Any, count: int, key: str, batched: bool) -> list[Any]:
+    params = per_prompt("sampling_params")
+    rids = per_prompt("rid")
+    logprob = per_prompt("return_logprob")
+    top_k = per_prompt("top_logprobs_num")
+    starts = per_prompt("logprob_start_len")
+    hosts = per_prompt("bootstrap_host")
+    ports = per_prompt("bootstrap_port")
+    rooms = per_prompt("bootstrap_room")
+    out: list[GenerateInput] = []
+    for i, tokenized in enumerate(prompts):
+        raw = params[i] or {}
+        prompt, max_new = check_lengths(tokenized, raw.get("max_new_tokens"), limits)
+        if max_new is not None:
+            raw = {**raw, "max_new_tokens": max_new}
+        sampling = sampling_params(raw, limits.vocab)
+        base_rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
+        room = rooms[i]
+        for j in range(max(n, 1)):
+            out.append(
+                sequence_input(
+                    base_rid if n <= 1 else f"{base_rid}-{j}",
+                    prompt,
+                    sampling,
+                    sample_index=j,
+                    stream=request.stream,
+                    top_logprobs_num=int(top_k[i] or 0) if logprob[i] else None,
+                    logprob_start_len=-1 if starts[i] is None else int(starts[i]),
+                    bootstrap_host=hosts[i],
+                    bootstrap_port=ports[i],
+                    bootstrap_room=None if room is None else room + j,
+                    routed_dp_rank=request.routed_dp_rank,
+                )
+            )
+    return out, batched or len(out) > 1
+
+
+def _parallel_sample_num(params: dict[str, Any] | list[dict[str, Any]] | None) -> int:
+    """GenerateReqInput._handle_parallel_sampling: `n`, the same for every prompt of a
+    batch; 1 for beam search."""
+    if params is None:
+        return 1
+    first = params if isinstance(params, dict) else (params[0] if params else {})
+    n = first.get("n", 1)
+    if isinstance(params, list) and any(p.get("n", 1) != n for p in params):
+        raise ApiError(
+            "The parallel_sample_num should be the same for all samples in sample params."
+        )
+    if (first.get("beam_width") or 1) > 1:
+        return 1
+    return int(n or 1)
+
+
+def _check_batch(request: GenerateRequest, count: int, n: int) -> None:
+    """GenerateReqInput._normalize_batch_inputs' refusals."""
+    if isinstance(request.rid, list):
+        if len(request.rid) != count:
+            raise ApiError(
+                "The specified rids length mismatch with the batch_size for batch processing."
+            )
+        duplicates = sorted({r for r in request.rid if request.rid.count(r) > 1})
+        if duplicates:
+            raise ApiError(f"Duplicate request IDs detected within the request: {duplicates}")
+    if n > 1:
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+            if isinstance(getattr(request, name), list):
+                raise ApiError(f"Cannot use list {name} with parallel_sample_num > 1")
+
+
+def _per_item(value: Any, name: str, count: int, batched: bool) -> list[Any]:
+    """One value per prompt: a batch's list as given, else the value for every prompt."""
     if batched and isinstance(value, list):
-        if len(value) != count:
-            raise ApiError(f"{key} has {len(value)} items for a batch of {count}.")
+        if len(value) < count:
+            # SGLang indexes past the end of the list (an IndexError, answered 500).
+            raise ApiError(f"{name} has {len(value)} items for a batch of {count} prompts.")
         return value
     return [value] * count
 
 
 def optional_index(value: Any, key: str) -> int | None:
-    """`value` as a non-negative integer (a room, port or rank), or None when absent."""
+    """`value` as a non-negative integer (a port or a rank), or None when absent."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -144,7 +213,7 @@ def sequence_input(
     routed_dp_rank: Any,
 ) -> GenerateInput:
     """One sequence of a request (native or OpenAI): `sampling`'s fields, logprobs when
-    `top_logprobs_num` is not None, and the PD fields checked as SGLang types them."""
+    `top_logprobs_num` is not None, and the PD fields."""
     if bootstrap_host is not None and not isinstance(bootstrap_host, str):
         raise ApiError(f"bootstrap_host must be a string, got {bootstrap_host!r}.")
     return GenerateInput(
@@ -159,98 +228,13 @@ def sequence_input(
         stream=stream,
         return_logprob=top_logprobs_num is not None,
         top_logprobs_num=top_logprobs_num or 0,
-        logprob_start_len=logprob_start_len,
+        logprob_start_len=logprob_start_len if top_logprobs_num is not None else -1,
         sample_index=sample_index,
         bootstrap_host=bootstrap_host,
         bootstrap_port=optional_index(bootstrap_port, "bootstrap_port"),
         bootstrap_room=bootstrap_room,
         routed_dp_rank=optional_index(routed_dp_rank, "routed_dp_rank"),
     )
-
-
-def parse_prompts(body: dict[str, Any], vocab: int) -> tuple[list[list[int]], bool]:
-    """Prompt token ids per prompt, and whether the body is a batch."""
-    text, ids = body.get("text"), body.get("input_ids")
-    if text is None and ids is None:
-        raise ApiError("Either text, input_ids or input_embeds should be provided.")
-    if text is not None and ids is not None:
-        raise ApiError("Either text or input_ids should be provided, not both.")
-    if text is not None:
-        if isinstance(text, str):
-            return [tokens.encode(text, vocab)], False
-        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [tokens.encode(t, vocab) for t in text], True
-        raise ApiError("text must be a string or a non-empty list of strings.")
-    if (
-        isinstance(ids, list)
-        and ids
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-    ):
-        return [list(ids)], False
-    if (
-        isinstance(ids, list)
-        and ids
-        and all(
-            isinstance(row, list) and row and all(isinstance(i, int) for i in row) for row in ids
-        )
-    ):
-        return [list(row) for row in ids], True
-    raise ApiError("input_ids must be a non-empty list of token ids or of such lists.")
-
-
-def _start(value: Any, prompt_len: int) -> int:
-    """logprob_start_len as SGLang takes it: None/-1 = no prompt logprobs."""
-    if value is None:
-        return -1
-    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
-        raise ApiError("logprob_start_len must be an integer >= -1.")
-    if value > prompt_len:
-        raise ApiError(
-            f"logprob_start_len={value} is higher than the number of input tokens "
-            f"{prompt_len}. Please use a smaller logprob_start_len."
-        )
-    return value
-
-
-def parse_generate(body: Any, vocab: int) -> tuple[list[GenerateInput], bool, bool]:
-    """The sequences a /generate body asks for, whether to answer with a list, and whether
-    to stream. Raises `ApiError` with SGLang's messages."""
-    if not isinstance(body, dict):
-        raise ApiError("The request body must be a JSON object.")
-    prompts, batched = parse_prompts(body, vocab)
-    count = len(prompts)
-    params = _per_item(body.get("sampling_params"), count, "sampling_params", batched)
-    rids = _per_item(body.get("rid"), count, "rid", batched)
-    logprob = _per_item(body.get("return_logprob", False), count, "return_logprob", batched)
-    top_k = _per_item(body.get("top_logprobs_num", 0), count, "top_logprobs_num", batched)
-    starts = _per_item(body.get("logprob_start_len"), count, "logprob_start_len", batched)
-    hosts = _per_item(body.get("bootstrap_host"), count, "bootstrap_host", batched)
-    ports = _per_item(body.get("bootstrap_port"), count, "bootstrap_port", batched)
-    rooms = _per_item(body.get("bootstrap_room"), count, "bootstrap_room", batched)
-    dp_ranks = _per_item(body.get("routed_dp_rank"), count, "routed_dp_rank", batched)
-    stream = bool(body.get("stream", False))
-    out: list[GenerateInput] = []
-    for i, prompt in enumerate(prompts):
-        sampling = parse_sampling(params[i])
-        base_rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
-        room = optional_index(rooms[i], "bootstrap_room")
-        for j in range(sampling.n):
-            out.append(
-                sequence_input(
-                    base_rid if sampling.n == 1 else f"{base_rid}-{j}",
-                    prompt,
-                    sampling,
-                    sample_index=j,
-                    stream=stream,
-                    top_logprobs_num=int(top_k[i] or 0) if logprob[i] else None,
-                    logprob_start_len=_start(starts[i], len(prompt)) if logprob[i] else -1,
-                    bootstrap_host=hosts[i],
-                    bootstrap_port=ports[i],
-                    bootstrap_room=None if room is None else room + j,
-                    routed_dp_rank=dp_ranks[i],
-                )
-            )
-    return out, batched or len(out) > 1, stream
 
 
 def output(state: RequestState) -> dict[str, Any]:

@@ -11,95 +11,161 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from kit.sim import tokens
-from kit.sim.api_native import ApiError, optional_index, parse_sampling, sequence_input
+from kit.sim.admission import Limits
+from kit.sim.api_native import GenerateRequest, expand
+from kit.sim.errors import ApiError
 from kit.sim.requests import GenerateInput, RequestState
+from kit.sim.schema import ChatCompletionRequest, CompletionRequest, parse_openai
 
 
-def _validation(message: str) -> ApiError:
-    return ApiError(message)
-
-
-def _common(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
-    """OpenAI fields -> SGLang sampling params (validated by the same rules)."""
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-        raise _validation("max_tokens must be positive")
-    params: dict[str, Any] = {
-        "max_new_tokens": max_tokens,
-        "min_new_tokens": body.get("min_tokens", 0),
-        "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "top_k": body.get("top_k"),
-        "frequency_penalty": body.get("frequency_penalty"),
-        "presence_penalty": body.get("presence_penalty"),
-        "stop": body.get("stop"),
-        "stop_token_ids": body.get("stop_token_ids"),
-        "ignore_eos": body.get("ignore_eos", False),
-        "no_stop_trim": body.get("no_stop_trim", False),
-        "n": body.get("n", 1),
+def parse_completion(body: Any, limits: Limits) -> list[GenerateInput]:
+    """Sequences for a /v1/completions body, as SGLang's OpenAIServingCompletion builds its
+    GenerateReqInput (serving_completions.py: `_validate_request`,
+    `_convert_to_internal_request`, `_build_sampling_params`)."""
+    request = parse_openai(CompletionRequest, body)
+    prompt = request.prompt
+    if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+        raise ApiError("Prompt cannot be empty")
+    _check_response_format(request.response_format)
+    params = {
+        "temperature": request.temperature,
+        "max_new_tokens": request.max_tokens,
+        "min_new_tokens": request.min_tokens,
+        "stop": request.stop,
+        "stop_token_ids": request.stop_token_ids,
+        "stop_regex": request.stop_regex,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": request.repetition_penalty,
+        "regex": request.regex,
+        "json_schema": request.json_schema,
+        "ebnf": request.ebnf,
+        "n": request.n,
+        "no_stop_trim": request.no_stop_trim,
+        "ignore_eos": request.ignore_eos,
+        "logit_bias": request.logit_bias,
+        "sampling_seed": request.seed,
     }
-    return {k: v for k, v in params.items() if v is not None}
+    as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
+    generate = GenerateRequest(
+        text=prompt if as_text else None,  # type: ignore[arg-type]
+        input_ids=None if as_text else prompt,  # type: ignore[arg-type]
+        sampling_params=params,
+        return_logprob=request.logprobs is not None,
+        top_logprobs_num=request.logprobs if request.logprobs is not None else 0,
+        # serving_completions: prompt logprobs only for echo with logprobs
+        logprob_start_len=0 if request.echo and request.logprobs else -1,
+        **_common(request),
+    )
+    return expand(generate, limits)[0]
 
 
-def _inputs(
-    body: dict[str, Any],
-    prompts: list[list[int]],
-    params: dict[str, Any],
-    default_max: int,
-    logprobs: int | None,
-    *,
-    logprob_start_len: int = -1,
-) -> list[GenerateInput]:
-    params.setdefault("max_new_tokens", default_max)
-    sampling = parse_sampling(params)
-    room = optional_index(body.get("bootstrap_room"), "bootstrap_room")
-    rid = uuid.uuid4().hex
-    out = []
-    for p, prompt in enumerate(prompts):
-        for j in range(sampling.n):
-            index = p * sampling.n + j
-            out.append(
-                sequence_input(
-                    rid if len(prompts) * sampling.n == 1 else f"{rid}-{index}",
-                    prompt,
-                    sampling,
-                    sample_index=j,
-                    stream=bool(body.get("stream")),
-                    top_logprobs_num=logprobs,
-                    logprob_start_len=logprob_start_len,
-                    bootstrap_host=body.get("bootstrap_host"),
-                    bootstrap_port=body.get("bootstrap_port"),
-                    bootstrap_room=None if room is None else room + index,
-                    routed_dp_rank=body.get("routed_dp_rank"),
-                )
-            )
-    return out
-
-
-def parse_completion(body: Any, vocab: int) -> list[GenerateInput]:
-    """Sequences for a /v1/completions body (``max_tokens`` defaults to 16, as in OpenAI)."""
-    if not isinstance(body, dict) or "prompt" not in body:
-        raise _validation("1 validation error for CompletionRequest\nprompt\n  Field required")
-    prompt = body["prompt"]
-    if isinstance(prompt, str):
-        prompts = [tokens.encode(prompt, vocab)]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = [tokens.encode(p, vocab) for p in prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        prompts = [list(prompt)]
+def parse_chat(body: Any, limits: Limits) -> list[GenerateInput]:
+    """Sequences for a /v1/chat/completions body, as SGLang's OpenAIServingChat builds its
+    GenerateReqInput (serving_chat.py: `_validate_request`, `_convert_to_internal_request`,
+    `ChatCompletionRequest.to_sampling_params`). The prompt is the sim's rendering of the
+    messages (`tokens.render_chat`); without ``max_tokens`` the answer may run to the context
+    (the emulated EOS usually ends it first)."""
+    request = parse_openai(ChatCompletionRequest, body)
+    _validate_chat(request, limits)
+    if request.input_ids is not None:
+        prompt = list(request.input_ids)
     else:
-        raise _validation("prompt must be a string, a list of strings or a list of token ids")
-    logprobs = body.get("logprobs")
-    if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
-        raise _validation("logprobs must be a non-negative integer")
-    params = _common(body, body.get("max_tokens", 16))
-    # serving_completions: prompt logprobs only for echo with logprobs
-    start = 0 if body.get("echo") and logprobs else -1
-    return _inputs(body, prompts, params, 16, logprobs, logprob_start_len=start)
+        messages = [m.model_dump() for m in request.messages]
+        prompt = tokens.encode(tokens.render_chat(messages), limits.vocab)
+    stop = request.stop or []
+    params = {
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        # SGLang's `max_completion_tokens or max_tokens`: a max_completion_tokens of 0 counts
+        # as not given.
+        "max_new_tokens": request.max_completion_tokens or request.max_tokens,
+        "min_new_tokens": request.min_tokens,
+        "stop": [stop] if isinstance(stop, str) else list(stop),
+        "stop_token_ids": request.stop_token_ids,
+        "stop_regex": request.stop_regex,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": -1 if request.top_k is None else request.top_k,
+        "min_p": 0.0 if request.min_p is None else request.min_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": (
+            1.0 if request.repetition_penalty is None else request.repetition_penalty
+        ),
+        "regex": request.regex,
+        "ebnf": request.ebnf,
+        "n": request.n,
+        "no_stop_trim": request.no_stop_trim,
+        "ignore_eos": request.ignore_eos,
+        "logit_bias": request.logit_bias,
+        "sampling_seed": request.seed,
+    }
+    generate = GenerateRequest(
+        input_ids=prompt,
+        sampling_params=params,
+        return_logprob=request.logprobs,
+        top_logprobs_num=request.top_logprobs or 0,
+        logprob_start_len=-1,
+        **_common(request),
+    )
+    return expand(generate, limits)[0]
+
+
+def _common(request: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    """The GenerateReqInput fields both OpenAI routes pass through as they are."""
+    return {
+        "stream": request.stream,
+        "bootstrap_host": request.bootstrap_host,
+        "bootstrap_port": request.bootstrap_port,
+        "bootstrap_room": request.bootstrap_room,
+        "routed_dp_rank": request.routed_dp_rank,
+        "lora_path": request.lora_path,
+        "return_hidden_states": request.return_hidden_states,
+        "custom_logit_processor": request.custom_logit_processor,
+        "rid": request.rid,
+        "priority": request.priority,
+    }
+
+
+def _check_response_format(response_format: Any) -> None:
+    if getattr(response_format, "type", None) != "json_schema":
+        return
+    if getattr(response_format.json_schema, "schema_", None) is None:
+        raise ApiError("schema_ is required for json_schema response format request.")
+
+
+def _validate_chat(request: ChatCompletionRequest, limits: Limits) -> None:
+    """OpenAIServingChat._validate_request, for a text-only model without tool parsers."""
+    if not request.messages:
+        raise ApiError("Messages cannot be empty.")
+    if request.chat_template_kwargs and "chat_template" in request.chat_template_kwargs:
+        raise ApiError(
+            "Request-supplied chat_template is not allowed. Start the server with "
+            "--trust-request-chat-template to permit it."
+        )
+    tools = request.tools or []
+    choice = request.tool_choice
+    if isinstance(choice, str) and choice.lower() == "required" and not tools:
+        raise ApiError("Tools cannot be empty if tool choice is set to required.")
+    if not isinstance(choice, str):
+        if not tools:
+            raise ApiError("Tools cannot be empty if tool choice is set to a specific tool.")
+        if not any(tool.function.name == choice.function.name for tool in tools):
+            raise ApiError(f"Tool '{choice.function.name}' not found in tools list.")
+    max_output = request.max_completion_tokens or request.max_tokens
+    flag = limits.context_length_flag
+    if max_output and flag and max_output > flag and not limits.allow_auto_truncate:
+        raise ApiError(
+            f"max_completion_tokens is too large: {max_output}."
+            f"This model supports at most {flag} completion tokens."
+        )
+    _check_response_format(request.response_format)
 
 
 @dataclass(frozen=True)
@@ -122,32 +188,12 @@ def completion_echo(body: dict[str, Any]) -> Echo | None:
         texts = [prompt]
     elif all(isinstance(p, str) for p in prompt):
         texts = list(prompt)
+    elif all(isinstance(p, list) for p in prompt):
+        texts = [tokens.decode(p) for p in prompt]
     else:
         texts = [tokens.decode(prompt)]
     n = max(1, int(body.get("n") or 1))
     return Echo([texts[i // n] for i in range(len(texts) * n)], bool(body.get("logprobs")))
-
-
-def parse_chat(body: Any, vocab: int, context_len: int) -> list[GenerateInput]:
-    """Sequences for a /v1/chat/completions body; without ``max_tokens`` the answer may run
-    to the context length (the emulated EOS usually ends it first)."""
-    if (
-        not isinstance(body, dict)
-        or not isinstance(body.get("messages"), list)
-        or not body["messages"]
-    ):
-        raise _validation(
-            "1 validation error for ChatCompletionRequest\nmessages\n  Field required"
-        )
-    for message in body["messages"]:
-        if not isinstance(message, dict) or "role" not in message:
-            raise _validation("each message needs a role")
-    prompt = tokens.encode(tokens.render_chat(body["messages"]), vocab)
-    top = body.get("top_logprobs")
-    logprobs = int(top or 0) if body.get("logprobs") else None
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    params = _common(body, max_tokens)
-    return _inputs(body, [prompt], params, max(context_len - len(prompt), 1), logprobs)
 
 
 # -- responses ----------------------------------------------------------------------------

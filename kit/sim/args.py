@@ -1,7 +1,9 @@
 """Read the argv pdkit renders for ``python -m sglang.launch_server``.
 
 The sim honours the flags that change what a worker does or how fast it is (model, addresses,
-disaggregation role and ports, parallel sizes, memory and batching limits, metrics, keys) and
+disaggregation role and ports, parallel sizes, memory and batching limits, metrics, keys), the
+flags that change which requests it takes (``--context-length``, ``--allow-auto-truncate``,
+``--enable-custom-logit-processor``: see `kit.sim.admission`) and
 accepts every other SGLang flag without acting on it: those are kept in `WorkerArgs.ignored` and
 shown in ``/server_info``. A malformed value of an honoured flag is an error, as in SGLang.
 """
@@ -81,6 +83,9 @@ class WorkerArgs:
     num_reserved_decode_tokens: int = 512
     mem_fraction_static: float | None = None
     context_length: int | None = None
+    # Request shaping (SGLang's tokenizer manager reads these).
+    allow_auto_truncate: bool = False
+    enable_custom_logit_processor: bool = False
     enable_metrics: bool = False
     api_key: str | None = None
     admin_api_key: str | None = None
@@ -188,6 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--num-reserved-decode-tokens", type=_non_negative, default=512)
     add("--mem-fraction-static", type=_fraction)
     add("--context-length", type=_positive)
+    add("--allow-auto-truncate", action="store_true")
+    add("--enable-custom-logit-processor", action="store_true")
     add("--enable-metrics", action="store_true")
     add("--api-key")
     add("--admin-api-key")
@@ -265,6 +272,8 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         num_reserved_decode_tokens=ns.num_reserved_decode_tokens,
         mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length,
+        allow_auto_truncate=ns.allow_auto_truncate,
+        enable_custom_logit_processor=ns.enable_custom_logit_processor,
         enable_metrics=ns.enable_metrics,
         api_key=ns.api_key,
         admin_api_key=ns.admin_api_key,

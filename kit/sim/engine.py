@@ -34,7 +34,8 @@ from kit.perf.kvpool import KvPool
 from kit.perf.models import ModelShape, resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
 from kit.perf.timing import Parallelism, TimingModel, kv_dtype_bytes, plan_memory
-from kit.sim import tokens
+from kit.sim import tokens, trace
+from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
 from kit.sim.pd_client import PdError, PrefillDirectory
@@ -135,6 +136,15 @@ class Engine:
                 "room for KV cache. To fix: raise --tp-size or --mem-fraction-static"
             )
         self.capacity_tokens = capacity
+        self.limits = Limits(
+            context_len=self.context_len,
+            vocab=self.model.vocab,
+            kv_capacity=capacity,
+            allow_auto_truncate=args.allow_auto_truncate,
+            context_length_flag=args.context_length,
+            dp_size=dp,
+            enable_custom_logit_processor=args.enable_custom_logit_processor,
+        )
         max_running = memory.max_running_requests
         if args.enable_dp_attention:
             max_running = max(1, max_running // dp)
@@ -207,8 +217,18 @@ class Engine:
         task.add_done_callback(state.tasks.discard)
 
     def _on_step(self, rank: Scheduler, step: Step) -> None:
-        """SGLang's batch log lines: every prefill batch, every 40th decode batch."""
+        """SGLang's batch log lines: every prefill batch, every 40th decode batch; and each
+        request's forward entry and, on a prefill, its prefill_forward stage (kit.sim.trace)."""
         self.steps += 1
+        for seq, n in step.prefill:
+            state = seq.sink
+            if not isinstance(state, RequestState):
+                continue
+            if seq.computed == n:  # its first chunk ran in this step
+                state.forward_entry_at = self.clock.wall(step.start)
+            if self.mode is Mode.PREFILL and seq.computed >= seq.target:
+                started = state.forward_entry_at or self.clock.wall(step.start)
+                trace.stage(state, "prefill_forward", started, self.clock.wall(step.end))
         if step.prefill and not all(s.rid.startswith(HEALTH_CHECK_PREFIX) for s, _ in step.prefill):
             logger.info(
                 "Prefill batch. #new-seq: %d, #new-token: %d, #running-req: %d, #queue-req: %d",
@@ -231,15 +251,26 @@ class Engine:
     # -- requests --------------------------------------------------------------------------
 
     def submit(self, inp: GenerateInput) -> RequestState:
-        """Start generating `inp`; the returned state fills in as tokens come."""
+        """Start generating `inp`; the returned state fills in as tokens come. What SGLang's
+        scheduler refuses (`handle_generate_request`) ends the state with a 400 abort."""
+        kept, refusal = self.limits.admit_input(inp.prompt_len)
+        if refusal is None and kept < inp.prompt_len:
+            inp.prompt_ids = inp.prompt_ids[:kept]  # --allow-auto-truncate
         source = tokens.OutputSource(self.seed, inp.prompt_ids, inp.sample_index)
         eos_after = None if inp.ignore_eos else source.answer_length(self.settings.answer_tokens)
         state = RequestState(inp, source, eos_after)
         state.decode_side = self.mode is Mode.DECODE
-        if inp.prompt_len >= self.context_len:
+        trace.received(state)
+        if state.finished_hook is None:
+            state.finished_hook = trace.finished
+        if refusal is not None and not inp.health_check:
+            state.fail(refusal, 400)
+            return state
+        if inp.return_logprob and inp.logprob_start_len > inp.prompt_len:
             state.fail(
-                f"The input ({inp.prompt_len} tokens) is longer than the model's context "
-                f"length ({self.context_len} tokens).",
+                f"req.logprob_start_len={inp.logprob_start_len} is higher than the number of "
+                f"input tokens len(req.origin_input_ids)={inp.prompt_len}. Please use a smaller "
+                "logprob_start_len.",
                 400,
             )
             return state
@@ -250,7 +281,8 @@ class Engine:
                 400,
             )
             return state
-        max_new = min(inp.max_new_tokens, self.context_len - inp.prompt_len)
+        max_new = self.limits.cap_new_tokens(inp.max_new_tokens, inp.prompt_len)
+        inp.min_new_tokens = min(inp.min_new_tokens, max_new)
         rank_index = self._pick_rank(inp)
         rank = self.ranks[rank_index]
         state.dp_rank = rank_index
@@ -324,6 +356,7 @@ class Engine:
         room = state.inp.bootstrap_room
         assert room is not None  # checked in submit
         self.pd.bootstrap_queue += 1
+        waiting_since = time.monotonic()
         try:
             reservation = await self.rooms.wait(room, self.settings.bootstrap_timeout_s)
         except RoomError as exc:
@@ -340,6 +373,7 @@ class Engine:
         if state.done:
             self.rooms.release(room)
             return
+        trace.stage(state, "prefill_bootstrap", waiting_since)
 
         def prefilled(st: RequestState) -> None:
             self._spawn(self._send_kv(st, seq, rank_index, reservation), st)
@@ -404,6 +438,7 @@ class Engine:
                     "latency_ms": self.pd.last_latency_ms,
                 }
             )
+            trace.stage(state, "prefill_transfer_kv_cache", started_wall)
             state.record_prefill_token()
             rank.transfer_done(seq)
         except (TransferError, OSError) as exc:
@@ -458,8 +493,10 @@ class Engine:
 
         submitted = time.monotonic()
         bootstrap_ms = (submitted - looked_up) * 1000
+        trace.stage(state, "decode_bootstrap", looked_up, submitted)
 
         def reserved(st: RequestState) -> None:
+            trace.stage(st, "decode_waiting", submitted)
             waits = (bootstrap_ms, (time.monotonic() - submitted) * 1000)
             self._spawn(self._receive_kv(st, seq, rank_index, addr, waits), st)
 
@@ -494,6 +531,7 @@ class Engine:
         rank = self.ranks[rank_index]
         room = state.inp.bootstrap_room
         assert self.kv is not None and room is not None
+        asked = time.monotonic()
         pages = self._global_pages(rank_index, seq)
         length = seq.prompt_len * self.kv_bytes_per_token
         reservation = {
@@ -537,6 +575,7 @@ class Engine:
             )
         )
         state.prefill_first_token = int(answer["first_token_id"])
+        trace.stage(state, "decode_transferred", asked)
         rank.kv_arrived(seq)
 
     # -- state -----------------------------------------------------------------------------

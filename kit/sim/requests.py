@@ -23,7 +23,7 @@ class GenerateInput:
 
     rid: str
     prompt_ids: list[int]
-    max_new_tokens: int
+    max_new_tokens: int | None  # None: up to the context (the scheduler caps it)
     min_new_tokens: int = 0
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
@@ -64,6 +64,8 @@ class RequestState:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.finished_at: float | None = None
+        # When its first prefill chunk was scheduled (SGLang's forward_entry_time; monotonic).
+        self.forward_entry_at: float | None = None
         self.token_times: list[float] = []
         self.num_retractions = 0
         self.dp_rank = 0

@@ -19,10 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from kit.sim import api_native, api_openai
-from kit.sim.api_native import ApiError
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
+from kit.sim.errors import ApiError, Stage
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
 from kit.sim.requests import GenerateInput, RequestState
+from kit.sim.schema import validation_message
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
@@ -340,8 +341,23 @@ class Api:
     async def _body(self, request: web.Request) -> Any:
         try:
             return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(f"Invalid JSON body: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ApiError(
+                validation_message(
+                    [
+                        {
+                            "type": "json_invalid",
+                            "loc": ("body", exc.pos),
+                            "msg": "JSON decode error",
+                            "input": {},
+                            "ctx": {"error": exc.msg},
+                        }
+                    ]
+                ),
+                stage=Stage.SCHEMA,
+            ) from exc
+        except UnicodeDecodeError as exc:
+            raise ApiError(f"Invalid JSON body: {exc}", stage=Stage.SCHEMA) from exc
 
     def _not_ready(self) -> web.Response | None:
         if self.ready and not self.stopping:
@@ -352,11 +368,17 @@ class Api:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         if (busy := self._not_ready()) is not None:
             return busy
+        body: Any = None
         try:
-            inputs, as_list, stream = api_native.parse_generate(
-                await self._body(request), self.engine.model.vocab
-            )
+            body = await self._body(request)
+            inputs, as_list, stream = api_native.parse_generate(body, self.engine.limits)
         except ApiError as exc:
+            if exc.stage is Stage.SCHEMA:
+                return _validation_error(str(exc))
+            if exc.stage is Stage.CONTRACT:
+                return _json({"error": str(exc)}, exc.status)
+            if isinstance(body, dict) and body.get("stream") is True:
+                return await self._stream_refusal(request, str(exc), exc.status)
             return _json({"error": {"message": str(exc)}}, exc.status)
         states = self._start(inputs)
         try:
@@ -401,6 +423,25 @@ class Api:
         await response.prepare(request)
         return response
 
+    async def _stream_refusal(
+        self, request: web.Request, message: str, status: int
+    ) -> web.StreamResponse:
+        """A streamed /generate the tokenizer manager refuses: SGLang has answered 200 and
+        sends the error as an event (http_server.py, serve_generate_request)."""
+        response = await self._sse(request)
+        error = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "code": status,
+                "retryable": False,
+            }
+        }
+        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)
 
@@ -415,17 +456,12 @@ class Api:
         engine = self.engine
         try:
             body = await self._body(request)
-            inputs = (
-                api_openai.parse_chat(body, engine.model.vocab, engine.context_len)
-                if chat
-                else api_openai.parse_completion(body, engine.model.vocab)
-            )
+            parse = api_openai.parse_chat if chat else api_openai.parse_completion
+            inputs = parse(body, engine.limits)
         except ApiError as exc:
-            return (
-                _validation_error(str(exc))
-                if "validation error" in str(exc)
-                else _json(api_openai.error_body(str(exc), 400), 400)
-            )
+            if exc.stage is Stage.SCHEMA:
+                return _validation_error(str(exc))
+            return _json(api_openai.error_body(str(exc), exc.status), exc.status)
         echo = None if chat else api_openai.completion_echo(body)
         model = str(body.get("model") or engine.args.served_model_name)
         n = max(1, int(body.get("n") or 1))
@@ -459,20 +495,10 @@ class Api:
         body: dict[str, Any],
         echo: api_openai.Echo | None = None,
     ) -> web.StreamResponse:
-        # Like SGLang, wait for the first output before sending 200, so that a request that
-        # fails at once gets a proper HTTP error.
+        # Like SGLang, wait for the first output before sending 200. What the scheduler
+        # refuses arrives as that first output: SGLang sends it as a stream error event.
         while not any(s.output_ids or s.done for s in states):
             await _any_change(states)
-        for state in states:
-            error = api_native.error_of(state)
-            if error is not None and not state.output_ids:
-                status, message = error
-                return _json(
-                    api_openai.error_body(
-                        message, status, "BadRequest" if status == 400 else str(status)
-                    ),
-                    status,
-                )
         response = await self._sse(request)
         fmt = api_openai.StreamFormatter(chat, model, states, echo)
         pending = set(range(len(states)))

@@ -10,6 +10,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from kit.perf.clock import RealClock
+from kit.sim.admission import Limits
 from kit.sim.api_native import ApiError, parse_generate
 from kit.sim.api_openai import StreamFormatter, parse_chat, parse_completion
 from kit.sim.args import parse_args
@@ -20,10 +21,11 @@ from kit.sim.settings import SimSettings
 from kit.sim.tokens import OutputSource
 
 VOCAB = 32000
+LIMITS = Limits(context_len=4096, vocab=VOCAB, kv_capacity=100_000)
 
 
 def test_generate_single_and_batch_with_pd_lists():
-    inputs, as_list, stream = parse_generate({"text": "hello", "stream": True}, VOCAB)
+    inputs, as_list, stream = parse_generate({"text": "hello", "stream": True}, LIMITS)
     assert len(inputs) == 1 and not as_list and stream
     assert inputs[0].max_new_tokens == 128
     body = {
@@ -33,11 +35,11 @@ def test_generate_single_and_batch_with_pd_lists():
         "bootstrap_port": [1, 2],
         "bootstrap_room": [10, 20],
     }
-    inputs, as_list, _ = parse_generate(body, VOCAB)
+    inputs, as_list, _ = parse_generate(body, LIMITS)
     assert as_list and len(inputs) == 4
     assert [i.bootstrap_room for i in inputs] == [10, 11, 20, 21]
     assert [i.bootstrap_host for i in inputs] == ["h1", "h1", "h2", "h2"]
-    ids, _, _ = parse_generate({"input_ids": [[5, 6, 7], [8]]}, VOCAB)
+    ids, _, _ = parse_generate({"input_ids": [[5, 6, 7], [8]]}, LIMITS)
     assert [i.prompt_len for i in ids] == [3, 1]
 
 
@@ -56,35 +58,39 @@ def test_generate_single_and_batch_with_pd_lists():
             "min_new_tokens must be in",
         ),
         ({"text": ["a", "b"], "bootstrap_room": [1]}, "bootstrap_room has 1 items"),
-        ({"text": "x", "bootstrap_room": -3}, "non-negative"),
+        ({"text": "x", "sampling_params": {"max_new_tokens": 5000}}, "maximum context length"),
     ],
 )
 def test_generate_errors_use_sglang_messages(body, message):
     with pytest.raises(ApiError) as err:
-        parse_generate(body, VOCAB)
+        parse_generate(body, LIMITS)
     assert message in str(err.value)
 
 
 @pytest.mark.parametrize(
-    "field, value",
+    "field, value, openai_refuses",
     [
-        ("bootstrap_room", "7"),
-        ("bootstrap_room", -1),
-        ("bootstrap_port", "8998"),
-        ("routed_dp_rank", "1"),
-        ("bootstrap_host", 5),
+        ("bootstrap_room", "7", False),
+        ("bootstrap_port", "8998", False),
+        ("routed_dp_rank", "1", True),  # 1 is out of range on one DP rank
+        ("bootstrap_host", 5, True),
     ],
 )
-def test_pd_fields_are_checked_alike_on_every_api(field, value):
-    # A router may send the PD fields on any endpoint; a bad one is a 400, not a crash later.
+def test_pd_fields_are_typed_as_sglang_types_them(field, value, openai_refuses):
+    # /generate's JSON contract takes JSON types as they are; the OpenAI routes parse with
+    # pydantic's lax mode, which reads "7" as 7. A refusal names the field.
+    with pytest.raises(ApiError, match=field):
+        parse_generate({"text": "x", field: value}, LIMITS)
     chat = {"messages": [{"role": "user", "content": "hi"}], field: value}
     for parse in (
-        lambda: parse_generate({"text": "x", field: value}, VOCAB),
-        lambda: parse_completion({"prompt": "x", field: value}, VOCAB),
-        lambda: parse_chat(chat, VOCAB, 4096),
+        lambda: parse_completion({"prompt": "x", field: value}, LIMITS),
+        lambda: parse_chat(chat, LIMITS),
     ):
-        with pytest.raises(ApiError, match=field):
-            parse()
+        if openai_refuses:
+            with pytest.raises(ApiError, match=field):
+                parse()
+        else:
+            assert parse()[0].prompt_len > 0
 
 
 def test_openai_bodies():
@@ -95,18 +101,22 @@ def test_openai_bodies():
             "n": 2,
             "bootstrap_room": 7,
         },
-        VOCAB,
-        4096,
+        LIMITS,
     )
     assert [c.max_new_tokens for c in chat] == [4, 4]
     assert [c.bootstrap_room for c in chat] == [7, 8]
-    assert parse_completion({"prompt": "x"}, VOCAB)[0].max_new_tokens == 16
-    long = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, VOCAB, 4096)
-    assert long[0].max_new_tokens == 4096 - long[0].prompt_len
+    assert parse_completion({"prompt": "x"}, LIMITS)[0].max_new_tokens == 16
+    # No limit, or a max_completion_tokens of 0 (SGLang reads `max_completion_tokens or
+    # max_tokens`): up to the context, which the engine caps.
+    for body in ({}, {"max_completion_tokens": 0}):
+        long = parse_chat({"messages": [{"role": "user", "content": "hi"}], **body}, LIMITS)
+        assert long[0].max_new_tokens is None
+    zero = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, LIMITS)
+    assert zero[0].max_new_tokens == 0
     with pytest.raises(ApiError, match="max_tokens must be positive"):
-        parse_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, VOCAB, 9)
-    with pytest.raises(ApiError, match="messages"):
-        parse_chat({"messages": []}, VOCAB, 9)
+        parse_completion({"prompt": "x", "max_tokens": 0}, LIMITS)
+    with pytest.raises(ApiError, match="Messages cannot be empty"):
+        parse_chat({"messages": []}, LIMITS)
 
 
 async def serve(argv, env=None):
