@@ -7,7 +7,11 @@ control machine) that holds the value; the playbook reads it with ``lookup('ansi
 (`RouterProcess.api_key` reads it on the control machine).
 
 Inventory groups: ``pdkit_hosts`` (every host of the deployment), ``pdkit_workers`` (hosts
-running a worker) and ``pdkit_router`` (the router's host).
+running a worker), ``pdkit_router`` (the router's host) and ``pdkit_monitoring`` (Prometheus'
+host, empty without `monitoring:`).
+
+A record may carry `files` (path, content, mode: written with the process's own files, a change
+restarts it) and `directories` (path, mode): Prometheus' configuration and data folder.
 """
 
 from __future__ import annotations
@@ -16,10 +20,18 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from kit.sglang.monitoring import prometheus_config
 from kit.topology.layout import HostLayout, service_name, unit_pattern
-from kit.topology.plan import Command, HostPlan, Plan, RouterProcess, WorkerProcess
+from kit.topology.plan import (
+    Command,
+    HostPlan,
+    MonitoringProcess,
+    Plan,
+    RouterProcess,
+    WorkerProcess,
+)
 
-Stage = Literal["workers", "router"]
+Stage = Literal["workers", "router", "monitoring"]
 
 CONTROL_ROUTER_KEY_ENV = "PDKIT_DEPLOY_ROUTER_API_KEY"
 """Variable of the ansible-playbook process that carries the router's client API key."""
@@ -69,7 +81,7 @@ def deploy_hosts(plan: Plan, control_python: str) -> tuple[DeployHost, ...]:
 
 
 def _process_record(
-    process: WorkerProcess | RouterProcess, layout: HostLayout, command: Command
+    process: WorkerProcess | RouterProcess | MonitoringProcess, layout: HostLayout, command: Command
 ) -> dict[str, Any]:
     """What every process record holds: its names and files (from the Plan and the host's
     layout; the playbooks format none of them) and its command."""
@@ -85,6 +97,8 @@ def _process_record(
         "executable": command.executable,
         "args": list(command.args),
         "secret_args": [list(pair) for pair in command.secret_args],
+        "files": [],
+        "directories": [],
     }
 
 
@@ -120,12 +134,32 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
     }
 
 
+def monitoring_record(
+    monitoring: MonitoringProcess, deployment: str, layout: HostLayout
+) -> dict[str, Any]:
+    """The process record of Prometheus, with its configuration file and data folder."""
+    env = {**monitoring.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": monitoring.name}
+    config = prometheus_config(monitoring, deployment)
+    return {
+        **_process_record(monitoring, layout, monitoring.command),
+        "role": "monitoring",
+        "stage": "monitoring",
+        "env": dict(sorted(env.items())),
+        "secret_env": {},
+        "url": monitoring.url,
+        "files": [{"path": monitoring.config_path, "content": config, "mode": "0644"}],
+        "directories": [{"path": monitoring.data_dir, "mode": "0755"}],
+    }
+
+
 def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     """Everything one host's plays need: connection, layout, interpreter, processes."""
     hf_home = host.layout.hf_home if plan.engine == "sglang" else None
     records = [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
     if plan.router.host == host.name:
         records.append(router_record(plan.router, plan.name, host.layout))
+    if plan.monitoring is not None and plan.monitoring.host == host.name:
+        records.append(monitoring_record(plan.monitoring, plan.name, host.layout))
     out: dict[str, Any] = {"ansible_host": host.plan.address}
     if host.local:
         # The control machine's own interpreter: no discovery, and it has pdkit installed.
@@ -161,6 +195,9 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
                 "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
                 "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
                 "pdkit_router": {"hosts": {plan.router.host: {}}},
+                "pdkit_monitoring": {
+                    "hosts": {plan.monitoring.host: {}} if plan.monitoring else {}
+                },
             },
         }
     }

@@ -1,7 +1,9 @@
 """`pdkit up` and `pdkit down`: the order of things and what the user is told.
 
 up:   deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags router
-      -> wait for the router's /readiness -> endpoint, curl line, status table.
+      -> wait for the router's /readiness -> (monitoring:) deploy.yml --tags monitoring -> wait
+      for Prometheus' /-/ready and its first scrape of every target -> endpoint, curl line,
+      status table.
 down: down.yml (router first, then workers, then the deployment's supervisord); logs stay.
 
 Every failure raises `DeployError` with what failed (host, task or process, its stderr or log
@@ -30,13 +32,22 @@ from kit.deploy.logs import tail
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.services import can_probe, host_processes
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
-from kit.deploy.wait import ProcessStatus, Target, router_targets, wait_ready, worker_targets
-from kit.errors import DeployError, PdkitError
+from kit.deploy.wait import (
+    ProcessStatus,
+    Target,
+    monitoring_targets,
+    router_targets,
+    wait_ready,
+    worker_targets,
+)
+from kit.errors import DeployError, PdkitError, ProbeError
+from kit.observe.prometheus import ScrapeHealth, wait_scraped
 from kit.secrets import SecretError
 
 WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
 """Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
 ROUTER_TIMEOUT_S = 60.0
+MONITORING_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 25
 
 
@@ -151,7 +162,58 @@ def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     console.print(f"[bold]Router[/]: waiting for /readiness (timeout {router_timeout:.0f} s)")
     router_status = _wait(ctx, console, router_targets(plan), router_timeout, headers)
     _raise_unless_ready(ctx, router_status, stage="router")
-    _print_serving(ctx, console, statuses + router_status)
+    monitoring_status = _up_monitoring(ctx, console, secret_env, options.verbose)
+    _print_serving(ctx, console, statuses + router_status + monitoring_status)
+
+
+def _up_monitoring(
+    ctx: DeployContext, console: Console, secret_env: dict[str, str], verbose: bool
+) -> list[ProcessStatus]:
+    """Deploy Prometheus (topology `monitoring:`) and wait until it is ready; nothing without."""
+    monitoring = ctx.plan.monitoring
+    if monitoring is None:
+        return []
+    console.print(
+        f"[bold]Prometheus[/]: installing and starting on {monitoring.host} "
+        "(Ansible, deploy.yml --tags monitoring)"
+    )
+    result = _run(
+        ctx, console, "deploy.yml", tags="monitoring", secret_env=secret_env, verbose=verbose
+    )
+    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
+    console.print(
+        f"[bold]Prometheus[/]: waiting for /-/ready (timeout {MONITORING_TIMEOUT_S:.0f} s)"
+    )
+    status = _wait(ctx, console, monitoring_targets(ctx.plan), MONITORING_TIMEOUT_S, None)
+    _raise_unless_ready(ctx, status, stage="monitoring")
+    return status
+
+
+def _print_scrapes(ctx: DeployContext, console: Console) -> None:
+    """Prometheus' first scrape of every target: how many are up, and why any is not."""
+    monitoring = ctx.plan.monitoring
+    if monitoring is None:
+        return
+    try:
+        targets = asyncio.run(wait_scraped(monitoring.url, monitoring.scrape_interval_s + 5.0))
+    except ProbeError as exc:
+        console.print(f"Prometheus: its targets could not be read: {exc}", markup=False)
+        return
+    up = [t for t in targets if t.health == "up"]
+    console.print(
+        f"Prometheus: {monitoring.url} scrapes {len(targets)} targets every "
+        f"{monitoring.scrape_interval_s:g} s, {len(up)} up. Grafana: pdkit dashboard "
+        f"{shlex.quote(str(ctx.topology_file))} > pd.json (import it)",
+        markup=False,
+    )
+    for target in targets:
+        if target.health != "up":
+            console.print(f"  {_scrape_line(target)}", style="yellow", markup=False)
+
+
+def _scrape_line(target: ScrapeHealth) -> str:
+    why = f": {target.error}" if target.error else ""
+    return f"{target.job}/{target.process} ({target.url}) is {target.health}{why}"
 
 
 def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
@@ -206,6 +268,8 @@ def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage
         )
     if stage == "workers":
         lines.append("The router was not started by this run.")
+    if stage == "monitoring":
+        lines.append("The workers and the router serve; only Prometheus failed.")
     lines.append(_running_now(ctx))
     topology = shlex.quote(str(ctx.topology_file))
     name = shlex.quote((settled or unsettled)[0].target.name)
@@ -281,6 +345,8 @@ def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessS
     for host in ctx.hosts:
         pids |= {name: info.pid for name, info in (host_processes(host) or {}).items()}
     urls = {w.name: w.url for w in plan.workers if w.serves_http} | {"router": plan.router.url}
+    if plan.monitoring is not None:
+        urls[plan.monitoring.name] = plan.monitoring.url
     urls = {name: url.removeprefix("http://") for name, url in urls.items()}
     rows = [
         (
@@ -299,6 +365,7 @@ def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessS
         f"(OpenAI API: base_url {escape(plan.router.url)}/v1). Try:"
     )
     console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
+    _print_scrapes(ctx, console)
     topology = shlex.quote(str(ctx.topology_file))
     used_hosts = {s.target.host for s in statuses}
     log_dirs = sorted({display_path(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})

@@ -72,6 +72,12 @@ def router_targets(plan: Plan) -> list[Target]:
     return [Target(router.name, "router", router.host, router.url, "/readiness")]
 
 
+def monitoring_targets(plan: Plan) -> list[Target]:
+    """Prometheus (topology `monitoring:`), ready when /-/ready answers 200; none without it."""
+    m = plan.monitoring
+    return [Target(m.name, "monitoring", m.host, m.url, "/-/ready")] if m else []
+
+
 async def _get(prober: Prober, url: str, headers: Mapping[str, str] | None) -> HttpAnswer:
     fetched = await prober.get(url, dict(headers) if headers else None)
     return HttpAnswer(fetched.status, fetched.detail or None)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from kit.net import bare_host, host_port
+from kit.sglang.monitoring import build_monitoring
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, host_root, process_name, unit_name
 from kit.topology.nics import NicChoice, choose_nics
 from kit.topology.place import InstancePlacement, Node, place
@@ -265,6 +266,7 @@ def build_plan(topology: Topology, topology_dir: Path) -> Plan:
     roots = {h.name: host_root(h.root, topology_dir) for h in topology.hosts}
     layouts = {name: HostLayout(topology.name, root) for name, root in roots.items()}
     workers = build_workers(topology, placements, layouts)
+    router = build_router(topology, workers, layouts[topology.router_host], topology_dir)
     model = topology.model
     return Plan(
         name=topology.name,
@@ -294,6 +296,7 @@ def build_plan(topology: Topology, topology_dir: Path) -> Plan:
             for h in topology.hosts
         ),
         workers=tuple(workers),
-        router=build_router(topology, workers, layouts[topology.router_host], topology_dir),
+        router=router,
         slo=topology.slo,
+        monitoring=build_monitoring(topology, workers, router, layouts),
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from kit.topology.plan import Command, Plan, RouterProcess, WorkerProcess
+from kit.sglang.monitoring import prometheus_config
+from kit.topology.plan import Command, MonitoringProcess, Plan, RouterProcess, WorkerProcess
 
 
 def command_lines(command: Command, env: dict[str, str], python: str = "python") -> list[str]:
@@ -46,16 +47,26 @@ def _router_comment(r: RouterProcess) -> str:
     )
 
 
+def _monitoring_comment(m: MonitoringProcess) -> str:
+    targets = sum(len(job.targets) for job in m.jobs)
+    return (
+        f"# prometheus (monitoring): :{m.port}, {targets} targets every "
+        f"{m.scrape_interval_s:g} s, data in {m.data_dir} (kept {m.retention})"
+    )
+
+
 def plan_to_shell(plan: Plan) -> str:
     """Every process of the plan, per host, as paste-able shell."""
     out = [
         f"# pdkit plan '{plan.name}': engine {plan.engine}, SGLang {plan.sglang_version}, "
         f"model {plan.model.path}, transfer {plan.transfer_backend}"
     ]
+    monitoring = plan.monitoring
     for host in plan.hosts:
         workers = plan.on_host(host.name)
         has_router = plan.router.host == host.name
-        if not workers and not has_router:
+        has_monitoring = monitoring is not None and monitoring.host == host.name
+        if not workers and not has_router and not has_monitoring:
             continue
         out += ["", f"## host {host.name} ({host.address})"]
         for w in workers:
@@ -63,4 +74,9 @@ def plan_to_shell(plan: Plan) -> str:
         if has_router:
             r = plan.router
             out += [_router_comment(r), *command_lines(r.command, r.env)]
+        if monitoring is not None and has_monitoring:
+            out += [_monitoring_comment(monitoring), *command_lines(monitoring.command, {})]
+    if monitoring is not None:
+        out += ["", f"## {monitoring.config_path} on {monitoring.host}"]
+        out += prometheus_config(monitoring, plan.name).rstrip("\n").splitlines()
     return "\n".join(out) + "\n"

@@ -5,7 +5,8 @@ no later stage (deploy, the playbooks, observe) formats a name or a path again.
 
 Names: instance ``<role>-<index>`` (``prefill-0``); process: the instance name, or
 ``<instance>-node<rank>`` for each node of a multi-node instance (``decode-1-node1``); the
-router is ``router``. systemd unit: ``pdkit-<deployment>-<process>.service``.
+router is ``router``, Prometheus (``monitoring:``) ``prometheus``. systemd unit:
+``pdkit-<deployment>-<process>.service``.
 
 Host: everything lives under the host's root prefix (``root:`` in the topology, default ``/``).
 A relative root is resolved against the folder of the topology file, so
@@ -17,6 +18,8 @@ Under the root, for deployment ``<name>``::
     etc/pdkit/<name>/supervisord.d/<process>.conf supervisord program definitions
     opt/pdkit/<name>/bin/<process>.sh             launch scripts; opt/pdkit/<name> is the cwd
     var/log/pdkit/<name>/<process>.log            process logs (kept by `pdkit down`)
+    etc/pdkit/<name>/prometheus.yml               Prometheus' configuration (monitoring:)
+    var/lib/pdkit/<name>/prometheus/              Prometheus' data (kept by `pdkit down`)
     run/pdkit/<name>/                             supervisord socket and pid file
 
 and, shared by the deployments of a host, what provisioning puts there (remote hosts)::
@@ -46,6 +49,7 @@ MAX_SOCKET_PATH = 100
 
 
 ROUTER_PROCESS = "router"
+MONITORING_PROCESS = "prometheus"
 
 
 def instance_name(role: str, index: int) -> str:
@@ -60,8 +64,8 @@ def process_name(instance: str, node_rank: int, nnodes: int) -> str:
 
 UNIT_PREFIX = "pdkit-"
 UNIT_SUFFIX = ".service"
-PROCESS_PATTERN = rf"({ROUTER_PROCESS}|(prefill|decode)-[0-9]+(-node[0-9]+)?)"
-"""Every process name `process_name` can give (and the router's)."""
+PROCESS_PATTERN = rf"({ROUTER_PROCESS}|{MONITORING_PROCESS}|(prefill|decode)-[0-9]+(-node[0-9]+)?)"
+"""Every process name `process_name` can give (and the router's and Prometheus')."""
 
 
 def service_name(deployment: str, process: str) -> str:
@@ -132,6 +136,14 @@ class HostLayout:
     def hf_home(self) -> str:
         """Where provisioning downloads weights (pdkit_model_hf_home) and workers look."""
         return _under(self.root, "var/lib/pdkit/huggingface")
+
+    @property
+    def prometheus_config(self) -> str:
+        return _under(self.config_dir, "prometheus.yml")
+
+    @property
+    def prometheus_data_dir(self) -> str:
+        return _under(self.root, "var/lib/pdkit", self.deployment, "prometheus")
 
     @property
     def supervisord_conf(self) -> str:

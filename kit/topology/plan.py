@@ -165,6 +165,47 @@ class RouterProcess(Frozen):
         return read_secret(source, environ) if source else None
 
 
+class ScrapeTarget(Frozen):
+    """One endpoint Prometheus scrapes, with the labels pdkit gives its series."""
+
+    address: str = Field(description="host:port (IPv6 in brackets).")
+    labels: dict[str, str] = Field(
+        description="deployment, process, role, host (`instance` stays Prometheus' own)."
+    )
+
+
+class ScrapeJob(Frozen):
+    """Targets that share a metrics path and a `job` label (router, prefill, decode, ...)."""
+
+    job: str
+    metrics_path: str
+    targets: tuple[ScrapeTarget, ...]
+
+
+class MonitoringProcess(Frozen):
+    """Prometheus, scraping the deployment (topology `monitoring:`)."""
+
+    name: str
+    host: str
+    address: str
+    bind: str
+    port: int
+    scrape_interval_s: float
+    retention: str
+    config_path: str = Field(description="Its configuration file on the host (absolute).")
+    data_dir: str = Field(description="Its TSDB folder on the host (kept by `pdkit down`).")
+    jobs: tuple[ScrapeJob, ...]
+    unit: str = Field(description="systemd unit name (systemd hosts).")
+    log_path: str = Field(description="Log file on the host (absolute).")
+    command: Command
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        """Prometheus' HTTP base URL (the UI and /api/v1)."""
+        return http_url(self.address, self.port)
+
+
 class ModelPlan(Frozen):
     path: str
     served_name: str
@@ -184,6 +225,7 @@ class Plan(Frozen):
     workers: tuple[WorkerProcess, ...]
     router: RouterProcess
     slo: SLO
+    monitoring: MonitoringProcess | None = None
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
@@ -201,13 +243,16 @@ class Plan(Frozen):
 
     @property
     def process_names(self) -> tuple[str, ...]:
-        """Every process: workers in start order, then the router."""
-        return (*(w.name for w in self.workers), self.router.name)
+        """Every process: workers in start order, the router, then Prometheus (if any)."""
+        extra = (self.monitoring.name,) if self.monitoring else ()
+        return (*(w.name for w in self.workers), self.router.name, *extra)
 
-    def process(self, name: str) -> WorkerProcess | RouterProcess:
+    def process(self, name: str) -> WorkerProcess | RouterProcess | MonitoringProcess:
         """The process called `name` (KeyError if none)."""
         if name == self.router.name:
             return self.router
+        if self.monitoring is not None and name == self.monitoring.name:
+            return self.monitoring
         for worker in self.workers:
             if worker.name == name:
                 return worker

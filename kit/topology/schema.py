@@ -216,6 +216,33 @@ class Router(Strict):
         return self
 
 
+class Monitoring(Strict):
+    """Prometheus for the deployment: `pdkit up` runs Debian's `prometheus` package on one host
+    (under systemd or supervisord, like every pdkit process) with a scrape configuration
+    rendered from the Plan: the router, every worker and smg's metrics port. `monitoring: {}`
+    turns it on with these defaults; `pdkit dashboard` prints a Grafana dashboard for it."""
+
+    host: str | None = Field(None, description="Host to run Prometheus on; default: the router's.")
+    port: int = Field(ports.PROMETHEUS, ge=1, le=65535, description="Prometheus' HTTP port.")
+    bind: str = Field("0.0.0.0", description="Address Prometheus listens on.")
+    scrape_interval_s: float = Field(
+        5.0, ge=1, le=300, description="Seconds between scrapes of every target."
+    )
+    retention: str = Field(
+        "15d",
+        pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$",
+        description="How long Prometheus keeps samples (--storage.tsdb.retention.time), "
+        "e.g. 15d. The data survives `pdkit down`.",
+    )
+    node_exporter_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Also scrape a node exporter at this port on every host (Debian's "
+        "prometheus-node-exporter listens on 9100; pdkit does not install it).",
+    )
+
+
 class SLO(Strict):
     """Service level objective, used by status and bench."""
 
@@ -248,6 +275,9 @@ class Topology(Strict):
     transfer: Transfer = Field(default_factory=Transfer, description="How KV moves.")
     router: Router = Field(default_factory=Router, description="The load balancer.")
     slo: SLO = Field(default_factory=SLO, description="Latency targets for status and bench.")
+    monitoring: Monitoring | None = Field(
+        None, description="Prometheus scraping the deployment (off unless set; `{}`: defaults)."
+    )
 
     def host(self, name: str) -> Host:
         """The host called `name` (KeyError if none)."""

@@ -21,6 +21,7 @@ from kit.topology.schema import ROLE_NAMES, Role, Topology
 def validate(topology: Topology) -> list[Problem]:
     """Every problem in the topology (empty when it can be deployed)."""
     problems = [*_references(topology), *_nics(topology), *_router(topology)]
+    problems += _monitoring(topology)
     placements, placement_problems = place(topology)
     problems += placement_problems
     if not placement_problems:
@@ -100,6 +101,28 @@ def _router(topology: Topology) -> Iterator[Problem]:
         )
 
 
+def _monitoring(topology: Topology) -> list[Problem]:
+    monitoring = topology.monitoring
+    names = [h.name for h in topology.hosts]
+    if monitoring is None or monitoring.host is None or monitoring.host in names:
+        return []
+    return [
+        Problem(
+            ("monitoring", "host"),
+            f"no host named '{monitoring.host}'.",
+            f"use one of: {', '.join(names)}.",
+        )
+    ]
+
+
+def _monitoring_host(topology: Topology) -> str | None:
+    """The host Prometheus runs on, None when monitoring is off or its host is unknown."""
+    if topology.monitoring is None:
+        return None
+    host = topology.monitoring.host or topology.router_host
+    return host if host in {h.name for h in topology.hosts} else None
+
+
 def _port_collisions(topology: Topology, placements: list[InstancePlacement]) -> list[Problem]:
     """No two listeners share a port on one address (hosts may share an address)."""
     taken: dict[tuple[str, int], str] = {}
@@ -158,6 +181,9 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
             "the router's metrics",
             ("router", "metrics_port"),
         )
+    monitoring_host = _monitoring_host(topology)
+    if topology.monitoring is not None and monitoring_host is not None:
+        claim(monitoring_host, topology.monitoring.port, "Prometheus", ("monitoring", "port"))
     return problems
 
 
@@ -167,6 +193,7 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
     router_host = topology.router_host
     if router_host not in {h.name for h in topology.hosts}:
         router_host = ""  # reported by _router
+    monitoring_host = _monitoring_host(topology)
     reported: set[tuple[str, str]] = set()
     for p in placements:
         spec: Role = getattr(topology, p.role)
@@ -178,6 +205,8 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
                 peers |= decode_hosts - {node.host}
             if router_host and router_host != node.host and node.rank == 0:
                 peers.add(router_host)
+            if monitoring_host and monitoring_host != node.host and node.rank == 0:
+                peers.add(monitoring_host)
             if p.nnodes > 1:
                 peers |= {n.host for n in p.nodes} - {node.host}
             if not peers:
