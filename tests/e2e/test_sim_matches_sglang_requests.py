@@ -161,3 +161,8 @@ def test_sim_answers_like_sglang(case: Case, sglang_answers, sim_answers):
             f"the sim's message does not name {case.names!r}: {sim['error']}\n"
             f"SGLang's: {sglang['error']}"
         )
+
+
+def test_known_differences_are_listed_in_the_sim_docs():
+    docs = (REPO_ROOT / "docs" / "sim.md").read_text()
+    assert [c.name for c in CASES if c.known_difference and f"`{c.name}`" not in docs] == []
