@@ -5,7 +5,10 @@ list of ids, or a list of lists). ``sampling_params`` (one dict or one per promp
 ``max_new_tokens`` (default 128), ``min_new_tokens``, ``ignore_eos``, ``stop``,
 ``stop_token_ids``, ``no_stop_trim``, ``n`` and the sampling knobs SGLang validates. PD
 fields (``bootstrap_host``/``bootstrap_port``/``bootstrap_room``) are scalars or, for a batch,
-lists; with ``n > 1`` room R becomes R..R+n-1. Responses follow SGLang: ``{"text",
+lists; with ``n > 1`` room R becomes R..R+n-1. A body is checked as SGLang checks it: its
+JSON contract (`kit.sim.schema`), then what the tokenizer manager checks (`expand`, with the
+rules of `kit.sim.admission`); the OpenAI routes build a `GenerateRequest` and take the same
+second step. Responses follow SGLang: ``{"text",
 "output_ids", "meta_info"}`` per sequence, a list for a batch; streams send cumulative
 outputs as ``data:`` lines ending with ``data: [DONE]``.
 """

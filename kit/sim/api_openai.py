@@ -176,11 +176,12 @@ class Echo:
     logprobs: bool
 
 
-def completion_echo(body: dict[str, Any]) -> Echo | None:
-    """What ``echo: true`` puts in front of each sequence of a /v1/completions answer, as
-    SGLang's serving_completions does: the prompt text (token-id prompts decoded), and, when
-    ``logprobs`` is positive, the prompt logprobs. A PD decode has no prompt logprobs (its
-    input logprobs are empty): the router merges the prefill's in front."""
+def completion_echo(body: dict[str, Any], n: int) -> Echo | None:
+    """What ``echo: true`` puts in front of each sequence of a /v1/completions answer (`n`
+    sequences a prompt), as SGLang's serving_completions does: the prompt text (token-id
+    prompts decoded), and, when ``logprobs`` is positive, the prompt logprobs. A PD decode has
+    no prompt logprobs (its input logprobs are empty): the router merges the prefill's in
+    front."""
     if not body.get("echo"):
         return None
     prompt = body["prompt"]
@@ -192,7 +193,6 @@ def completion_echo(body: dict[str, Any]) -> Echo | None:
         texts = [tokens.decode(p) for p in prompt]
     else:
         texts = [tokens.decode(prompt)]
-    n = max(1, int(body.get("n") or 1))
     return Echo([texts[i // n] for i in range(len(texts) * n)], bool(body.get("logprobs")))
 
 

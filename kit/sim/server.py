@@ -462,12 +462,13 @@ class Api:
             if exc.stage is Stage.SCHEMA:
                 return _validation_error(str(exc))
             return _json(api_openai.error_body(str(exc), exc.status), exc.status)
-        echo = None if chat else api_openai.completion_echo(body)
+        # Read from the parsed inputs: pydantic's lax mode takes "false" for stream, "2" for n.
+        n = 1 + max(i.sample_index for i in inputs)
+        echo = None if chat else api_openai.completion_echo(body, n)
         model = str(body.get("model") or engine.args.served_model_name)
-        n = max(1, int(body.get("n") or 1))
         states = self._start(inputs)
         try:
-            if body.get("stream"):
+            if inputs[0].stream:
                 return await self._stream_openai(
                     request, states, chat=chat, model=model, n=n, body=body, echo=echo
                 )

@@ -321,3 +321,27 @@ def test_prompt_logprobs_follow_logprob_start_len():
     full = meta(0)["input_token_logprobs"]
     assert [t for _, t, _ in full] == [101, 102, 103, 104] and full[0][0] is None
     assert meta(2)["input_token_logprobs"] == full[2:]
+
+
+def test_openai_fields_are_read_as_pydantic_reads_them():
+    """SGLang parses OpenAI bodies with pydantic's lax mode: "false" is False, "2" is 2."""
+
+    async def main():
+        api, server = await serve([])
+        api.ready = True
+        body = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "stream": "false",
+            "n": "2",
+        }
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(server.make_url("/v1/chat/completions"), json=body) as r,
+        ):
+            assert r.content_type == "application/json"
+            assert len((await r.json())["choices"]) == 2
+        await server.close()
+        await api.engine.close()
+
+    run(main())
