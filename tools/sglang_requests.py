@@ -32,8 +32,14 @@ Seams, where only a model or a GPU host has the real thing:
 - The tokenizer manager is SGLang's class, built without its `__init__` (which starts ZMQ
   sockets and loads the tokenizer); sending to the scheduler and waiting for its answer are
   replaced by "admitted".
+- http_server.py itself cannot be imported (it imports the engine and the scheduler): its
+  three generation routes and its validation-error handler are declared again in `Server.app`,
+  each citing its line; FastAPI and Starlette run for real, over ASGI calls. An exception no
+  SGLang handler catches is Starlette's 500.
 - The modules imported on the way that need a GPU stack are answered with `sglang_hooks`'
   inert stubs (none of them is called by these checks); `torch.compile` is a no-op decorator.
+
+(No `from __future__ import annotations` here: FastAPI reads the routes' annotations.)
 
 Nothing here touches a device or the network.
 """
