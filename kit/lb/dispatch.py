@@ -11,6 +11,9 @@ Only a leg whose connection could not be made (nothing sent) is retried, on othe
 new rooms, up to `retries` times, and only before anything reached the client. For streams the
 response is committed at the decode's first bytes, which come after the prefill is done, so a
 failing prefill still gets a clean HTTP error instead of a broken stream.
+
+The legs go through `kit.lb.upstream` (the router's own HTTP/1.1 client); their time limits
+are the watchdog's (a guard per leg, no timer per request).
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from kit.lb.config import LbConfig, Role
@@ -33,15 +36,37 @@ from kit.lb.policies import Policy
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.recent import PathRecord, RecentRequests
 from kit.lb.stream import ClientGone, StreamRelay
+from kit.lb.upstream import Connection, Upstream, UpstreamError
 from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
 
+# Request ids taken from the client: visible ASCII without quotes or backslashes (they go into
+# headers and the access log as they are), at most this long; others get a new id.
+MAX_REQUEST_ID = 128
+
+
+def client_request_id(value: str | None) -> str | None:
+    """The client's X-Request-Id when it is usable as is, else None."""
+    if (
+        value
+        and len(value) <= MAX_REQUEST_ID
+        and value.isascii()
+        and value.isprintable()
+        and " " not in value
+        and '"' not in value
+        and "\\" not in value
+    ):
+        return value
+    return None
+
 
 @dataclass(slots=True)
 class Exchange:
-    """One client request in flight: what the server needs to finish and count it."""
+    """One client request in flight: what the server needs to finish, count and log it.
+
+    Times are `time.monotonic()` seconds; durations of legs are seconds (None: not run)."""
 
     request: web.BaseRequest
     pd: PdRequest
@@ -52,19 +77,39 @@ class Exchange:
     relay: StreamRelay | None = None
     # Metrics labels of what went wrong on the way (retries, a lost client...), counted once.
     causes: list[str] = field(default_factory=list)
+    sent_at: float | None = None  # both legs of the last attempt were sent
+    prefill_s: float | None = None
+    decode_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Send:
-    """What both legs of one attempt send: path, encoded body, headers."""
+    """What both legs of one attempt send: the route and the rest of the request after the
+    Host line (headers, blank line), and the body."""
 
-    path: str
+    path: bytes
+    headers: bytes
     body: bytes
-    headers: dict[str, str]
+
+
+class _Leg:
+    """One leg's connection, for the watchdog to abort when the leg's time limit expires."""
+
+    __slots__ = ("conn", "expired", "started")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.expired = False
+        self.started = time.monotonic()
+
+    def expire(self) -> None:
+        self.expired = True
+        if self.conn is not None:
+            self.conn.abort(TimeoutError())
 
 
 class _Pair:
-    """The two legs of one attempt; a failed prefill cancels the decode (or closes its stream)."""
+    """The two legs of one attempt; a failed prefill cancels the decode (or ends its stream)."""
 
     __slots__ = (
         "decode_response",
@@ -81,7 +126,7 @@ class _Pair:
         self.prefill_error: LegError | None = None
         self.reported = False  # the prefill's error reached the client (or was raised)
         self.guard: Guard | None = None  # streams: the watchdog's view of this attempt
-        self.decode_response: aiohttp.ClientResponse | None = None
+        self.decode_response: Connection | None = None
         prefill_task.add_done_callback(self._prefill_done)
 
     def _prefill_done(self, task: asyncio.Task[bytes]) -> None:
@@ -100,14 +145,14 @@ class _Pair:
         if not self.decode_task.done():
             self.decode_task.cancel()
         elif self.decode_response is not None:
-            self.decode_response.close()
+            self.decode_response.abort(self.prefill_error)
 
     def expire(self) -> None:
         """The watchdog's verdict: stop waiting for the decode (its read then fails)."""
         if not self.decode_task.done():
             self.decode_task.cancel()
         elif self.decode_response is not None:
-            self.decode_response.close()
+            self.decode_response.abort(TimeoutError())
 
     def take_error(self) -> LegError:
         """The prefill's error, now reported to the client (not to be counted again)."""
@@ -120,13 +165,17 @@ class _Pair:
         for task in (self.prefill_task, self.decode_task):
             if not task.done():
                 task.cancel()
-        if self.decode_response is not None:
-            self.decode_response.close()
+        response = self.decode_response
+        if response is None and self.decode_task.done() and not self.decode_task.cancelled():
+            result = self.decode_task.exception() or self.decode_task.result()
+            response = result if isinstance(result, Connection) else None
+        if response is not None:
+            response.close()
 
 
 def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
-    """Map a client exception of one leg to the error the client sees."""
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+    """Map a failure of one leg's exchange to the error the client sees."""
+    if isinstance(exc, UpstreamError) and exc.unsent:
         return LegError(
             502,
             f"cannot reach {role} worker {worker.url}: {exc}",
@@ -146,7 +195,7 @@ def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
         )
     return LegError(
         502,
-        f"{role} worker {worker.url} failed: {type(exc).__name__}: {exc}",
+        f"{role} worker {worker.url} failed: {exc}",
         f"{role}_transport",
         role=role,
         worker=worker.url,
@@ -154,7 +203,7 @@ def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
 
 
 class Dispatcher:
-    """Sends PD requests; one per load balancer, sharing its session, pool and policies."""
+    """Sends PD requests; one per load balancer, sharing its pool, policies and upstream."""
 
     def __init__(
         self,
@@ -162,7 +211,7 @@ class Dispatcher:
         *,
         pool: WorkerPool,
         policies: dict[Role, Policy],
-        session: aiohttp.ClientSession,
+        upstream: Upstream,
         metrics: LbMetrics,
         rng: random.Random,
         worker_headers: dict[str, str],
@@ -173,27 +222,23 @@ class Dispatcher:
         self._config = config
         self._pool = pool
         self._policies = policies
-        self._session = session
+        self._upstream = upstream
         self._metrics = metrics
         self._rng = rng
         self._on_connection_error = on_connection_error
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
         self._background: set[asyncio.Task[bytes]] = set()
-        connect = config.connect_timeout
-        self._prefill_timeout = aiohttp.ClientTimeout(
-            total=config.prefill_timeout or None, sock_connect=connect
-        )
-        self._unary_timeout = aiohttp.ClientTimeout(
-            total=config.request_timeout or None, sock_connect=connect
-        )
-        # No sock_read: stream limits are the watchdog's (no timer churn per token).
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect)
-        self._watchdog = Watchdog(config.idle_timeout or None, config.request_timeout or None)
-        self._base_headers = {"Content-Type": "application/json", **worker_headers}
+        self._prefill_timeout = config.prefill_timeout or None
+        self._request_timeout = config.request_timeout or None
+        self._idle_timeout = config.idle_timeout or None
+        self._watchdog = Watchdog(self._prefill_timeout, self._request_timeout, self._idle_timeout)
+        self._needs_key = any(p.needs_key for p in policies.values())
+        fixed = {"Content-Type": "application/json", **worker_headers}
+        self._fixed_headers = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
 
     async def close(self) -> None:
-        """Stop the stream watchdog; cancel prefill legs still finishing in the background."""
+        """Stop the watchdog; cancel prefill legs still finishing in the background."""
         await self._watchdog.close()
         for task in list(self._background):
             task.cancel()
@@ -224,15 +269,18 @@ class Dispatcher:
 
     # -- entry point -------------------------------------------------------------------------
 
+    def request_id(self, request: web.BaseRequest) -> str:
+        """The client's X-Request-Id when usable, else a new one (16 hex digits)."""
+        return client_request_id(request.headers.get("X-Request-Id")) or (
+            f"{self._rng.getrandbits(64):016x}"
+        )
+
     async def dispatch(self, ex: Exchange) -> web.StreamResponse:
         """Answer one PD request (retrying unreachable workers); raises ApiError before commit."""
         pd = ex.pd
-        needs_key = self._policies["prefill"].needs_key or self._policies["decode"].needs_key
-        key = affinity_key(pd, self._config.prefix_chars) if needs_key else None
-        ex.request_id = (
-            ex.request.headers.get("X-Request-Id") or f"{self._rng.getrandbits(64):016x}"
-        )
-        headers = {**self._base_headers, "X-Request-Id": ex.request_id}
+        key = affinity_key(pd, self._config.prefix_chars) if self._needs_key else None
+        if not ex.request_id:
+            ex.request_id = self.request_id(ex.request)
         excluded: set[str] = set()
         attempt = 0
         while True:
@@ -241,7 +289,12 @@ class Dispatcher:
             body, room = pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
-            send = _Send(pd.path, body, headers)
+            send = _Send(
+                pd.path_bytes,
+                b"%sContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n"
+                % (self._fixed_headers, len(body), ex.request_id.encode()),
+                body,
+            )
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
@@ -263,63 +316,95 @@ class Dispatcher:
 
     # -- legs --------------------------------------------------------------------------------
 
-    async def _post(
-        self, role: Role, worker: Worker, send: _Send, timeout: aiohttp.ClientTimeout
-    ) -> aiohttp.ClientResponse:
+    async def _open(self, role: Role, worker: Worker, send: _Send, leg: _Leg) -> Connection:
+        """Send one leg and wait for its response head; LegError on failure."""
         worker.requests += 1
+        origin = self._upstream.origin(worker.url)
         try:
-            resp = await self._session.post(
-                worker.endpoint(send.path), data=send.body, headers=send.headers, timeout=timeout
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            head = origin.request_head(b"POST", send.path) + send.headers
+            conn = await origin.send(head, send.body)
+        except UpstreamError as exc:
             raise _leg_error(role, worker, exc) from exc
+        leg.conn = conn
+        if leg.expired:
+            conn.abort(TimeoutError())
+        try:
+            await conn.head()
+        except (UpstreamError, TimeoutError) as exc:
+            conn.close()
+            raise _leg_error(role, worker, exc) from exc
+        except BaseException:
+            conn.close()
+            raise
         if worker.connection_errors:
             self._pool.record_success(worker)
-        return resp
+        return conn
 
     async def _read_leg(
-        self, role: Role, worker: Worker, send: _Send, timeout: aiohttp.ClientTimeout
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
-        """One whole non-streamed leg: the response (released) and its body."""
+        self, role: Role, worker: Worker, send: _Send, limit: float | None
+    ) -> tuple[int, str, bytes]:
+        """One whole non-streamed leg: (status, content type, body)."""
         worker.inflight += 1
+        leg = _Leg()
+        guard = self._watchdog.watch(leg.expire, total=limit)
         try:
-            resp = await self._post(role, worker, send, timeout)
+            conn = await self._open(role, worker, send, leg)
             try:
-                return resp, await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                data = await conn.read()
+            except (UpstreamError, TimeoutError) as exc:
                 raise _leg_error(role, worker, exc) from exc
             finally:
-                resp.release()
+                conn.release()
+            return conn.status, conn.content_type, data
         finally:
+            self._watchdog.release(guard)
             worker.inflight -= 1
 
-    async def _prefill_leg(self, worker: Worker, send: _Send, keep: bool) -> bytes:
-        resp, data = await self._read_leg("prefill", worker, send, self._prefill_timeout)
-        if resp.status >= 300:
+    async def _prefill_leg(self, ex: Exchange, worker: Worker, send: _Send, keep: bool) -> bytes:
+        started = time.monotonic()
+        try:
+            status, content_type, data = await self._read_leg(
+                "prefill", worker, send, self._prefill_timeout
+            )
+        finally:
+            ex.prefill_s = time.monotonic() - started
+        if status >= 300:
             snippet = data[:300].decode("utf-8", "replace")
             raise LegError(
-                resp.status,
-                f"prefill worker {worker.url} answered {resp.status}: {snippet}",
+                status,
+                f"prefill worker {worker.url} answered {status}: {snippet}",
                 "prefill_status",
                 role="prefill",
                 worker=worker.url,
                 raw_body=data,
-                raw_content_type=resp.content_type,
+                raw_content_type=content_type,
             )
         return data if keep else b""
 
-    async def _decode_unary(self, worker: Worker, send: _Send) -> tuple[int, bytes, str]:
-        resp, data = await self._read_leg("decode", worker, send, self._unary_timeout)
-        return resp.status, data, resp.headers.get("Content-Type", "application/json")
+    async def _decode_unary(
+        self, ex: Exchange, worker: Worker, send: _Send
+    ) -> tuple[int, str, bytes]:
+        started = time.monotonic()
+        try:
+            return await self._read_leg("decode", worker, send, self._request_timeout)
+        finally:
+            ex.decode_s = time.monotonic() - started
 
-    async def _decode_open(self, worker: Worker, send: _Send) -> aiohttp.ClientResponse:
-        return await self._post("decode", worker, send, self._stream_timeout)
+    async def _decode_open(self, worker: Worker, send: _Send) -> Connection:
+        return await self._open("decode", worker, send, _Leg())
 
     def _start(
-        self, prefill: Worker, send: _Send, keep: bool, decode_coro: Coroutine[Any, Any, Any]
+        self,
+        ex: Exchange,
+        prefill: Worker,
+        send: _Send,
+        keep: bool,
+        decode_coro: Coroutine[Any, Any, Any],
     ) -> _Pair:
-        prefill_task = asyncio.create_task(self._prefill_leg(prefill, send, keep))
-        return _Pair(prefill_task, asyncio.create_task(decode_coro))
+        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep))
+        pair = _Pair(prefill_task, asyncio.create_task(decode_coro))
+        ex.sent_at = time.monotonic()
+        return pair
 
     def _finish_in_background(self, pair: _Pair) -> None:
         """Let a prefill leg that is still reading its answer finish; count a late failure."""
@@ -361,10 +446,10 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(prefill, send, keep, self._decode_unary(decode, send))
+        pair = self._start(ex, prefill, send, keep, self._decode_unary(ex, decode, send))
         finished = False
         try:
-            status, data, content_type = await self._await_decode(pair, decode)
+            status, content_type, data = await self._await_decode(pair, decode)
             if status >= 300:
                 pair.cancel()
                 ex.causes.append("decode_status")
@@ -374,7 +459,9 @@ class Dispatcher:
             finished = True
             self._finish_in_background(pair)
             return web.Response(
-                body=data, status=status, headers=self._response_headers(ex, content_type)
+                body=data,
+                status=status,
+                headers=self._response_headers(ex, content_type or "application/json"),
             )
         finally:
             if not finished:
@@ -387,13 +474,15 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(prefill, send, keep, self._decode_open(decode, send))
-        guard = pair.guard = self._watchdog.watch(pair.expire)
+        pair = self._start(ex, prefill, send, keep, self._decode_open(decode, send))
+        guard = pair.guard = self._watchdog.watch(
+            pair.expire, total=self._request_timeout, idle=self._idle_timeout
+        )
         decode.inflight += 1
         finished = False
         try:
             upstream = await self._await_decode(pair, decode)
-            if not isinstance(upstream, aiohttp.ClientResponse):
+            if not isinstance(upstream, Connection):
                 raise TypeError("decode leg returned no response")
             pair.decode_response = upstream
             if pair.prefill_error is not None:
@@ -406,36 +495,41 @@ class Dispatcher:
                 return web.Response(
                     body=data,
                     status=upstream.status,
-                    headers=self._response_headers(
-                        ex, upstream.headers.get("Content-Type", "application/json")
-                    ),
+                    headers=self._response_headers(ex, upstream.content_type or "application/json"),
                 )
             merger = None
             if keep:
                 merger = StreamMerger(pd.merge, await pair.prefill_task)
             try:
-                first = await upstream.content.readany()
-            except aiohttp.ClientError as exc:
+                first = await upstream.first()
+            except (UpstreamError, TimeoutError) as exc:
                 raise self._stream_failure(pair, decode, exc) from None
             out = web.StreamResponse(
                 status=upstream.status,
-                headers=self._response_headers(
-                    ex, upstream.headers.get("Content-Type", "text/event-stream")
-                ),
+                headers=self._response_headers(ex, upstream.content_type or "text/event-stream"),
             )
             out.headers["Cache-Control"] = "no-cache"
             out.headers["X-Accel-Buffering"] = "no"
             await out.prepare(ex.request)
             ex.out = out
             ttft, itl = self._metrics.stream_timers(pd.path)
-            relay = StreamRelay(out, ex.started, ttft, itl, merger)
+            relay = StreamRelay(
+                out,
+                ex.request,
+                started=ex.started,
+                ttft=ttft,
+                itl=itl,
+                guard=guard,
+                worker=decode,
+                merger=merger,
+            )
             ex.relay = relay
             try:
-                await relay.run(upstream, first, guard)
+                await relay.run(upstream, first)
             except ClientGone:
                 ex.causes.append("client_disconnect")
                 return out
-            except aiohttp.ClientError as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 error = self._stream_failure(pair, decode, exc)
                 ex.causes.append(error.cause)
                 self._on_failure(error)
@@ -449,6 +543,7 @@ class Dispatcher:
         finally:
             self._watchdog.release(guard)
             decode.inflight -= 1
+            ex.decode_s = time.monotonic() - (ex.sent_at or ex.started)
             if not finished:
                 pair.cancel()
             elif pair.decode_response is not None:
@@ -478,12 +573,10 @@ class Dispatcher:
             return pair.take_error()
         return _leg_error("decode", decode, exc)
 
-    async def _read_error(
-        self, pair: _Pair, decode: Worker, upstream: aiohttp.ClientResponse
-    ) -> bytes:
+    async def _read_error(self, pair: _Pair, decode: Worker, upstream: Connection) -> bytes:
         try:
             return await upstream.read()
-        except aiohttp.ClientError as exc:
+        except (UpstreamError, TimeoutError) as exc:
             raise self._stream_failure(pair, decode, exc) from exc
 
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:

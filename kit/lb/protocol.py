@@ -26,6 +26,7 @@ GENERATE = "/generate"
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 PD_ROUTES = (GENERATE, COMPLETIONS, CHAT)
+_PATH_BYTES = {path: path.encode() for path in PD_ROUTES}
 
 # Rooms leave headroom below 2^63 - 1 so that R + n - 1 stays in range for parallel samples.
 ROOM_SPAN = 2**63 - 2**20
@@ -51,6 +52,10 @@ class PdRequest:
     batch_size: int | None
     merge: Merge
     spliceable: bool
+
+    @property
+    def path_bytes(self) -> bytes:
+        return _PATH_BYTES[self.path]
 
     def encode(self, host: str, port: int | None, rng: random.Random) -> tuple[bytes, int]:
         """The body for both legs, with fresh bootstrap fields (new rooms on every call), and

@@ -42,6 +42,7 @@ from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, parse_request
 from kit.lb.recent import RecentRequests
+from kit.lb.upstream import Upstream
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 log = logging.getLogger("kit.lb")
@@ -91,6 +92,7 @@ class LoadBalancer:
         if config.worker_api_key:
             self._worker_headers["Authorization"] = f"Bearer {config.worker_api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
         self._dispatcher: Dispatcher | None = None
         self._monitor: HealthMonitor | None = None
         self._info: InfoRoutes | None = None
@@ -195,11 +197,16 @@ class LoadBalancer:
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),  # workers set no cookies; skip the jar work
         )
+        self._upstream = Upstream(
+            connect_timeout=cfg.connect_timeout,
+            keepalive=cfg.upstream_keepalive,
+            max_connections=cfg.max_connections,
+        )
         self._dispatcher = Dispatcher(
             cfg,
             pool=self.pool,
             policies=self.policies,
-            session=self._session,
+            upstream=self._upstream,
             metrics=self.metrics,
             rng=self.rng,
             worker_headers=self._worker_headers,
@@ -227,6 +234,8 @@ class LoadBalancer:
             await self._monitor.close()
         if self._dispatcher is not None:
             await self._dispatcher.close()
+        if self._upstream is not None:
+            await self._upstream.close()
         if self._session is not None:
             await self._session.close()
 
@@ -238,6 +247,8 @@ class LoadBalancer:
     async def _forget(self, worker: Worker) -> None:
         if self._monitor is not None:
             await self._monitor.unwatch(worker.url)
+        if self._upstream is not None:
+            self._upstream.forget(worker.url)
 
     def _on_transition(self, worker: Worker, old: State, new: State) -> None:
         if new is State.HEALTHY:

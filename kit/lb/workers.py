@@ -64,6 +64,8 @@ class Worker:
     last_probe_error: str | None = None
     inflight: int = 0
     requests: int = 0
+    # When a leg on this worker last made progress (a leg ended, stream bytes came; monotonic).
+    progress_at: float = 0.0
     failed_probes: int = 0
     good_probes: int = 0
     connection_errors: int = 0

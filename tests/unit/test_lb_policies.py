@@ -164,18 +164,20 @@ def test_draining_worker_is_never_routable_whatever_the_probes_say():
 
 def test_watchdog_expires_idle_and_overlong_streams_once():
     fired: list[str] = []
-    dog = Watchdog(idle=1.0, total=10.0)
-    dog._guards.add(quiet := Guard(0.0, 10.0, lambda: fired.append("quiet")))
-    dog._guards.add(busy := Guard(0.0, 10.0, lambda: fired.append("busy")))
+    dog = Watchdog(1.0, 10.0)
+    dog._guards.add(quiet := Guard(0.0, 10.0, 1.0, lambda: fired.append("quiet")))
+    dog._guards.add(busy := Guard(0.0, 10.0, 1.0, lambda: fired.append("busy")))
+    dog._guards.add(leg := Guard(0.0, 5.0, None, lambda: fired.append("leg")))
     busy.last = 0.9
     dog.check(1.5)
     assert fired == ["quiet"] and quiet.expired == "idle" and busy.expired is None
+    assert leg.expired is None  # a leg without an idle limit may be quiet
     busy.last = 10.5
     dog.check(10.6)
     dog.check(11.0)
-    assert fired == ["quiet", "busy"] and busy.expired == "total"
-    assert Watchdog(idle=300.0, total=None).tick == 1.0
-    assert Watchdog(idle=0.2, total=None).tick == 0.05
+    assert fired == ["quiet", "leg", "busy"] and busy.expired == "total" == leg.expired
+    assert Watchdog(300.0, None).tick == 1.0
+    assert Watchdog(0.2, 600.0).tick == 0.05
 
 
 def test_histogram_buckets_are_cumulative_and_inclusive():
