@@ -405,28 +405,37 @@ class Origin:
         return conn
 
     async def _connection(self) -> Connection:
+        """An idle connection, or a new one once `max_connections` allows it."""
         upstream = self._upstream
+        while True:
+            conn = self._idle_connection()
+            if conn is None and not upstream.has_slot():
+                await upstream.wait_slot()
+                continue
+            upstream.acquired += 1
+            if conn is None:
+                try:
+                    conn = await self._connect()
+                except BaseException:
+                    upstream.free_slot()
+                    raise
+            conn.in_use = True
+            return conn
+
+    def _idle_connection(self) -> Connection | None:
+        """The most recently used idle connection still open and fresh, if any."""
         idle = self._idle
-        if idle:
-            now = upstream.loop.time()
-            while idle:
-                conn = idle.pop()
-                if conn.transport is None or conn.transport.is_closing():
-                    continue
-                if now - conn.idle_since > upstream.keepalive:
-                    conn.transport.close()
-                    continue
-                upstream.acquired += 1
-                conn.in_use = True
-                return conn
-        await upstream.slot()
-        try:
-            conn = await self._connect()
-        except BaseException:
-            upstream.free_slot()
-            raise
-        conn.in_use = True
-        return conn
+        now = self._upstream.loop.time()
+        while idle:
+            conn = idle.pop()
+            transport = conn.transport
+            if transport is None or transport.is_closing():
+                continue
+            if now - conn.idle_since > self._upstream.keepalive:
+                transport.close()
+                continue
+            return conn
+        return None
 
     async def _connect(self) -> Connection:
         upstream = self._upstream
@@ -499,19 +508,20 @@ class Upstream:
             self._tls = ssl.create_default_context()
         return self._tls
 
-    async def slot(self) -> None:
-        """Wait until one more connection may be in use."""
-        limit = self.max_connections
-        while limit and self.acquired >= limit:
-            waiter = self.loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if not waiter.cancelled() and waiter.done():
-                    self._wake_one()
-                raise
-        self.acquired += 1
+    def has_slot(self) -> bool:
+        """Whether one more connection may be in use."""
+        return not self.max_connections or self.acquired < self.max_connections
+
+    async def wait_slot(self) -> None:
+        """Wait until a connection in use is given back."""
+        waiter = self.loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken and cancelled at once: pass the turn on
+            raise
 
     def free_slot(self) -> None:
         self.acquired -= 1
