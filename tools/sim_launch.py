@@ -198,3 +198,89 @@ def request_json(
         return status, json.loads(text)
     except json.JSONDecodeError:
         return status, text
+
+
+class PdCluster:
+    """One prefill and one decode sim worker behind ``python -m kit.lb``, every process stopped
+    on exit; a context manager. `extra` is added to both workers' argv, `lb_args` to the
+    router's. `url` is the router's, `prefill` and `decode` the workers."""
+
+    def __init__(
+        self,
+        *,
+        model: str = "meta-llama/Llama-3.1-8B-Instruct",
+        env: Mapping[str, str] | None = None,
+        extra: Sequence[str] = (),
+        lb_args: Sequence[str] = ("--health-interval", "0.05"),
+        timeout_s: float = 30.0,
+    ) -> None:
+        bootstrap = free_port()
+        self.bootstrap_port = bootstrap
+        self.prefill = SimProcess(
+            worker_argv(
+                port=free_port(), mode="prefill", bootstrap_port=bootstrap, model=model, extra=extra
+            ),
+            env=env,
+        )
+        self.decode = SimProcess(
+            worker_argv(
+                port=free_port(), mode="decode", model=model, extra=[*extra, "--base-gpu-id", "1"]
+            ),
+            env=env,
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lb_args = list(lb_args)
+        self.timeout_s = timeout_s
+        self.lb: subprocess.Popen[bytes] | None = None
+        self.lb_log = self.prefill.log_dir / f"lb-{self.port}.log"
+
+    def start(self) -> PdCluster:
+        """Start everything and wait until the router is ready (RuntimeError with the logs)."""
+        repo = Path(__file__).resolve().parent.parent
+        self.prefill.start()
+        self.decode.start()
+        self.prefill.wait_ready(self.timeout_s)
+        self.decode.wait_ready(self.timeout_s)
+        argv = ["--prefill", self.prefill.url, str(self.bootstrap_port), "--decode"]
+        argv += [self.decode.url, "--host", "127.0.0.1", "--port", str(self.port)]
+        with self.lb_log.open("wb") as log:  # a file: a pipe nobody reads would fill and block
+            self.lb = subprocess.Popen(
+                [sys.executable, "-m", "kit.lb", *argv, *self.lb_args],
+                cwd=repo,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _LIVE.add(self.lb)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/readiness", timeout=2) as answer,
+            ):
+                if answer.status == 200:
+                    return self
+            if self.lb.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                output = self.lb_log.read_text(errors="replace")
+                raise RuntimeError(f"the router did not get ready:\n{output[-3000:]}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.lb is not None and self.lb.poll() is None:
+            _terminate(self.lb, grace_s=5.0)
+        self.decode.kill(signal.SIGCONT)  # a test may have stopped it
+        self.prefill.stop()
+        self.decode.stop()
+
+    def __enter__(self) -> PdCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

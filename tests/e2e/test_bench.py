@@ -8,15 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from tests.conftest import REPO, run_pdkit
 from tests.lb_cluster import FAST_HEALTH
-from tools.sim_launch import SimProcess, free_port, worker_argv
+from tools.sim_launch import PdCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -25,57 +23,14 @@ SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "4", "PDKIT_SIM_G
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@dataclass
-class Cluster:
-    url: str
-    prefill: SimProcess
-    decode: SimProcess
-
-
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[PdCluster]:
     """One prefill and one decode sim worker behind `python -m kit.lb`."""
-    boot = free_port()
-    prefill = SimProcess(
-        worker_argv(port=free_port(), mode="prefill", bootstrap_port=boot, model=MODEL),
-        env=SIM_ENV,
-    ).start()
-    decode = SimProcess(
-        worker_argv(port=free_port(), mode="decode", model=MODEL, extra=["--base-gpu-id", "1"]),
-        env=SIM_ENV,
-    ).start()
-    port = free_port()
-    argv = ["--prefill", prefill.url, str(boot), "--decode", decode.url, "--port", str(port)]
-    lb = subprocess.Popen(
-        [sys.executable, "-m", "kit.lb", *argv, "--host", "127.0.0.1", *FAST_HEALTH],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        prefill.wait_ready()
-        decode.wait_ready()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/readiness", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline and lb.poll() is None, "the router never got ready"
-            time.sleep(0.1)
-        yield Cluster(url, prefill, decode)
-    finally:
-        lb.terminate()
-        lb.wait(10)
-        decode.kill(signal.SIGCONT)
-        prefill.stop()
-        decode.stop()
+    with PdCluster(model=MODEL, env=SIM_ENV, lb_args=FAST_HEALTH) as running:
+        yield running
 
 
-def bench(cluster: Cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def bench(cluster: PdCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return run_pdkit("bench", "--url", cluster.url, "--model", MODEL, *args, timeout=timeout)
 
 

@@ -9,17 +9,13 @@ through the router, which sends it to both workers with the bootstrap fields add
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.conftest import REPO
 from tests.request_corpus import CASES, MODEL, SERVERS
-from tools.sim_launch import SimProcess, free_port, worker_argv
+from tools.sim_launch import PdCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -58,73 +54,8 @@ def post(url: str, payload: str) -> tuple[int, str, object]:
 @pytest.fixture(scope="module")
 def cluster():
     """(decode worker URL, router URL), every process stopped afterwards."""
-    bootstrap = free_port()
-    short = SERVERS["short"]
-    prefill = SimProcess(
-        worker_argv(
-            port=free_port(), mode="prefill", bootstrap_port=bootstrap, model=MODEL, extra=short
-        ),
-        env=SIM_ENV,
-    )
-    decode = SimProcess(
-        worker_argv(
-            port=free_port(),
-            mode="decode",
-            model=MODEL,
-            extra=[*short, "--base-gpu-id", "1"],
-        ),
-        env=SIM_ENV,
-    )
-    lb_port = free_port()
-    lb = None
-    try:
-        prefill.start()
-        decode.start()
-        prefill.wait_ready()
-        decode.wait_ready()
-        lb = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kit.lb",
-                "--prefill",
-                prefill.url,
-                str(bootstrap),
-                "--decode",
-                decode.url,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(lb_port),
-                "--health-interval",
-                "0.05",
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{lb_port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/readiness", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if lb.poll() is not None or time.monotonic() > deadline:
-                lb.kill()
-                output = lb.communicate(timeout=10)[0].decode(errors="replace")
-                pytest.fail(f"the router did not start:\n{output[-3000:]}")
-            time.sleep(0.05)
-        yield decode.url, url
-    finally:
-        if lb is not None:
-            lb.kill()
-            lb.wait(10)
-        prefill.stop()
-        decode.stop()
+    with PdCluster(model=MODEL, env=SIM_ENV, extra=SERVERS["short"]) as running:
+        yield running.decode.url, running.url
 
 
 @pytest.mark.parametrize("name", REFUSALS)
