@@ -3,10 +3,10 @@ model, on one `VirtualClock`, serving a list of requests to completion.
 
 Deployments: colocated instances; prefill-only or decode-only instances (DistServe's Fig. 1
 set-ups: a prefill that hands the KV off at once, a decode whose KV appears at once); and xPyD
-PD clusters, whose prefill and decode instances may be launched differently (TP per role), in
-which each request reserves KV room on its decode before its prefill runs and the KV then takes
-the timing model's transfer time. Requests are dealt round-robin, as a simple router would.
-Times are model seconds.
+PD clusters, whose prefill and decode instances may be launched differently (TP and DP per
+role), in which each request reserves KV room on its decode before its prefill runs and the KV
+then takes the timing model's transfer time. Requests are dealt round-robin over the DP ranks
+of all instances, as a simple router would. Times are model seconds.
 """
 
 from __future__ import annotations
@@ -31,11 +31,20 @@ Kind = Literal["colocated", "prefill-only", "decode-only", "pd"]
 @dataclass(frozen=True)
 class InstanceConfig:
     """One SGLang instance: model, GPU type and the launch knobs the scheduler honours (None:
-    SGLang's default). `kv_dtype_bytes` is bytes per KV element (2: bf16, 1: fp8)."""
+    SGLang's default). `kv_dtype_bytes` is bytes per KV element (2: bf16, 1: fp8).
+
+    `dp` schedulers (DP ranks) serve the instance, as the sim worker runs them: with
+    `dp_attention` they share the `tp` GPUs (attention TP tp/dp, request slots split between
+    them), without it each rank has `tp` GPUs of its own. `ep` (expert parallel) shards the
+    experts over the same GPUs as TP does, which the timing model prices alike."""
 
     model: ModelShape
     gpu: GpuSpec
     tp: int = 1
+    dp: int = 1
+    dp_attention: bool = False
+    ep: int = 1
+    gpus_per_node: int = 8
     page_size: int = 16
     chunked_prefill_size: int | None = None
     mem_fraction_static: float | None = None
@@ -48,13 +57,18 @@ class InstanceConfig:
 
     @property
     def gpus(self) -> int:
-        return self.tp
+        return self.tp * (1 if self.dp_attention else self.dp)
+
+    @property
+    def attn_tp(self) -> int:
+        """GPUs that run one DP rank's attention and hold its KV."""
+        return self.tp // self.dp if self.dp_attention else self.tp
 
     def build_timing(self) -> TimingModel:
         return TimingModel(
             self.model,
             self.gpu,
-            Parallelism(tp=self.tp, attn_tp=self.tp),
+            Parallelism(tp=self.tp, attn_tp=self.attn_tp, gpus_per_node=self.gpus_per_node),
             self.kv_dtype_bytes,
             self.efficiency,
         )
@@ -74,7 +88,8 @@ class InstanceConfig:
         """True when the weights leave room for at least one KV page."""
         return self.memory().capacity_tokens >= self.page_size
 
-    def build(self, mode: Mode, clock: VirtualClock) -> Scheduler:
+    def build(self, mode: Mode, clock: VirtualClock) -> list[Scheduler]:
+        """The instance's schedulers, one per DP rank."""
         timing = self.build_timing()
         memory = self.memory(timing)
         if memory.capacity_tokens < self.page_size:
@@ -83,16 +98,22 @@ class InstanceConfig:
                 f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}: "
                 f"{weights:.1f} GiB of weights per GPU leave no KV room. To fix: raise tp."
             )
-        return Scheduler(
-            mode=mode,
-            timing=timing,
-            pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
-            clock=clock,
-            max_running=memory.max_running_requests,
-            chunk_size=memory.chunked_prefill_size,
-            mixed_chunk=self.mixed_chunk,
-            reserved_decode_tokens=self.reserved_decode_tokens,
-        )
+        slots = memory.max_running_requests
+        if self.dp_attention:
+            slots = max(1, slots // self.dp)  # SGLang splits the slots between the ranks
+        return [
+            Scheduler(
+                mode=mode,
+                timing=timing,
+                pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
+                clock=clock,
+                max_running=slots,
+                chunk_size=memory.chunked_prefill_size,
+                mixed_chunk=self.mixed_chunk,
+                reserved_decode_tokens=self.reserved_decode_tokens,
+            )
+            for _ in range(self.dp)
+        ]
 
 
 @dataclass(frozen=True)
@@ -208,7 +229,9 @@ class _Run:
         self.clock = clock
 
         def build(group: Instances | None, mode: Mode) -> list[Scheduler]:
-            return [group.config.build(mode, clock) for _ in range(group.count)] if group else []
+            if group is None:
+                return []
+            return [rank for _ in range(group.count) for rank in group.config.build(mode, clock)]
 
         if cluster.colocated is not None:
             self.prefills = build(cluster.colocated, Mode.NULL)
