@@ -54,6 +54,16 @@ StateDirOpt = Annotated[
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")]
 
 
+def _pair_timeout(flag: str) -> typer.models.OptionInfo:
+    return typer.Option(
+        flag,
+        min=0.1,
+        help="Seconds each prefill x decode pair may take (default: 15).",
+        metavar="SECONDS",
+        show_default=False,
+    )
+
+
 @app.callback()
 def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
@@ -214,12 +224,15 @@ def status(
     epilog="Examples:\n\n  pdkit up topologies/local.yaml\n\n"
     "  pdkit up topologies/llama-8b-1p1d.yaml --timeout 1200\n\n"
     "Runs Ansible (playbooks/deploy.yml) for the workers, waits until every worker answers "
-    "/health, then deploys the router and waits for its /readiness. Running it again changes "
-    "nothing; after a topology change only the affected processes restart. State (inventory, "
-    "Ansible output) goes to .pdkit/<name>/ beside the topology."
+    "/health, then deploys the router and waits for its /readiness; last, the gate sends one "
+    "real PD request to every prefill x decode pair (`pdkit doctor`) and fails, naming the pair "
+    "and the cause, when one moves no KV. Running it again changes nothing; after a topology "
+    "change only the affected processes restart. State (inventory, Ansible output) goes to "
+    ".pdkit/<name>/ beside the topology."
 )
 def up(
     topology: TopologyArg,
+    *,
     state_dir: StateDirOpt = None,
     timeout: Annotated[
         float | None,
@@ -241,13 +254,63 @@ def up(
         ),
     ] = None,
     verbose: VerboseOpt = False,
+    no_gate: Annotated[
+        bool,
+        typer.Option(
+            "--no-gate", help="Skip the last stage: one KV transfer per prefill x decode pair."
+        ),
+    ] = False,
+    gate_timeout: Annotated[float | None, _pair_timeout("--gate-timeout")] = None,
 ) -> None:
     """Install and start every process of a topology, in order, and wait until it serves."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import up as deploy_up  # noqa: PLC0415
 
     context = DeployContext.build(_resolve(topology), topology, state_dir)
-    deploy_up(context, out, UpOptions(timeout, router_timeout, verbose))
+    options = UpOptions(
+        timeout,
+        router_timeout,
+        verbose,
+        gate=not no_gate,
+        gate_options=DoctorOptions(timeout_s=gate_timeout or DEFAULT_TIMEOUT_S),
+    )
+    deploy_up(context, out, options)
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit doctor topologies/local.yaml\n\n"
+    "  pdkit doctor topologies/local.yaml --json | jq '.pairs[] | {prefill, decode, state}'\n\n"
+    "Sends one real PD request (one output token, its own bootstrap room) straight to every "
+    "prefill x decode pair, every DP rank included, and prints the matrix: TTFT and the KV "
+    "transfer time and speed the prefill reports, or the failure with its cause from both "
+    "workers' logs and the fix. Ends with the model's KV bytes per token and the transfer time "
+    "of --input-len tokens at the measured speed, against the TTFT objective. Exit status 0 "
+    "when every pair moved KV, 1 otherwise. `pdkit up` runs the same check last."
+)
+def doctor(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    timeout: Annotated[float | None, _pair_timeout("--timeout")] = None,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            min=1,
+            help="Pairs in flight per worker (1: each pair's transfer figures are its own).",
+        ),
+    ] = 1,
+    input_len: Annotated[
+        int, typer.Option("--input-len", min=1, help="Input tokens for the KV cost line.")
+    ] = 2048,
+) -> None:
+    """Prove KV moves across every prefill x decode pair; name the cause when it does not."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
+    from kit.deploy.gate import run_doctor  # noqa: PLC0415
+    from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
+
+    context = DeployContext.build(_resolve(topology), topology)
+    options = DoctorOptions(timeout_s=timeout or DEFAULT_TIMEOUT_S, parallel=parallel)
+    raise typer.Exit(run_doctor(context, out, options, as_json=as_json, input_tokens=input_len))
 
 
 @app.command(

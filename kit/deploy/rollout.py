@@ -2,8 +2,9 @@
 
 up:   deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags router
       -> wait for the router's /readiness -> (monitoring:) deploy.yml --tags monitoring -> wait
-      for Prometheus' /-/ready and its first scrape of every target -> endpoint, curl line,
-      status table.
+      for Prometheus' /-/ready and its first scrape of every target -> the KV transfer gate
+      (kit.deploy.gate: one PD request per prefill x decode pair; --no-gate skips it) ->
+      endpoint, curl line, status table.
 down: down.yml (router first, then workers, then the deployment's supervisord); logs stay.
 
 Every failure raises `DeployError` with what failed (host, task or process, its stderr or log
@@ -20,12 +21,13 @@ import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.context import DeployContext
+from kit.deploy.gate import transfer_gate
 from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
 from kit.deploy.layout import display_path
 from kit.deploy.logs import tail
@@ -41,6 +43,7 @@ from kit.deploy.wait import (
     worker_targets,
 )
 from kit.errors import DeployError, PdkitError, ProbeError
+from kit.observe.doctor import DoctorOptions
 from kit.observe.prometheus import ScrapeHealth, wait_scraped
 from kit.secrets import SecretError
 
@@ -56,6 +59,9 @@ class UpOptions:
     worker_timeout: float | None = None
     router_timeout: float | None = None
     verbose: bool = False
+    gate: bool = True
+    """Run the KV transfer gate last (kit.deploy.gate); `pdkit up --no-gate`: False."""
+    gate_options: DoctorOptions = field(default_factory=DoctorOptions)
 
 
 @contextmanager
@@ -163,6 +169,8 @@ def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     router_status = _wait(ctx, console, router_targets(plan), router_timeout, headers)
     _raise_unless_ready(ctx, router_status, stage="router")
     monitoring_status = _up_monitoring(ctx, console, secret_env, options.verbose)
+    if options.gate:
+        transfer_gate(ctx, console, options.gate_options)
     _print_serving(ctx, console, statuses + router_status + monitoring_status)
 
 

@@ -154,17 +154,48 @@ class Prober:
             await self._session.close()
             self._session = None
 
-    async def get(self, url: str, headers: dict[str, str] | None = None) -> Fetched:
-        """GET `url`; never raises for network trouble (it is recorded in the result)."""
+    async def get(
+        self, url: str, headers: dict[str, str] | None = None, timeout: float | None = None
+    ) -> Fetched:
+        """GET `url` within `timeout` seconds (default: the prober's); never raises for
+        network trouble (it is recorded in the result)."""
+        return await self._request("GET", url, None, headers, timeout or self.timeout)
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Fetched:
+        """POST the JSON `body` to `url` within `timeout` seconds (default: the prober's);
+        never raises for network trouble. A cancelled call closes its connection, which makes
+        an SGLang server abort the request."""
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        return await self._request("POST", url, body, sent, timeout or self.timeout)
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str] | None,
+        timeout: float,
+    ) -> Fetched:
         if self._session is None or self._permits is None:
             raise ProbeError("Prober used outside `async with`")
         async with self._permits:
             state = SimpleNamespace(sent=False)
             started = time.monotonic()
             try:
-                async with asyncio.timeout(self.timeout):
-                    async with self._session.get(
-                        url, headers=headers, allow_redirects=False, trace_request_ctx=state
+                async with asyncio.timeout(timeout):
+                    async with self._session.request(
+                        method,
+                        url,
+                        data=data,
+                        headers=headers,
+                        allow_redirects=False,
+                        trace_request_ctx=state,
                     ) as response:
                         raw = await response.content.read(MAX_BODY)
                         body = raw.decode("utf-8", errors="replace")
@@ -173,50 +204,41 @@ class Prober:
                             url, response.status, body, seconds=ended - started, at=ended
                         )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                kind, detail = classify_failure(exc, bool(state.sent), self.timeout)
+                kind, detail = classify_failure(exc, bool(state.sent), timeout)
                 ended = time.monotonic()
                 return Fetched(url, failure=kind, detail=detail, seconds=ended - started, at=ended)
 
     async def workers(self, targets: Sequence[WorkerTarget]) -> list[WorkerAnswers]:
-        """Every worker's four endpoints, concurrently.
+        """Every worker's four endpoints: /health first, then the other three concurrently.
 
-        All /health requests queue for a permit before any other request, and a worker whose
-        /health gets no HTTP answer has its other requests called off (`skipped`): a silent
+        All /health requests queue for a permit before any other request. The load figures
+        are read once /health has answered: SGLang's /health runs a one-token generation, and
+        a /v1/loads or /metrics read while it runs counts it ("running 1" on an idle worker).
+        A worker whose /health gets no HTTP answer is not asked the rest (`skipped`): a silent
         worker then costs one timeout counted from early in the round, not from its end.
         """
         health = [asyncio.ensure_future(self.get(f"{t.url}/health")) for t in targets]
-        rest = [
-            [asyncio.ensure_future(self.get(f"{t.url}{path}")) for path in WORKER_PATHS]
-            for t in targets
-        ]
 
-        async def settle(
-            target: WorkerTarget,
-            first: asyncio.Future[Fetched],
-            others: Sequence[asyncio.Future[Fetched]],
-        ) -> WorkerAnswers:
+        async def settle(target: WorkerTarget, first: asyncio.Future[Fetched]) -> WorkerAnswers:
             answer = await first
             if answer.failure is not None:
-                for task in others:
-                    task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-            fetched = [
-                task.result()
-                if not task.cancelled()
-                else Fetched(
-                    f"{target.url}{path}",
-                    failure="skipped",
-                    detail=f"not asked: /health {answer.detail}",
-                    at=answer.at,
-                )
-                for task, path in zip(others, WORKER_PATHS, strict=True)
-            ]
+                skipped = [
+                    Fetched(
+                        f"{target.url}{path}",
+                        failure="skipped",
+                        detail=f"not asked: /health {answer.detail}",
+                        at=answer.at,
+                    )
+                    for path in WORKER_PATHS
+                ]
+                return WorkerAnswers(target, answer, *skipped)
+            fetched = await asyncio.gather(
+                *(self.get(f"{target.url}{path}") for path in WORKER_PATHS)
+            )
             return WorkerAnswers(target, answer, *fetched)
 
         return list(
-            await asyncio.gather(
-                *(settle(t, h, r) for t, h, r in zip(targets, health, rest, strict=True))
-            )
+            await asyncio.gather(*(settle(t, h) for t, h in zip(targets, health, strict=True)))
         )
 
     async def router(self, target: RouterTarget) -> RouterAnswers:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -20,12 +24,6 @@ STATE_STYLE = {
     "down": "bold red",
 }
 DASH = "-"
-
-# Per role: (header, queue key in WorkerStatus.pd_queues) of the PD queues that role has.
-ROLE_QUEUES = {
-    "prefill": (("bootstrap q", "bootstrap"), ("in-flight q", "inflight")),
-    "decode": (("prealloc q", "prealloc"), ("transfer q", "transfer")),
-}
 
 
 def duration(seconds: float | None) -> str:
@@ -67,38 +65,131 @@ def _failures(worker: WorkerStatus) -> Text:
     if kv.failed is None and kv.bootstrap_failed is None:
         return Text(DASH)
     failed, bootstrap = kv.failed or 0, kv.bootstrap_failed or 0
-    text = f"{failed}" if not bootstrap else f"{failed} (+{bootstrap} bootstrap)"
+    text = f"{failed}" if not bootstrap else f"{failed}+{bootstrap}b"
     return Text(text, style="bold red" if failed or bootstrap else "")
 
 
-def role_table(role: str, workers: list[WorkerStatus]) -> Table:
-    """One table per role: a row per instance."""
-    table = Table(title=f"{role} ({len(workers)})", title_justify="left", expand=False)
-    for header in ("instance", "host:port", "state", "engine", "uptime", "running", "queued"):
-        table.add_column(header, no_wrap=True)
-    table.add_column("KV cache", justify="right")
-    for header, _ in ROLE_QUEUES[role]:
-        table.add_column(header, justify="right")
-    table.add_column("KV xfer ms", justify="right")
-    table.add_column("xfer failed", justify="right")
-    table.add_column("gen tok/s", justify="right")
+def _name(worker: WorkerStatus) -> str:
+    return worker.name if worker.nnodes == 1 else f"{worker.name} ({worker.nnodes} nodes)"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A worker table column: short `header`, what it means (`legend`), the cell of a worker."""
+
+    header: str
+    legend: str
+    cell: Callable[[WorkerStatus], str | Text]
+    numeric: bool = True
+
+
+def _queue(key: str) -> Callable[[WorkerStatus], str]:
+    return lambda w: number(w.pd_queues.get(key))
+
+
+COLUMNS = {
+    "instance": Column("instance", "", _name, numeric=False),
+    "endpoint": Column("host:port", "", lambda w: w.endpoint, numeric=False),
+    "state": Column("state", "", lambda w: _state(w.state), numeric=False),
+    "engine": Column("engine", "", _engine, numeric=False),
+    "uptime": Column("up", "up: uptime", lambda w: duration(w.uptime_s), numeric=False),
+    "running": Column("run", "run/queue: requests running/waiting", lambda w: number(w.running)),
+    "queued": Column("queue", "", lambda w: number(w.queued)),
+    "kv": Column("KV%", "KV%: KV cache used", lambda w: percent(w.token_usage)),
+    "bootstrap": Column("boot q", "boot q: waiting for their decode", _queue("bootstrap")),
+    "inflight": Column("send q", "send q: sending KV", _queue("inflight")),
+    "prealloc": Column("alloc q", "alloc q: waiting for KV room", _queue("prealloc")),
+    "transfer": Column("recv q", "recv q: receiving KV", _queue("transfer")),
+    "xfer_ms": Column("xfer ms", "xfer ms: mean KV transfer", lambda w: number(w.kv.latency_ms, 1)),
+    "failed": Column("fail", "fail: failed KV transfers (+b bootstraps)", _failures),
+    "tokens": Column("tok/s", "tok/s: tokens generated", lambda w: number(w.gen_throughput, 1)),
+}
+ROLE_PRIORITY = {
+    "prefill": (
+        "instance",
+        "state",
+        "running",
+        "queued",
+        "bootstrap",
+        "inflight",
+        "xfer_ms",
+        "failed",
+        "kv",
+        "endpoint",
+        "uptime",
+        "engine",
+        "tokens",
+    ),
+    "decode": (
+        "instance",
+        "state",
+        "running",
+        "queued",
+        "prealloc",
+        "transfer",
+        "kv",
+        "tokens",
+        "xfer_ms",
+        "failed",
+        "endpoint",
+        "uptime",
+        "engine",
+    ),
+}
+"""Per role, its columns from the one kept longest to the first left out on a narrow terminal."""
+DISPLAY_ORDER = (
+    "instance", "endpoint", "state", "engine", "uptime", "running", "queued", "kv",
+    "bootstrap", "inflight", "prealloc", "transfer", "xfer_ms", "failed", "tokens",
+)  # fmt: skip
+
+
+def _table(role: str, workers: list[WorkerStatus], keys: list[str]) -> Table:
+    table = Table(
+        title=f"{role} ({len(workers)})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        expand=False,
+    )
+    shown = [k for k in DISPLAY_ORDER if k in keys]
+    for key in shown:
+        column = COLUMNS[key]
+        table.add_column(column.header, justify="right" if column.numeric else "left", no_wrap=True)
     for w in workers:
-        name = w.name if w.nnodes == 1 else f"{w.name} ({w.nnodes} nodes)"
-        table.add_row(
-            name,
-            w.endpoint,
-            _state(w.state),
-            _engine(w),
-            duration(w.uptime_s),
-            number(w.running),
-            number(w.queued),
-            percent(w.token_usage),
-            *(number(w.pd_queues.get(key)) for _, key in ROLE_QUEUES[role]),
-            number(w.kv.latency_ms, 1),
-            _failures(w),
-            number(w.gen_throughput, 1),
-        )
+        table.add_row(*(COLUMNS[key].cell(w) for key in shown))
     return table
+
+
+def _width(console: Console, options: ConsoleOptions, table: Table) -> int:
+    return Measurement.get(console, options.update_width(10_000), table).maximum
+
+
+def role_table(
+    console: Console, options: ConsoleOptions, role: str, workers: list[WorkerStatus]
+) -> tuple[Table, list[str]]:
+    """The role's table with as many of its columns as fit `options.max_width` (the least
+    important left out first; the engine column only when workers differ in it), and the keys
+    of the columns left out."""
+    keys = list(ROLE_PRIORITY[role])
+    if len({_engine(w) for w in workers}) <= 1:
+        keys.remove("engine")  # said once, in the head line
+    left_out: list[str] = []
+    table = _table(role, workers, keys)
+    while len(keys) > 2 and _width(console, options, table) > options.max_width:
+        left_out.insert(0, keys.pop())
+        table = _table(role, workers, keys)
+    return table, left_out
+
+
+def legend(keys: set[str]) -> Text:
+    """What the short headers of the shown columns mean."""
+    seen: list[str] = []
+    for key in DISPLAY_ORDER:
+        text = COLUMNS[key].legend
+        if key in keys and text and text not in seen:
+            seen.append(text)
+    return Text(" · ".join(seen), style="dim")
 
 
 def _latency(label: str, lat: Latency | None) -> str:
@@ -150,33 +241,61 @@ def router_lines(router: RouterStatus) -> Text:
     return text
 
 
+class StatusScreen:
+    """The whole status screen, laid out for the width it is given: each role's table keeps
+    its most important columns when the terminal is narrow, and says which it left out."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for part in self._parts(console, options):
+            if isinstance(part, Text):  # wrapped at words, also where the console soft-wraps
+                yield from part.wrap(console, options.max_width)
+            else:
+                yield part
+
+    def _parts(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
+        report = self.report
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.taken_at))
+        states: dict[str, int] = {}
+        for w in report.workers:
+            states[w.state] = states.get(w.state, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        engines = sorted({_engine(w) for w in report.workers} - {DASH})
+        head = Text()
+        head.append(f"{report.deployment}", style="bold")
+        head.append(f"  {len(report.workers)} workers: {summary or 'none'}")
+        if len(engines) == 1:
+            head.append(f", {engines[0]}")
+        head.append(f"  (probed in {report.probe_s:.2f} s, timeout {report.timeout_s:g} s, {when})")
+        yield head
+        yield router_lines(report.router)
+        shown: set[str] = set()
+        for role in ("prefill", "decode"):
+            mine = [w for w in report.workers if w.role == role]
+            if not mine:
+                continue
+            table, left_out = role_table(console, options, role, mine)
+            yield table
+            shown |= {k for k in ROLE_PRIORITY[role] if k not in left_out}
+            if left_out:
+                names = ", ".join(COLUMNS[k].header for k in left_out)
+                yield Text(f"  (not shown at {options.max_width} columns: {names})", style="dim")
+        yield legend(shown)
+        if report.problems:
+            yield Text("problems:", style="bold red")
+            yield from (Text(f"  {f}") for f in report.problems)
+        if report.warnings:
+            yield Text("warnings:", style="yellow")
+            yield from (Text(f"  {f}") for f in report.warnings)
+        if not report.problems:
+            yield Text("all healthy", style="green")
+
+
 def status_view(report: Report) -> RenderableType:
-    """The whole status screen."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.taken_at))
-    states: dict[str, int] = {}
-    for w in report.workers:
-        states[w.state] = states.get(w.state, 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-    head = Text()
-    head.append(f"{report.deployment}", style="bold")
-    head.append(
-        f"  {len(report.workers)} workers: {summary or 'none'}  "
-        f"(probed in {report.probe_s:.2f} s, timeout {report.timeout_s:g} s, {when})"
-    )
-    parts: list[RenderableType] = [head, router_lines(report.router)]
-    for role in ("prefill", "decode"):
-        mine = [w for w in report.workers if w.role == role]
-        if mine:
-            parts.append(role_table(role, mine))
-    if report.problems:
-        parts.append(Text("problems:", style="bold red"))
-        parts += [Text(f"  {f}") for f in report.problems]
-    if report.warnings:
-        parts.append(Text("warnings:", style="yellow"))
-        parts += [Text(f"  {f}") for f in report.warnings]
-    if not report.problems:
-        parts.append(Text("all healthy", style="green"))
-    return Group(*parts)
+    """The whole status screen (laid out for the console's width when printed)."""
+    return StatusScreen(report)
 
 
 def health_lines(report: Report) -> list[str]:

@@ -34,7 +34,7 @@ from kit.perf.kvpool import KvPool
 from kit.perf.models import ModelShape, resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
 from kit.perf.timing import Parallelism, TimingModel, kv_dtype_bytes, plan_memory
-from kit.sim import tokens, trace
+from kit.sim import faults, tokens, trace
 from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
@@ -403,9 +403,18 @@ class Engine:
                 )
             pages = self._global_pages(rank_index, seq)
             checksum = self.kv.fill(pages, length, room)
-            written = await self.kv.write(
-                reservation.session, self.kv.extents(pages, length), reservation.extents
-            )
+            fault = self.settings.fault
+            session = await faults.before_send(fault, self.kv, reservation, pages, length)
+            try:
+                written = await self.kv.write(
+                    session, self.kv.extents(pages, length), reservation.extents
+                )
+            except TransferError as exc:  # SGLang's words (disaggregation/mooncake/conn.py)
+                logger.error("Session %s failed.", session)
+                raise TransferError(
+                    f"KVTransferError(bootstrap_room={room}): Failed to send kv chunk of {room} "
+                    f"to {reservation.decode}"
+                ) from exc
             modeled = self.timing.kv_transfer_seconds(
                 seq.prompt_len, rdma=self.args.disaggregation_transfer_backend == "mooncake"
             )
@@ -536,16 +545,18 @@ class Engine:
         length = seq.prompt_len * self.kv_bytes_per_token
         reservation = {
             "room": room,
-            "session": self.kv.session,
+            "session": faults.advertised(self.settings.fault, self.kv.session),
             "extents": self.kv.extents(pages, length),
             "bytes_per_token": self.kv_bytes_per_token,
             "kv_tokens": seq.prompt_len,
             "decode": f"{self.args.host}:{self.args.port}",
         }
+        fault = self.settings.fault
         try:
+            await faults.before_fetch(fault, room, self.settings.waiting_timeout_s)
             answer = await self.prefills.fetch_kv(addr, room, reservation)
-            if self.kv.checksum(pages, length) != int(answer["checksum"]):
-                raise PdError("KV checksum mismatch")
+            faults.after_fetch(fault, self.kv, pages, length)
+            got, expected = self.kv.checksum(pages, length), int(answer["checksum"])
         except PdError as exc:
             self.pd.transfer_failed += 1
             message = (
@@ -554,6 +565,18 @@ class Engine:
             )
             logger.error(message)
             self._drop(rank_index, seq, FinishReason("abort", status_code=500, message=message))
+            return
+        if got != expected:  # SGLang's line and abort (disaggregation/decode.py)
+            self.pd.transfer_failed += 1
+            logger.error(
+                "KV checksum mismatch req=%s bootstrap_room=%d expected=%#x got=%#x",
+                seq.rid,
+                room,
+                expected,
+                got,
+            )
+            reason = FinishReason("abort", status_code=500, message="KV checksum mismatch")
+            self._drop(rank_index, seq, reason)
             return
         self.pd.checksum_ok += 1
         self.pd.kv_transfers += 1

@@ -24,6 +24,11 @@ variable                    default    meaning
                                        EOS after a per-request length drawn uniformly from
                                        [mean/2, 3*mean/2]; 0 = never emit EOS.
 ``PDKIT_SIM_LOG_LEVEL``     info       Python log level name; unset: ``--log-level``.
+``PDKIT_SIM_FAULT``         (none)     Make this worker's KV transfers fail the way a real
+                                       one's do, each with the log line the real system
+                                       writes (`kit.sim.faults`): ``refuse`` (the Mooncake
+                                       connection is refused), ``hang`` (the KV never comes),
+                                       ``corrupt`` (one byte flipped; the KV checksum fails).
 =========================== ========== =====================================================
 
 SGLang variables the sim honours with SGLang's meaning and defaults
@@ -57,6 +62,7 @@ HEARTBEAT_MIN_INTERVAL_S = 2.0
 HEARTBEAT_MAX_FAILURE = 2
 HEALTH_CHECK_TIMEOUT_S = 20.0
 TRANSFER_THREADS = 4
+FAULTS = ("refuse", "hang", "corrupt")
 
 
 class SettingsError(ValueError):
@@ -82,6 +88,7 @@ class SimSettings:
     health_generation: bool = True
     transfer_threads: int = TRANSFER_THREADS
     host_ip: str | None = None
+    fault: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SimSettings:
@@ -94,6 +101,12 @@ class SimSettings:
         if level is not None and not isinstance(logging.getLevelName(level.upper()), int):
             raise SettingsError(f"PDKIT_SIM_LOG_LEVEL={level!r} is not a log level name")
         seed = env.get("PDKIT_SIM_SEED")
+        fault = (env.get("PDKIT_SIM_FAULT") or "").strip().lower() or None
+        if fault is not None and fault not in FAULTS:
+            raise SettingsError(
+                f"PDKIT_SIM_FAULT={env['PDKIT_SIM_FAULT']!r} is not a fault; use one of "
+                f"{', '.join(FAULTS)} (or leave it unset)"
+            )
         return cls(
             gpu=env.get("PDKIT_SIM_GPU") or DEFAULT_GPU,
             load_seconds=_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
@@ -124,6 +137,7 @@ class SimSettings:
                 env, "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", TRANSFER_THREADS, minimum=1
             ),
             host_ip=env.get("SGLANG_HOST_IP") or None,
+            fault=fault,
         )
 
 

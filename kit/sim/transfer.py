@@ -142,6 +142,14 @@ class KvBuffer:
             value = zlib.adler32(self._map[start : start + size], value)
         return value
 
+    def flip(self, page_ids: Sequence[int], length: int) -> None:
+        """Invert the first byte stored in `page_ids` (PDKIT_SIM_FAULT=corrupt)."""
+        if length <= 0:
+            return
+        addr, _ = self.extents(page_ids, length)[0]
+        start = addr - self.base
+        self._map[start] ^= 0xFF
+
     async def write(
         self, peer_session: str, src: Sequence[Extent], dst: Sequence[Extent]
     ) -> WriteResult:

@@ -262,3 +262,47 @@ def test_killed_prefill_fails_the_waiting_decode_request_promptly():
     finally:
         prefill.stop()
         decode.stop()
+
+
+FAULT_LINES = {
+    # The transfer engine's own line (Mooncake, glog), then SGLang's words on both sides.
+    "refuse": (
+        "prefill",
+        [
+            "SocketHandShakePlugin: connect()127.0.0.1:1: Connection refused [111]",
+            "Session 127.0.0.1:1 failed.",
+            "Prefill transfer failed for request rank=0",
+        ],
+        "Failed to send kv chunk of",
+    ),
+    "hang": ("decode", ["timed out after 2.0s in KVPoll.WaitingForInput"], "WaitingForInput"),
+    "corrupt": ("prefill", ["KV checksum mismatch req="], "KV checksum mismatch"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULT_LINES)
+def test_a_faulty_worker_fails_its_transfer_with_the_real_log_line(fault):
+    side, lines, answer = FAULT_LINES[fault]
+    timeouts = {
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "2",
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2",
+    }
+    faulty = {**timeouts, "PDKIT_SIM_FAULT": fault}
+    prefill, decode, bootstrap = start_pair(
+        prefill_env=faulty if side == "prefill" else timeouts,
+        decode_env=faulty if side == "decode" else timeouts,
+    )
+    try:
+        prefill.wait_ready()
+        decode.wait_ready()
+        body = pd_body(bootstrap, text="the quick brown fox", sampling_params={"max_new_tokens": 2})
+        _, (status, reply) = both(prefill, decode, "/generate", body)
+        assert status == 500
+        assert answer in json.dumps(reply)
+        time.sleep(0.2)  # the log lines are flushed as they are written
+        log = prefill.log_path.read_text() + decode.log_path.read_text()
+        for line in lines:
+            assert line in log, log[-2000:]
+    finally:
+        prefill.stop()
+        decode.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -62,12 +63,34 @@ def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_noth
 
     first = pdkit("up", str(topology))
     assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 of 2 pair(s) moved KV (2 prefill x 1 decode)" in first.stdout  # the gate
     assert f"Serving llama-3.1-8b at {router_url}" in first.stdout
     assert "curl -s" in first.stdout
     assert chat(router_url, stream=False)
     assert chat(router_url, stream=True)
     before = pids(topology, name)
     assert set(before) == {"prefill-0", "prefill-1", "decode-0", "router"}
+
+    # pdkit doctor: the 2 x 1 matrix, every pair with its TTFT and KV transfer figures.
+    doctor = pdkit("doctor", str(topology), "--json", timeout=60)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    matrix = json.loads(doctor.stdout)
+    assert [(p["prefill"], p["decode"], p["state"]) for p in matrix["pairs"]] == [
+        ("prefill-0", "decode-0", "ok"),
+        ("prefill-1", "decode-0", "ok"),
+    ]
+    assert all(p["ttft_ms"] > 0 and p["kv_transfer_ms"] > 0 for p in matrix["pairs"])
+    assert matrix["kv_cost"]["bytes_per_token"] == 131072
+    # A hung decode: doctor fails within its timeout, naming both pairs with decode-0.
+    os.kill(before["decode-0"], signal.SIGSTOP)
+    try:
+        hung = pdkit("doctor", str(topology), "--timeout", "5", timeout=30)
+    finally:
+        os.kill(before["decode-0"], signal.SIGCONT)
+    assert hung.returncode == 1, hung.stdout + hung.stderr
+    assert "prefill-0 x decode-0: failed: decode-0 does not answer /health" in hung.stdout
+    assert "prefill-1 x decode-0: failed: decode-0 does not answer /health" in hung.stdout
+    assert "0 of 2 pair(s) moved KV" in hung.stdout
 
     again = pdkit("up", str(topology))
     assert again.returncode == 0, again.stdout + again.stderr

@@ -118,3 +118,40 @@ def test_nonsense_options_are_refused(timeout, concurrency):
 def test_using_a_prober_outside_its_context_is_an_error():
     with pytest.raises(ProbeError, match="async with"):
         asyncio.run(Prober().get("http://127.0.0.1:1/"))
+
+
+def test_the_load_figures_are_read_after_health_so_the_probe_does_not_count_itself():
+    """SGLang's /health is a one-token generation: an idle worker read while it runs says
+    running 1. The prober asks /v1/loads and /metrics only once /health has answered."""
+    from kit.observe.worker import evaluate_worker  # noqa: PLC0415
+
+    async def scenario():
+        running = 0
+
+        async def health(request: web.Request) -> web.Response:
+            nonlocal running
+            running += 1  # the health check's own generation
+            await asyncio.sleep(0.2)
+            running -= 1
+            return web.Response(text="")
+
+        async def loads(request: web.Request) -> web.Response:
+            return web.json_response({"loads": [{"num_running_reqs": running}]})
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/loads", loads)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with Prober(timeout=2.0) as prober:
+                (answers,) = await prober.workers([worker_target("prefill", url=url)])
+        finally:
+            await runner.cleanup()
+        return evaluate_worker(answers, time.time())
+
+    status = asyncio.run(scenario())
+    assert status.running == 0

@@ -120,7 +120,7 @@ def test_status_view_has_a_table_per_role_and_the_router_line():
     console.print(status_view(report_of()))
     text = console.export_text()
     assert "prefill (2)" in text and "decode (1)" in text
-    assert "bootstrap q" in text and "transfer q" in text
+    assert "boot q" in text and "recv q" in text
     assert "router pdkit 10.0.0.1:8000 healthy  ready  prefill 2/2 healthy  decode 1/1" in text
     assert "TTFT p50/p90/p99 200/" in text
     assert "all healthy" in text and "sim 0.5.23" in text
@@ -141,3 +141,45 @@ def test_metrics_from_an_earlier_round_give_windowed_latency_in_watch():
     since_start = build_report(targets, now, earlier, timeout_s=3.0).router
     assert since_start.latency_window == "since start" and since_start.ttft is not None
     assert since_start.ttft.count == 50
+
+
+def screen(report, width: int) -> list[str]:
+    console = Console(record=True, width=width, color_system=None)
+    console.print(status_view(report))
+    return console.export_text().splitlines()
+
+
+def table_of(lines: list[str], role: str) -> tuple[list[str], list[str]]:
+    """(header cells, first row cells) of a role's table."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{role} ("))
+    header, rows = lines[start + 1], lines[start + 3]
+    return header.split("  "), rows.split()
+
+
+def test_status_fits_the_terminal_keeping_each_roles_key_columns():
+    report = report_of()
+    for width in (80, 120, 200):
+        lines = screen(report, width)
+        assert max(len(line) for line in lines) <= width, width
+    wide = "\n".join(screen(report, 120))
+    for header in ("host:port", "up", "run", "queue", "KV%", "boot q", "send q", "alloc q"):
+        assert f" {header} " in f" {wide} ", header
+    assert "not shown" not in wide
+    narrow = screen(report, 80)
+    for role, keys in (
+        ("prefill", ("run", "queue", "boot q", "send q", "xfer ms")),
+        ("decode", ("run", "queue", "alloc q", "recv q", "KV%")),
+    ):
+        header = " ".join(table_of(narrow, role)[0])
+        assert all(key in header for key in keys), (role, header)
+    assert any(line.startswith("  (not shown at 80 columns: ") for line in narrow)
+    assert "boot q: waiting for their decode" in " ".join(line.strip() for line in narrow)
+
+
+def test_every_shown_column_has_a_value_in_every_row():
+    for width in (80, 120):
+        lines = screen(report_of(), width)
+        for role in ("prefill", "decode"):
+            header, row = table_of(lines, role)
+            cells = [h for h in header if h.strip()]
+            assert len(row) >= len(cells), (width, role, header, row)

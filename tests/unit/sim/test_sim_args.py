@@ -142,6 +142,8 @@ def test_settings_defaults_and_sglang_timeouts():
     assert (s.gpu, s.speed, s.seed, s.waiting_timeout_s) == ("A100-80G", 10.0, 7, 3.0)
     assert s.heartbeat_interval_s == 2.0  # SGLang's floor
     assert s.host_ip == "10.0.0.5"
+    assert s.fault is None
+    assert SimSettings.from_env({"PDKIT_SIM_FAULT": "Refuse"}).fault == "refuse"
 
 
 @pytest.mark.parametrize(
@@ -153,6 +155,7 @@ def test_settings_defaults_and_sglang_timeouts():
         {"PDKIT_SIM_SEED": "x"},
         {"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "0"},
         {"PDKIT_SIM_LOG_LEVEL": "loud"},
+        {"PDKIT_SIM_FAULT": "explode"},
     ],
 )
 def test_bad_settings_name_the_variable(env):

@@ -1,0 +1,66 @@
+"""The KV transfer gate: the last stage of `pdkit up`, and `pdkit doctor`.
+
+Readiness only says that every worker answers `/health`, which moves no KV. The gate sends one
+real PD request to every prefill x decode pair (`kit.observe.doctor`) and fails `pdkit up` with
+the pair, what was seen and the cause found in both workers' logs, read here the way
+`pdkit logs` reads them (local file, or `tail` over SSH).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.console import Console
+
+from kit.deploy.context import DeployContext
+from kit.deploy.logs import tail
+from kit.errors import DeployError
+from kit.observe.doctor import LOG_LINES, DoctorOptions, LogReader
+from kit.observe.doctor_view import check, doctor, failure_lines, matrix_table, summary
+
+
+def log_reader(ctx: DeployContext, lines: int = LOG_LINES) -> LogReader:
+    """process name -> the last `lines` lines of its log on its host."""
+    return lambda process: tail(ctx.log_file(process), lines)
+
+
+def transfer_gate(ctx: DeployContext, console: Console, options: DoctorOptions) -> None:
+    """Probe every pair; print the matrix; raise `DeployError` naming each failed pair and its
+    cause when one did not move KV."""
+    plan = ctx.plan
+    pairs = len(plan.role("prefill")) * len(plan.role("decode"))
+    console.print(
+        f"[bold]Gate[/]: one PD request per prefill x decode pair ({pairs} pair(s), "
+        f"timeout {options.timeout_s:g} s each)"
+    )
+    matrix = check(plan, options, log_reader(ctx))
+    console.print(matrix_table(matrix))
+    if matrix.ok:
+        console.print(f"  {summary(matrix)}", style="dim", markup=False, highlight=False)
+        return
+    topology = shlex.quote(str(ctx.topology_file))
+    failed = ", ".join(p.name for p in matrix.failed)
+    lines = [
+        f"The KV transfer gate failed: {len(matrix.failed)} of {len(matrix.pairs)} "
+        f"prefill x decode pair(s) did not move KV ({failed}).",
+        *failure_lines(matrix),
+        "The workers and the router are running, but requests routed to these pairs fail.",
+        f"To fix: correct the cause above, then `pdkit up {topology}` again; "
+        f"`pdkit doctor {topology}` re-runs the check alone, and `pdkit up {topology} "
+        "--no-gate` deploys without it.",
+    ]
+    raise DeployError("\n".join(lines))
+
+
+def run_doctor(
+    ctx: DeployContext,
+    console: Console,
+    options: DoctorOptions,
+    *,
+    as_json: bool = False,
+    input_tokens: int,
+) -> int:
+    """`pdkit doctor`: the exit status (0 when every pair moved KV)."""
+    return doctor(
+        ctx.plan, console, options, log_reader(ctx), as_json=as_json, input_tokens=input_tokens
+    )

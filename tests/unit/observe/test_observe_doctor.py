@@ -1,0 +1,286 @@
+"""The doctor's matrix against fake PD workers on real sockets: every pair gets its request with
+its own room, DP ranks are covered, failures keep the workers' words and get their cause from the
+logs, hung workers cost one health timeout, and pairs stay within their per-worker cap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+import yaml
+from aiohttp import web
+
+from kit.observe.doctor import DoctorOptions, explain, run_matrix
+from kit.observe.doctor_view import failure_lines, kv_cost, matrix_to_json
+from kit.topology.resolve import resolve
+
+SLOW = 60.0
+
+
+def free_block(count: int) -> int:
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+@dataclass
+class Fake:
+    """One fake worker: what it answers and what it was asked."""
+
+    role: str
+    answer: str = "ok"  # ok | error | hang
+    healthy: bool = True
+    bodies: list[dict] = field(default_factory=list)
+    transfers: int = 0
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.healthy:
+            await asyncio.sleep(SLOW)
+        return web.Response(text="")
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            if self.answer == "hang":
+                await asyncio.sleep(SLOW)
+            if self.answer == "error":
+                message = (
+                    f"Decode transfer failed for request rank=0 req.rid={body['rid']!r} "
+                    f"req.bootstrap_room={body['bootstrap_room']} with exception "
+                    f"KVTransferError(bootstrap_room={body['bootstrap_room']}): Failed to send "
+                    f"kv chunk of {body['bootstrap_room']} to 10.0.0.2:37233"
+                )
+                return web.json_response({"error": {"message": message, "code": 500}}, status=500)
+            if self.role == "prefill":
+                self.transfers += 1
+            return web.json_response({"text": "x", "meta_info": {"finish_reason": None}})
+        finally:
+            self.in_flight -= 1
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        n = self.transfers
+        lines = []
+        for name, value in (("kv_transfer_latency_ms", 4.0), ("kv_transfer_speed_gb_s", 20.0)):
+            lines += [
+                f"# TYPE sglang:{name} histogram",
+                f'sglang:{name}_bucket{{le="+Inf"}} {n}',
+                f"sglang:{name}_count {n}",
+                f"sglang:{name}_sum {n * value}",
+            ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+
+@asynccontextmanager
+async def cluster(
+    tmp_path: Path, prefills: list[Fake], decodes: list[Fake], **roles: dict
+) -> AsyncIterator[Path]:
+    """A sim topology whose workers are the fakes, served on their Plan ports."""
+    p_port, d_port, b_port = free_block(8), free_block(8), free_block(8)
+    data = {
+        "name": "fake",
+        "engine": "sim",
+        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hosts": [{"name": "h", "address": "127.0.0.1", "connection": "local", "gpus": 16}],
+        "prefill": {"count": len(prefills), "port": p_port, "bootstrap_port": b_port},
+        "decode": {"count": len(decodes), "port": d_port},
+        "transfer": {"backend": "mooncake_tcp"},
+        "router": {"port": free_block(1), "bind": "127.0.0.1"},
+    }
+    for role, extra in roles.items():
+        data[role].update(extra)
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump(data))
+    runners = []
+    ports = [p_port + i for i in range(len(prefills))] + [d_port + i for i in range(len(decodes))]
+    for fake, port in zip([*prefills, *decodes], ports, strict=True):
+        runner = web.AppRunner(fake.app(), shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+    try:
+        yield path
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def test_every_pair_moves_kv_with_its_own_room_and_the_prefills_figures(tmp_path):
+    async def go() -> None:
+        prefills, decodes = [Fake("prefill"), Fake("prefill")], [Fake("decode")]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            matrix = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5))
+        assert matrix.ok
+        assert [(p.prefill, p.decode, p.state) for p in matrix.pairs] == [
+            ("prefill-0", "decode-0", "ok"),
+            ("prefill-1", "decode-0", "ok"),
+        ]
+        pair = matrix.pair("prefill-1", "decode-0")
+        assert pair.ttft_ms is not None and pair.ttft_ms >= 50
+        assert pair.transfer is not None
+        assert (pair.transfer.latency_ms, pair.transfer.speed_gb_s, pair.transfer.count) == (
+            4.0,
+            20.0,
+            1,
+        )
+        # Each prefill got one request, the decode both, with the same body per pair.
+        sent = decodes[0].bodies
+        assert len(sent) == 2 and len({b["bootstrap_room"] for b in sent}) == 2
+        for fake in prefills:
+            (body,) = fake.bodies
+            assert body in sent
+            assert body["sampling_params"]["max_new_tokens"] == 1
+            assert body["bootstrap_host"] == "127.0.0.1" and "routed_dp_rank" not in body
+        assert {b["bootstrap_port"] for b in sent} == {
+            w.bootstrap_port for w in resolve(topology).workers if w.bootstrap_port
+        }
+        report = matrix_to_json(matrix, kv_cost(resolve(topology), matrix, 2048))
+        assert report["ok"] is True
+        assert report["kv_cost"]["bytes_per_token"] == 131072  # Llama-3.1-8B, 16-bit KV
+        assert report["kv_cost"]["transfer_ms"] == pytest.approx(2048 * 131072 / 20e9 * 1000)
+
+    asyncio.run(go())
+
+
+def test_every_dp_rank_of_both_instances_is_probed(tmp_path):
+    async def go() -> None:
+        prefill, decode = Fake("prefill"), Fake("decode")
+        async with cluster(
+            tmp_path,
+            [prefill],
+            [decode],
+            prefill={"tp": 2, "dp": 2, "dp_attention": True},
+            decode={"tp": 4, "dp": 4, "dp_attention": True},
+        ) as topology:
+            matrix = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5))
+        assert matrix.ok
+        rooms = [b["bootstrap_room"] for b in prefill.bodies]
+        assert sorted(r % 2 for r in rooms) == [0, 0, 1, 1]  # both prefill DP ranks
+        assert sorted(b["routed_dp_rank"] for b in decode.bodies) == [0, 1, 2, 3]
+        assert all("routed_dp_rank" not in b for b in prefill.bodies)
+
+    asyncio.run(go())
+
+
+def test_a_failed_pair_keeps_the_workers_words_and_gets_its_cause_from_the_logs(tmp_path):
+    async def go() -> None:
+        prefills, decodes = [Fake("prefill")], [Fake("decode", answer="error"), Fake("decode")]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            matrix = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5))
+        assert not matrix.ok
+        failed = matrix.pair("prefill-0", "decode-0")
+        assert failed.state == "failed"
+        assert "decode-0 answered HTTP 500: Decode transfer failed" in failed.symptom
+        assert matrix.pair("prefill-0", "decode-1").ok
+
+        logs = {
+            "prefill-0": [
+                "E1130 20:37:11.860163 25683 transfer_metadata_plugin.cpp:1030] "
+                "SocketHandShakePlugin: connect()10.0.0.2:16000: Connection refused [111]"
+            ],
+            "decode-0": ["[2026-05-12 10:02:10] INFO Decode batch."],
+        }
+        explained = explain(matrix, lambda process: logs.get(process, []))
+        pair = explained.pair("prefill-0", "decode-0")
+        assert [m.signature.name for m in pair.causes] == ["rpc_refused", "transfer_failed"]
+        assert pair.causes[0].where == "prefill-0"
+        text = "\n".join(failure_lines(explained))
+        assert "prefill-0 x decode-0: failed:" in text
+        assert "cause (rpc_refused)" in text and "To fix: open TCP 15000-17000" in text
+
+        unknown = explain(matrix, lambda process: ["ERROR nobody has seen this one"])
+        assert unknown.pair("prefill-0", "decode-0").causes  # the answer itself names a cause
+        quiet = replace(matrix, pairs=tuple(replace(p, messages=()) for p in matrix.pairs))
+        silent = explain(quiet, lambda process: [f"[x] ERROR {process} saw something odd"])
+        evidence = silent.pair("prefill-0", "decode-0").evidence
+        assert "prefill-0: [x] ERROR prefill-0 saw something odd" in evidence
+
+    asyncio.run(go())
+
+
+def test_a_hung_decode_fails_its_pairs_after_one_health_timeout(tmp_path):
+    async def go() -> None:
+        prefills = [Fake("prefill"), Fake("prefill")]
+        decodes = [Fake("decode", healthy=False, answer="hang")]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            options = DoctorOptions(timeout_s=30, health_timeout_s=0.5)
+            matrix = await asyncio.wait_for(run_matrix(resolve(topology), options), 10)
+        assert [p.state for p in matrix.pairs] == ["failed", "failed"]
+        assert all("decode-0 does not answer /health" in p.symptom for p in matrix.pairs)
+        assert decodes[0].bodies == []  # not probed
+
+    asyncio.run(go())
+
+
+def test_transfers_that_hang_time_out_and_the_workers_other_pairs_are_skipped(tmp_path):
+    async def go() -> None:
+        prefills = [Fake("prefill", answer="hang")]
+        decodes = [Fake("decode"), Fake("decode"), Fake("decode")]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            options = DoctorOptions(timeout_s=0.5, give_up_after=2)
+            matrix = await asyncio.wait_for(run_matrix(resolve(topology), options), 10)
+        states = sorted(p.state for p in matrix.pairs)
+        assert states == ["skipped", "timeout", "timeout"]
+        (skipped,) = [p for p in matrix.pairs if p.state == "skipped"]
+        assert "2 pairs with prefill-0 timed out" in skipped.symptom
+
+    asyncio.run(go())
+
+
+def test_pairs_stay_within_their_per_worker_cap(tmp_path):
+    async def go() -> None:
+        prefills = [Fake("prefill") for _ in range(3)]
+        decodes = [Fake("decode") for _ in range(2)]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            one = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5, parallel=1))
+            assert one.ok
+            assert max(f.most_in_flight for f in (*prefills, *decodes)) == 1
+            two = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5, parallel=2))
+        assert two.ok
+        assert decodes[0].most_in_flight == 2
+
+    asyncio.run(go())
+
+
+def test_json_names_every_pair_and_its_state(tmp_path):
+    async def go() -> dict:
+        async with cluster(tmp_path, [Fake("prefill")], [Fake("decode", answer="error")]) as t:
+            matrix = await run_matrix(resolve(t), DoctorOptions(timeout_s=5))
+        return matrix_to_json(explain(matrix, lambda process: []), None)
+
+    report = json.loads(json.dumps(asyncio.run(go())))
+    (pair,) = report["pairs"]
+    assert (pair["prefill"], pair["decode"], pair["state"]) == ("prefill-0", "decode-0", "failed")
+    assert pair["causes"][0]["name"] == "transfer_failed"
+    assert report["ok"] is False
