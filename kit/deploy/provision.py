@@ -32,6 +32,7 @@ from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.view import AnsibleView
 from kit.deploy.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.errors import DeployError
+from kit.topology.nics import RDMA_BACKENDS
 from kit.topology.plan import Plan
 
 ROLES = ("base", "nvidia", "rdma", "python", "model")
@@ -103,7 +104,7 @@ def provision_vars(
         "pdkit_base_rdma_tools": not sim,
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
         "pdkit_rdma_expected_devices": devices,
-        "pdkit_rdma_required": plan.transfer_backend == "mooncake" and bool(workers),
+        "pdkit_rdma_required": plan.transfer_backend in RDMA_BACKENDS and bool(workers),
         "pdkit_rdma_gid_index": "" if gid_index is None else str(gid_index),
         "pdkit_model_source": _model_source(plan) if workers else "none",
         "pdkit_model_path": plan.model.path,

@@ -34,6 +34,9 @@ SMG_EXECUTABLE = "smg"
 ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
 """The variable that holds the router's client API key on the router host (env file 0600)."""
 
+UCX_PORT = 1
+"""The HCA port NIXL's UCX uses (SGLang appends port 1 to --disaggregation-ib-device too)."""
+
 PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 """Flags pdkit adds unless the topology sets them: status reads /metrics."""
 
@@ -87,15 +90,32 @@ def ib_device(choice: NicChoice | None) -> str | None:
     return ",".join(choice.devices) or None
 
 
-def worker_env(topology: Topology, role: str, host: Host) -> dict[str, str]:
+def ucx_net_devices(topology: Topology, choice: NicChoice | None) -> str | None:
+    """UCX_NET_DEVICES of a NIXL process that uses one RDMA device (``mlx5_0:1``), else None.
+
+    A process with several devices keeps the per-GPU map in --disaggregation-ib-device, which
+    SGLang 0.5.23 hands NIXL's UCX backend GPU by GPU (`device_list`); with UCX_NET_DEVICES set
+    it would ignore that map ("Per-GPU CLI device mappings will not be applied")."""
+    if topology.transfer.backend != "nixl" or choice is None or len(choice.devices) != 1:
+        return None
+    return f"{choice.devices[0]}:{UCX_PORT}"
+
+
+def worker_env(
+    topology: Topology, role: str, host: Host, ucx_devices: str | None = None
+) -> dict[str, str]:
     spec: Role = getattr(topology, role)
     env: dict[str, str] = {}
     if topology.engine == "sim" and host.gpu_type:
         env["PDKIT_SIM_GPU"] = host.gpu_type
     # The address the transfer engine advertises to its peers.
     env["SGLANG_HOST_IP"] = bare_host(host.address)
-    if topology.transfer.gid_index is not None:
-        env["MC_GID_INDEX"] = str(topology.transfer.gid_index)
+    gid_index = topology.transfer.gid_index
+    if gid_index is not None:
+        name = "UCX_IB_GID_INDEX" if topology.transfer.backend == "nixl" else "MC_GID_INDEX"
+        env[name] = str(gid_index)
+    if ucx_devices:
+        env["UCX_NET_DEVICES"] = ucx_devices
     env.update(topology.transfer.env)
     env.update(topology.defaults.env)
     env.update(spec.env)
@@ -166,7 +186,8 @@ def build_workers(
         for node in p.nodes:
             host = topology.host(node.host)
             nics = choose_nics(topology, host, node.gpus)
-            device = ib_device(nics)
+            ucx = ucx_net_devices(topology, nics)
+            device = None if ucx else ib_device(nics)
             name = process_name(p.name, node.rank, p.nnodes)
             workers.append(
                 WorkerProcess(
@@ -193,7 +214,7 @@ def build_workers(
                     command=Command(
                         module=module, args=tuple(worker_args(topology, p, node, device))
                     ),
-                    env=worker_env(topology, p.role, host),
+                    env=worker_env(topology, p.role, host, ucx),
                 )
             )
     return workers

@@ -7,7 +7,8 @@ Modes (`transfer.ib_devices`):
 - ``per_gpu``: each GPU's device from the host's `gpu_nics` (the per-GPU JSON map);
 - ``host``: all of the host's `rdma_devices`;
 - unset: ``per_gpu`` where the host has `gpu_nics`, else ``host``.
-Only `transfer.backend: mooncake` moves KV over RDMA; other backends use no device.
+The RDMA backends (`RDMA_BACKENDS`: mooncake, and nixl through UCX) get devices;
+``mooncake_tcp`` uses none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Literal
 from kit.topology.schema import Host, Topology
 
 NicMode = Literal["list", "per_gpu", "host"]
+RDMA_BACKENDS = ("mooncake", "nixl")
+"""Transfer backends that move KV over RDMA devices."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ def nic_mode(topology: Topology, host: Host) -> NicMode:
 
 def choose_nics(topology: Topology, host: Host, gpus: tuple[int, ...]) -> NicChoice | None:
     """The RDMA devices of a process using `gpus` on `host`; None when KV does not move over
-    RDMA (a backend other than mooncake)."""
-    if topology.transfer.backend != "mooncake":
+    RDMA (mooncake_tcp)."""
+    if topology.transfer.backend not in RDMA_BACKENDS:
         return None
     mode = nic_mode(topology, host)
     if mode == "list":

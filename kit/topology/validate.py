@@ -230,7 +230,8 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
 
 
 def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
-    """With RDMA (backend mooncake) every process has devices, and only devices its host has.
+    """With RDMA (backend mooncake or nixl) every process has devices, and only devices its
+    host has.
 
     Listed devices (`transfer.ib_devices: [...]`) are checked against every worker host's
     `rdma_devices` when the host lists any, on the sim engine too (the topology is meant for real
@@ -271,7 +272,7 @@ def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> I
                 problem = Problem(
                     ("hosts", index, "rdma_devices"),
                     f"{node.host} runs {p.name} but lists no RDMA device, and "
-                    "transfer.backend mooncake moves KV over RDMA.",
+                    f"transfer.backend {topology.transfer.backend} moves KV over RDMA.",
                     "list the host's rdma_devices (see `ibv_devices`), or set "
                     "transfer.backend: mooncake_tcp.",
                 )

@@ -152,3 +152,34 @@ def test_router_metrics_url_follows_the_router_kind():
     assert local.metrics_url == "http://127.0.0.1:8000/metrics"
     smg = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml").router
     assert smg.metrics_url == "http://10.0.2.1:29000/metrics"
+
+
+def test_nixl_gets_ucx_devices_from_the_nic_map(write_topology):
+    """One device per process: UCX_NET_DEVICES (and UCX's GID index); several: the per-GPU map
+    in --disaggregation-ib-device, which SGLang 0.5.23 hands NIXL GPU by GPU."""
+    data = base_topology()  # prefill tp 2 on GPUs 0-1 and 2-3 of a; decode tp 4 on b
+    data["transfer"] = {"backend": "nixl", "gid_index": 3}
+    data["hosts"][0]["gpu_nics"] = {0: "mlx5_0", 1: "mlx5_0", 2: "mlx5_1", 3: "mlx5_1"}
+    plan = resolve(write_topology(data))
+    workers = {w.name: w for w in plan.workers}
+    prefill = workers["prefill-1"]
+    assert prefill.env["UCX_NET_DEVICES"] == "mlx5_1:1"
+    assert prefill.env["UCX_IB_GID_INDEX"] == "3" and "MC_GID_INDEX" not in prefill.env
+    assert "--disaggregation-ib-device" not in prefill.command.args
+    assert prefill.rdma_devices == ("mlx5_1",)
+    decode = workers["decode-0"]
+    assert "UCX_NET_DEVICES" not in decode.env
+    assert decode.ib_device == '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3"}'
+    assert decode.ib_device in decode.command.args
+
+
+def test_nixl_needs_rdma_devices_like_mooncake(write_topology):
+    from kit.errors import TopologyError  # noqa: PLC0415
+
+    data = base_topology()
+    data["transfer"] = {"backend": "nixl"}
+    for host in data["hosts"]:
+        host.pop("gpu_nics")
+        host["rdma_devices"] = []
+    with pytest.raises(TopologyError, match=r"transfer\.backend nixl moves KV over RDMA"):
+        resolve(write_topology(data))

@@ -176,3 +176,11 @@ def test_the_python_role_pins_the_mooncake_version_pdkit_s_sim_extra_pins():
     sim = pyproject["project"]["optional-dependencies"]["sim"]
     defaults = yaml.safe_load((REPO / "playbooks/roles/pdkit_python/defaults/main.yml").read_text())
     assert f"mooncake-transfer-engine-non-cuda=={defaults['pdkit_python_mooncake_version']}" in sim
+
+
+def test_nixl_hosts_get_the_same_rdma_checks(write_topology):
+    data = base_topology()
+    data["transfer"]["backend"] = "nixl"
+    a = host_vars(write_topology(data))["a"]
+    assert a["pdkit_rdma_required"] is True
+    assert a["pdkit_rdma_expected_devices"] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
