@@ -6,6 +6,7 @@ only where an address meets a port:
 
     bare_host("[::1]")            -> "::1"
     host_port("::1", 30000)       -> "[::1]:30000"
+    split_host_port("[::1]:30000") -> ("::1", 30000)
     http_url("10.0.0.1", 8000)    -> "http://10.0.0.1:8000"
 
 `classify_failure` names why an HTTP call got no answer, in the same words wherever pdkit
@@ -50,6 +51,15 @@ def url_host(address: str) -> str:
 def host_port(address: str, port: int) -> str:
     """``host:port`` with an IPv6 literal in brackets ("[::1]:30000")."""
     return f"{url_host(address)}:{port}"
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` -> (bare host, port): the inverse of `host_port` ("[::1]:29500" ->
+    ("::1", 29500)); ValueError when there is no port number after the last colon."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    return bare_host(host), int(port)
 
 
 def http_url(address: str, port: int, path: str = "") -> str:

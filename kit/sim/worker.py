@@ -6,10 +6,12 @@ bootstrap server on ``--host:--disaggregation-bootstrap-port``. It listens at on
 prefill's ranks register on its bootstrap server and it logs SGLang's "The server is fired up
 and ready to roll!".
 
-A node rank > 0 of a multi-node instance (``--nnodes``/``--node-rank``) does what SGLang's
-follower nodes do at the HTTP level: after loading, it serves only ``/health``,
-``/health_generate`` and ``/ping`` (always 200) on its ``--host:--port`` and stays up until
-stopped; the instance's requests go to node rank 0, which emulates all its GPUs.
+A multi-node instance (``--nnodes``/``--node-rank``) is linked as SGLang's is (`kit.sim.ranks`):
+node rank 0 listens on ``--dist-init-addr`` and reports healthy only once every other rank has
+joined there; the followers join it, then serve only ``/health``, ``/health_generate`` and
+``/ping`` (always 200) on their ``--host:--port``, as SGLang's follower nodes do. The instance's
+requests go to node rank 0, which emulates all its GPUs. When a rank is lost, the others die as
+SGLang's do (`die_like_sglang`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import os
+import signal
 import socket
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -29,12 +34,29 @@ from kit.perf.clock import RealClock
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import BootstrapServer, rank_registration
 from kit.sim.engine import Engine, StartupError
+from kit.sim.ranks import RankError, RankServer, join_rank0
 from kit.sim.server import Api, startup_phases
 from kit.sim.settings import SimSettings
 
 logger = logging.getLogger("kit.sim")
 
 READY_LINE = "The server is fired up and ready to roll!"
+
+RankLost = Callable[[str, int], None]
+"""Called with what happened and this node rank when another rank of the instance is lost."""
+
+
+def die_like_sglang(what: str, node_rank: int) -> None:
+    """What SGLang 0.5.23 does when a rank on another node is lost (see `kit.sim.ranks`): the
+    scheduler's exception, the SIGQUIT to its parent, and `kill_process_tree` killing the whole
+    process with SIGKILL, so every in-flight request loses its connection."""
+    logger.error("Scheduler hit an exception: RuntimeError: %s", what)
+    if node_rank == 0:
+        logger.error("SIGQUIT received. It usually means one child failed.")
+    else:
+        logger.error("Received sigquit from a child process. It usually means the child failed.")
+    logging.shutdown()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def advertised_ip(host: str, override: str | None) -> str:
@@ -84,9 +106,42 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
-async def run_follower(args: WorkerArgs, settings: SimSettings, stop: asyncio.Event) -> int:
-    """Node rank > 0: health endpoints only (see the module doc)."""
+async def _until_stop_or(stop: asyncio.Event, lost: asyncio.Future[str]) -> str | None:
+    """Wait for `stop` or the loss of a rank: what was lost, or None when stopped."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((stopped, lost), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    return lost.result() if lost.done() and not stop.is_set() else None
+
+
+async def _joined_or_stopped(ranks: RankServer, stop: asyncio.Event) -> bool:
+    """Wait until every rank has joined (False) or `stop` is set (True); `RankError` when a
+    joined rank is lost first."""
+    joined = asyncio.ensure_future(ranks.wait_all())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((joined, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not joined.done():
+            joined.cancel()
+    if joined.done() and not joined.cancelled():
+        joined.result()  # raises RankError
+        return False
+    return True
+
+
+async def run_follower(
+    args: WorkerArgs, settings: SimSettings, stop: asyncio.Event, on_lost: RankLost
+) -> int:
+    """Node rank > 0: join rank 0, then health endpoints only (see the module doc)."""
+    assert args.dist_init_addr is not None  # parse_args requires it with --nnodes > 1
     if await _wait(stop, settings.load_seconds):
+        return 0
+    link = await join_rank0(args.dist_init_addr, args.node_rank, args.nnodes, stop)
+    if link is None:
         return 0
     app = web.Application()
 
@@ -95,27 +150,62 @@ async def run_follower(args: WorkerArgs, settings: SimSettings, stop: asyncio.Ev
 
     for path in ("/health", "/health_generate", "/ping"):
         app.router.add_get(path, ok)
-    runner = await _serve(app, args.host, args.port, "--port")
-    logger.info(
-        "sim: node rank %d of %d: health endpoints only on %s:%d; node rank 0 (%s) "
-        "serves the instance",
-        args.node_rank,
-        args.nnodes,
-        args.host,
-        args.port,
-        args.dist_init_addr,
-    )
+    lost = asyncio.ensure_future(link.wait_lost())
     try:
-        await stop.wait()
+        runner = await _serve(app, args.host, args.port, "--port")
+        logger.info(
+            "sim: node rank %d of %d: health endpoints only on %s:%d; node rank 0 (%s) "
+            "serves the instance",
+            args.node_rank,
+            args.nnodes,
+            args.host,
+            args.port,
+            args.dist_init_addr,
+        )
+        try:
+            what = await _until_stop_or(stop, lost)
+            if what is None:
+                return 0
+            on_lost(what, args.node_rank)
+            return 1
+        finally:
+            await runner.cleanup()
     finally:
-        await runner.cleanup()
-    return 0
+        lost.cancel()
+        await link.close()
 
 
-async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Event) -> int:
-    """Node rank 0: the whole worker. Returns the process exit code."""
+async def run_worker(
+    args: WorkerArgs,
+    settings: SimSettings,
+    stop: asyncio.Event,
+    on_lost: RankLost = die_like_sglang,
+) -> int:
+    """Node rank 0: the whole worker; a follower rank: `run_follower`. Returns the process exit
+    code; `on_lost` is called (and 1 returned) when another rank of the instance is lost."""
     if args.node_rank > 0:
-        return await run_follower(args, settings, stop)
+        return await run_follower(args, settings, stop, on_lost)
+    ranks = None
+    if args.nnodes > 1:
+        assert args.dist_init_addr is not None  # parse_args requires it with --nnodes > 1
+        ranks = RankServer(args.dist_init_addr, args.nnodes)
+        await ranks.start()
+    try:
+        return await _run_rank0(args, settings, stop, ranks, on_lost)
+    finally:
+        if ranks is not None:
+            await ranks.close()
+
+
+async def _run_rank0(
+    args: WorkerArgs,
+    settings: SimSettings,
+    stop: asyncio.Event,
+    ranks: RankServer | None,
+    on_lost: RankLost,
+) -> int:
+    """Serve until stopped (0) or until another rank is lost: then `on_lost` at once, while
+    requests are still in flight (as SGLang dies), and 1."""
     began = time.monotonic()
     loop = asyncio.get_running_loop()
     engine = Engine(args, settings, RealClock(loop, settings.speed))
@@ -156,6 +246,13 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
         if await _wait(stop, settings.load_seconds):
             return 0
         loaded = time.monotonic()
+        if ranks is not None:
+            try:
+                if await _joined_or_stopped(ranks, stop):
+                    return 0
+            except RankError as exc:
+                on_lost(str(exc), 0)
+                return 1
         if bootstrap is not None:
             for rank in range(len(engine.ranks)):
                 bootstrap.register(
@@ -173,9 +270,18 @@ async def run_worker(args: WorkerArgs, settings: SimSettings, stop: asyncio.Even
         api.startup_time = startup_phases(loaded - loading, time.monotonic() - began)
         api.ready = True
         logger.info(READY_LINE)
-        await stop.wait()
-        api.stopping = True
-        return 0
+        if ranks is None:
+            await stop.wait()
+            return 0
+        lost = asyncio.ensure_future(ranks.wait_lost())
+        try:
+            what = await _until_stop_or(stop, lost)
+        finally:
+            lost.cancel()
+        if what is None:
+            return 0
+        on_lost(what, 0)
+        return 1
     finally:
         api.stopping = True
         for runner in reversed(runners):

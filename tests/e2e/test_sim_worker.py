@@ -237,27 +237,6 @@ def test_info_loads_and_metrics(worker):
     assert request_json(worker.url + "/flush_cache")[0] == 200
 
 
-def test_follower_node_serves_health_only():
-    port = free_port()
-    argv = worker_argv(
-        port=port,
-        extra=[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--dist-init-addr",
-            "127.0.0.1:5000",
-            "--tp",
-            "16",
-        ],
-    )
-    with SimProcess(argv, env={**FAST, "PDKIT_SIM_LOAD_SECONDS": "0"}) as proc:
-        proc.wait_ready()
-        assert request_json(proc.url + "/health_generate")[0] == 200
-        assert request_json(proc.url + "/generate", {"text": "x"})[0] == 404
-
-
 @pytest.mark.parametrize(
     "argv, env, code, needle",
     [
