@@ -23,6 +23,7 @@ from kit.net import url_host
 from kit.secrets import SecretError, SecretSource, read_secret
 from kit.topology import ports
 from kit.topology.policies import DEFAULT_POLICIES, PDKIT_POLICIES
+from kit.topology.schema import SLO
 
 Role = Literal["prefill", "decode"]
 
@@ -88,10 +89,18 @@ class LbConfig:
     drain_grace: float = 30.0
     prefix_chars: int = 256
     affinity_load_factor: float = 1.25
+    # A worker whose probe times out while it still finishes requests stays in for this long.
+    busy_grace: float = 20.0
     # Upstream connection pool.
     max_connections: int = 0
     upstream_keepalive: float = 4.0
-    access_log: bool = False
+    # SLO-aware admission (off by default); SLO targets in seconds.
+    admission: bool = False
+    slo_ttft: float = SLO().ttft_ms / 1000
+    slo_tpot: float = SLO().tpot_ms / 1000
+    admission_margin: float = 0.2
+    admission_poll: float = 1.0
+    access_log: bool = True
     log_level: str = "info"
     seed: int | None = None
 
@@ -107,6 +116,10 @@ examples:
       --decode http://10.0.0.2:30100 --decode http://10.0.0.2:30101 \\
       --prefill-policy prefix_affinity --decode-policy least_inflight --port 8000
 
+  # admission: answer 429 at once to requests predicted to miss a 400 ms TTFT / 40 ms TPOT SLO
+  python -m kit.lb --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30100 \\
+      --admission --slo-ttft-ms 400 --slo-tpot-ms 40
+
   # from a topology (pdkit renders the same options from the Plan)
   pdkit lb --topology topologies/local.yaml
 
@@ -117,6 +130,9 @@ keys (never on the command line):
 
 policies: round_robin, random, least_inflight (power of two choices on in-flight requests),
   prefix_affinity (prefill only: same prompt prefix -> same prefill, bounded by load)
+
+access log: one line per PD request on stderr, `access {json}` (logger kit.lb.access); off with
+  --no-access-log
 """
 
 
@@ -272,7 +288,12 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         default=d.drain_grace,
         help=f"on SIGTERM, seconds to let in-flight requests finish (default {d.drain_grace:g})",
     )
-    s.add_argument("--access-log", action="store_true", help="log every request (slower)")
+    s.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=d.access_log,
+        help="one `access {json}` line per PD request on stderr (default on)",
+    )
     s.add_argument(
         "--log-level",
         default=d.log_level,
@@ -331,6 +352,14 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         help=f"consecutive good probes to readmit (default {d.readmit_after})",
     )
     h.add_argument(
+        "--busy-grace",
+        type=_positive(float, True),
+        default=d.busy_grace,
+        help="a probe that times out does not count against a worker that finished a request "
+        f"or streamed within this many seconds (default {d.busy_grace:g}, SGLang's own health "
+        "window; 0 = every timeout counts)",
+    )
+    h.add_argument(
         "--eject-backoff",
         type=_positive(float),
         default=d.eject_backoff,
@@ -378,6 +407,38 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         f"workers' own keep-alive (uvicorn: 5) (default {d.upstream_keepalive:g})",
     )
     r.add_argument("--seed", type=int, help="seed for random choices and bootstrap rooms (tests)")
+    a = p.add_argument_group("admission (SLO-aware: 429 at once for requests predicted to miss)")
+    a.add_argument(
+        "--admission",
+        action="store_true",
+        help="refuse requests whose predicted TTFT or TPOT misses the SLO (default off)",
+    )
+    a.add_argument(
+        "--slo-ttft-ms",
+        type=_positive(float),
+        default=d.slo_ttft * 1000,
+        help=f"time to first token target, ms (default {d.slo_ttft * 1000:g})",
+    )
+    a.add_argument(
+        "--slo-tpot-ms",
+        type=_positive(float),
+        default=d.slo_tpot * 1000,
+        help=f"time per output token target, ms (default {d.slo_tpot * 1000:g})",
+    )
+    a.add_argument(
+        "--admission-margin",
+        type=_positive(float, True),
+        default=d.admission_margin,
+        help="share of the SLO kept free for prediction error: normal requests may use "
+        "1 - margin of it, low 1 - 2 x margin, high all of it "
+        f"(default {d.admission_margin:g})",
+    )
+    a.add_argument(
+        "--admission-poll",
+        type=_positive(float),
+        default=d.admission_poll,
+        help=f"seconds between reads of the workers' /v1/loads (default {d.admission_poll:g})",
+    )
     return p
 
 
@@ -441,6 +502,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         raise LbConfigError("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
     if not ns.health_path.startswith("/"):
         raise LbConfigError(f"--health-path {ns.health_path!r} must start with '/'.")
+    if ns.admission_margin >= 0.5:
+        raise LbConfigError(
+            f"--admission-margin {ns.admission_margin:g} leaves low-priority requests no "
+            "share of the SLO. To fix: use a margin below 0.5 (0.2 by default)."
+        )
     return LbConfig(
         prefill=tuple(prefill),
         decode=tuple(decode),
@@ -471,6 +537,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         affinity_load_factor=ns.affinity_load_factor,
         max_connections=ns.max_connections,
         upstream_keepalive=ns.upstream_keepalive,
+        busy_grace=ns.busy_grace,
+        admission=ns.admission,
+        slo_ttft=ns.slo_ttft_ms / 1000,
+        slo_tpot=ns.slo_tpot_ms / 1000,
+        admission_margin=ns.admission_margin,
+        admission_poll=ns.admission_poll,
         access_log=ns.access_log,
         log_level=ns.log_level,
         seed=ns.seed,

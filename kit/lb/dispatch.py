@@ -28,6 +28,15 @@ from typing import Any
 
 from aiohttp import web
 
+from kit.lb.admission import (
+    PRIORITIES,
+    PRIORITY_HEADER,
+    Admission,
+    Priority,
+    Rejection,
+    Ticket,
+    prompt_tokens,
+)
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
 from kit.lb.logprobs import StreamMerger, merge_body
@@ -79,7 +88,11 @@ class Exchange:
     causes: list[str] = field(default_factory=list)
     sent_at: float | None = None  # both legs of the last attempt were sent
     prefill_s: float | None = None
+    prefill_end: float | None = None
     decode_s: float | None = None
+    cause: str = ""  # why the request failed (a metrics cause), for the access log
+    admission: str = "off"  # admitted, rejected:REASON, or off
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +231,10 @@ class Dispatcher:
         on_connection_error: Callable[[Worker, str], None],
         on_failure: Callable[[ApiError], None],
         recent: RecentRequests,
+        admission: Admission | None = None,
     ) -> None:
         self._config = config
+        self._admission = admission
         self._pool = pool
         self._policies = policies
         self._upstream = upstream
@@ -275,17 +290,73 @@ class Dispatcher:
             f"{self._rng.getrandbits(64):016x}"
         )
 
+    def _priority(self, request: web.BaseRequest) -> Priority:
+        value = request.headers.get(PRIORITY_HEADER)
+        if value is None:
+            return "normal"
+        for priority in PRIORITIES:
+            if value.strip().lower() == priority:
+                return priority
+        raise ApiError(
+            400,
+            f"{PRIORITY_HEADER} must be high, normal or low, got {value!r}",
+            "bad_request",
+            param=PRIORITY_HEADER,
+        )
+
+    def _admit(
+        self,
+        ex: Exchange,
+        admission: Admission,
+        *,
+        prefill: Worker,
+        decode: Worker,
+        excluded: set[str],
+        priority: Priority,
+    ) -> Worker:
+        """Admit the request (on `prefill` or a better one, returned) or raise the 429."""
+        tokens = ex.ticket.tokens if ex.ticket else prompt_tokens(ex.pd.body, ex.pd.path)
+        prefills = [w for w in self._pool.routable("prefill") if w.url not in excluded]
+        verdict = admission.decide(prefill, prefills, decode, tokens, priority)
+        if isinstance(verdict, Rejection):
+            ex.admission = f"rejected:{verdict.reason}"
+            self._metrics.reject(verdict.reason, priority)
+            raise ApiError(
+                429,
+                verdict.message(priority),
+                "rejected",
+                headers={"Retry-After": str(verdict.retry_after)},
+            )
+        if ex.ticket is None:
+            self._metrics.admit(priority)
+        ex.ticket = verdict
+        ex.admission = "admitted"
+        verdict.model.started(tokens, time.monotonic())  # in the queue from now on
+        return verdict.prefill
+
     async def dispatch(self, ex: Exchange) -> web.StreamResponse:
-        """Answer one PD request (retrying unreachable workers); raises ApiError before commit."""
+        """Answer one PD request (retrying unreachable workers); raises ApiError before commit
+        (429 when admission refuses it)."""
         pd = ex.pd
         key = affinity_key(pd, self._config.prefix_chars) if self._needs_key else None
         if not ex.request_id:
             ex.request_id = self.request_id(ex.request)
+        admission = self._admission
+        priority = self._priority(ex.request) if admission is not None else "normal"
         excluded: set[str] = set()
         attempt = 0
         while True:
             prefill = self._pick("prefill", key, excluded)
             decode = self._pick("decode", key, excluded)
+            if admission is not None:
+                prefill = self._admit(
+                    ex,
+                    admission,
+                    prefill=prefill,
+                    decode=decode,
+                    excluded=excluded,
+                    priority=priority,
+                )
             body, room = pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
@@ -344,8 +415,10 @@ class Dispatcher:
         self, role: Role, worker: Worker, send: _Send, limit: float | None
     ) -> tuple[int, str, bytes]:
         """One whole non-streamed leg: (status, content type, body)."""
-        worker.inflight += 1
         leg = _Leg()
+        if not worker.inflight:
+            worker.progress_at = leg.started  # a busy period begins
+        worker.inflight += 1
         guard = self._watchdog.watch(leg.expire, total=limit)
         try:
             conn = await self._open(role, worker, send, leg)
@@ -359,6 +432,7 @@ class Dispatcher:
         finally:
             self._watchdog.release(guard)
             worker.inflight -= 1
+            worker.progress_at = time.monotonic()
 
     async def _prefill_leg(self, ex: Exchange, worker: Worker, send: _Send, keep: bool) -> bytes:
         started = time.monotonic()
@@ -367,7 +441,8 @@ class Dispatcher:
                 "prefill", worker, send, self._prefill_timeout
             )
         finally:
-            ex.prefill_s = time.monotonic() - started
+            ex.prefill_end = time.monotonic()
+            ex.prefill_s = ex.prefill_end - started
         if status >= 300:
             snippet = data[:300].decode("utf-8", "replace")
             raise LegError(
@@ -402,9 +477,22 @@ class Dispatcher:
         decode_coro: Coroutine[Any, Any, Any],
     ) -> _Pair:
         prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep))
+        if ex.ticket is not None:
+            prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
         pair = _Pair(prefill_task, asyncio.create_task(decode_coro))
         ex.sent_at = time.monotonic()
         return pair
+
+    def _prefill_ended(self, ex: Exchange, task: asyncio.Task[bytes]) -> None:
+        """Admission's accounting of a prefill leg (started when admitted): it left the queue,
+        and if it was served, how long it took against the prediction."""
+        ticket = ex.ticket
+        if ticket is None:
+            return
+        served = not task.cancelled() and task.exception() is None
+        ticket.model.ended(ticket.tokens, time.monotonic(), served)
+        if served and not ex.pd.stream and ticket.prefill_done and ex.prefill_s is not None:
+            self._metrics.ttft_error.observe(ex.prefill_s / ticket.prefill_done)
 
     def _finish_in_background(self, pair: _Pair) -> None:
         """Let a prefill leg that is still reading its answer finish; count a late failure."""
@@ -478,6 +566,8 @@ class Dispatcher:
         guard = pair.guard = self._watchdog.watch(
             pair.expire, total=self._request_timeout, idle=self._idle_timeout
         )
+        if not decode.inflight:
+            decode.progress_at = guard.last  # a busy period begins
         decode.inflight += 1
         finished = False
         try:
@@ -524,6 +614,7 @@ class Dispatcher:
                 merger=merger,
             )
             ex.relay = relay
+            batch = decode.inflight
             try:
                 await relay.run(upstream, first)
             except ClientGone:
@@ -532,11 +623,15 @@ class Dispatcher:
             except (UpstreamError, TimeoutError) as exc:
                 error = self._stream_failure(pair, decode, exc)
                 ex.causes.append(error.cause)
+                ex.cause = error.cause
                 self._on_failure(error)
                 try:
                     await relay.fail(error)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
+            else:
+                if ex.ticket is not None:
+                    self._learn(ex, ex.ticket, relay, decode, (batch + decode.inflight) / 2)
             finished = True
             self._finish_in_background(pair)
             return out
@@ -548,6 +643,23 @@ class Dispatcher:
                 pair.cancel()
             elif pair.decode_response is not None:
                 pair.decode_response.release()
+
+    def _learn(
+        self, ex: Exchange, ticket: Ticket, relay: StreamRelay, decode: Worker, batch: float
+    ) -> None:
+        """What a finished stream teaches admission: the gap from the prefill's end to the first
+        token, the decode's step time at its batch, and how far off the predictions were."""
+        admission = self._admission
+        first, last = relay.first_at, relay.last_at
+        if admission is None or first is None or last is None:
+            return
+        admission.first_token(ticket, ex.prefill_end, first)
+        admission.stream_ended(decode, batch, relay.events, first, last)
+        if ticket.ttft:
+            self._metrics.ttft_error.observe((first - ex.started) / ticket.ttft)
+        if ticket.tpot and relay.events > 1:
+            tpot = (last - first) / (relay.events - 1)
+            self._metrics.tpot_error.observe(tpot / ticket.tpot)
 
     def _expired(self, guard: Guard, decode: Worker) -> ApiError:
         """The error for a stream the watchdog stopped."""

@@ -59,7 +59,8 @@ class ApiError(Exception):
     """A request that fails with `status`; `cause` is the low-cardinality metrics label.
 
     `raw_body` (with `raw_content_type`) is a worker's own error body, passed on unchanged when
-    it is JSON, so that clients see SGLang's message.
+    it is JSON, so that clients see SGLang's message. `headers` go on the response (e.g.
+    Retry-After on a 429).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ApiError(Exception):
         param: str | None = None,
         raw_body: bytes | None = None,
         raw_content_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -79,6 +81,7 @@ class ApiError(Exception):
         self.param = param
         self.raw_body = raw_body
         self.raw_content_type = raw_content_type
+        self.headers = headers
 
     def body(self) -> bytes:
         """The response body: the worker's JSON error when there is one, else ours."""

@@ -3,7 +3,10 @@
 `evaluate` is a pure function over one probe's outcome; `HealthMonitor` runs one small loop per
 worker that probes at the time the pool scheduled (`Worker.next_probe_at`) and feeds the result
 back to the pool. A passive ejection (connection error on a request) reschedules the probe to
-the end of its backoff and wakes the loop.
+the end of its backoff and wakes the loop. A probe that times out while the worker is busy
+finishing requests (`WorkerPool.busy`) is not counted: SGLang answers /health with a one-token
+generate that waits behind the running batch (it gives up itself after 20 s), so a loaded
+worker answers late without being sick.
 """
 
 from __future__ import annotations
@@ -80,18 +83,18 @@ class HealthMonitor:
         for url in list(self._tasks):
             await self.unwatch(url)
 
-    async def probe(self, worker: Worker) -> tuple[bool, str]:
-        """One probe of `worker`'s health path."""
+    async def probe(self, worker: Worker) -> tuple[bool, str, bool]:
+        """One probe of `worker`'s health path: (healthy, detail, timed out)."""
         try:
             async with self._session.get(
                 worker.url + self._path, timeout=self._timeout, headers=self._headers
             ) as resp:
                 body = await resp.read()
-                return evaluate(resp.status, body)
+                return (*evaluate(resp.status, body), False)
         except TimeoutError:
-            return evaluate(None, b"", f"no answer within {self._timeout.total:g} s")
+            return (*evaluate(None, b"", f"no answer within {self._timeout.total:g} s"), True)
         except aiohttp.ClientError as exc:
-            return evaluate(None, b"", f"{type(exc).__name__}: {exc}")
+            return (*evaluate(None, b"", f"{type(exc).__name__}: {exc}"), False)
 
     async def _run(self, worker: Worker) -> None:
         wake = self._wake[worker.url]
@@ -103,10 +106,14 @@ class HealthMonitor:
                         await wake.wait()
                 wake.clear()
                 continue
-            ok, detail = await self.probe(worker)
+            ok, detail, timed_out = await self.probe(worker)
             if self._pool.get(worker.url) is not worker:
                 return  # removed while probing
             was = worker.state
-            self._pool.record_probe(worker, ok, detail, time.monotonic())
+            now = time.monotonic()
+            if timed_out and self._pool.busy(worker, now):
+                self._pool.record_busy_probe(worker, detail, now)
+                continue
+            self._pool.record_probe(worker, ok, detail, now)
             if not ok and worker.failed_probes == 1 and was is worker.state:
                 log.debug("probe of %s failed: %s", worker.url, detail)

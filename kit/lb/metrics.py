@@ -23,7 +23,18 @@ time, and reads the worker gauges from the pool.
                                                        health_check, connection_error, draining)
     pdkit_lb_worker_requests_total{worker,role}       counter
     pdkit_lb_worker_ejections_total{worker,role,reason} counter
-    pdkit_lb_health_probes_total{worker,result}       counter
+    pdkit_lb_health_probes_total{worker,result}       counter (ok, failed, and busy: a
+                                                       timeout forgiven to a worker finishing
+                                                       requests)
+    pdkit_lb_admitted_total{priority}                 counter (admission on)
+    pdkit_lb_rejected_total{reason,priority}          counter (429s: reason ttft or tpot)
+    pdkit_lb_admission_ttft_error_ratio               histogram: observed / predicted TTFT
+                                                       (streams; non-streaming: the prefill's end)
+    pdkit_lb_admission_tpot_error_ratio               histogram: observed / predicted TPOT
+    pdkit_lb_admission_prefill_queue_tokens{worker}   gauge: prompt tokens ahead on a prefill
+    pdkit_lb_admission_prefill_rate_tokens{worker}    gauge: its measured prompt tokens per
+                                                       busy second (absent while learning)
+    pdkit_lb_admission_decode_step_seconds{worker}    gauge: predicted step at one more request
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from kit.lb.admission import Admission
 from kit.lb.workers import Worker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,6 +59,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3, 6, 12, 30, 60)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 
 
 class Histogram:
@@ -126,6 +139,11 @@ class LbMetrics:
             ITL_BUCKETS,
         )
         self._duration_children: dict[tuple[str, bool], Histogram] = {}
+        self.admission: Admission | None = None
+        self.admitted: dict[str, int] = {}
+        self.rejected: dict[tuple[str, str], int] = {}
+        self.ttft_error = Histogram(RATIO_BUCKETS)
+        self.tpot_error = Histogram(RATIO_BUCKETS)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -148,6 +166,13 @@ class LbMetrics:
 
     def retry(self, role: str) -> None:
         self.retries[role] = self.retries.get(role, 0) + 1
+
+    def admit(self, priority: str) -> None:
+        self.admitted[priority] = self.admitted.get(priority, 0) + 1
+
+    def reject(self, reason: str, priority: str) -> None:
+        key = (reason, priority)
+        self.rejected[key] = self.rejected.get(key, 0) + 1
 
     def render(self) -> bytes:
         """The exposition text for /metrics."""
@@ -186,6 +211,59 @@ class LbMetrics:
             value=1.0 if self.draining else 0.0,
         )
         yield from _worker_families(self._workers())
+        if self.admission is not None:
+            yield from self._admission_families(self.admission)
+
+    def _admission_families(self, admission: Admission) -> Iterator[Metric]:
+        admitted = CounterMetricFamily(
+            "pdkit_lb_admitted", "Requests admitted, by priority", labels=["priority"]
+        )
+        for priority, count in sorted(self.admitted.items()):
+            admitted.add_metric([priority], count)
+        rejected = CounterMetricFamily(
+            "pdkit_lb_rejected",
+            "Requests refused with 429, by reason (ttft, tpot) and priority",
+            labels=["reason", "priority"],
+        )
+        for (reason, priority), count in sorted(self.rejected.items()):
+            rejected.add_metric([reason, priority], count)
+        yield admitted
+        yield rejected
+        for name, doc, hist in (
+            ("pdkit_lb_admission_ttft_error_ratio", "Observed / predicted TTFT", self.ttft_error),
+            ("pdkit_lb_admission_tpot_error_ratio", "Observed / predicted TPOT", self.tpot_error),
+        ):
+            fam = HistogramMetricFamily(name, doc)
+            fam.add_metric([], hist.cumulative(), hist.sum)
+            yield fam
+        prefills, decodes = admission.gauges()
+        queue = GaugeMetricFamily(
+            "pdkit_lb_admission_prefill_queue_tokens",
+            "Prompt tokens ahead on a prefill (this router's and other clients')",
+            labels=["worker"],
+        )
+        rate = GaugeMetricFamily(
+            "pdkit_lb_admission_prefill_rate_tokens",
+            "Prompt tokens a prefill serves per busy second (absent while learning)",
+            labels=["worker"],
+        )
+        for url, model in sorted(prefills.items()):
+            queue.add_metric([url], model.ahead())
+            served = model.rate()
+            if served is not None:
+                rate.add_metric([url], served)
+        step = GaugeMetricFamily(
+            "pdkit_lb_admission_decode_step_seconds",
+            "Predicted decode step time with one more request (absent while learning)",
+            labels=["worker"],
+        )
+        workers = {w.url: w for w in self._workers()}
+        for url, decode in sorted(decodes.items()):
+            worker = workers.get(url)
+            predicted = decode.step((worker.inflight if worker else 0) + decode.external + 1)
+            if predicted is not None:
+                step.add_metric([url], predicted)
+        yield from (queue, rate, step)
 
 
 def _worker_families(workers: Iterable[Worker]) -> Iterator[Metric]:
@@ -223,6 +301,8 @@ def _worker_families(workers: Iterable[Worker]) -> Iterator[Metric]:
             ejections.add_metric([w.url, w.role, reason], count)
         probes.add_metric([w.url, "ok"], w.probes_ok)
         probes.add_metric([w.url, "failed"], w.probes_failed)
+        if w.probes_busy:
+            probes.add_metric([w.url, "busy"], w.probes_busy)
     yield from (inflight, healthy, out, requests, ejections, probes)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from kit.aio import loop_factory
+from kit.lb.access import send_to
 from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.server import LoadBalancer
@@ -91,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config.access_log:
+        send_to(sys.stderr)  # bare `access {json}` lines, written in batches
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(config))

@@ -32,12 +32,15 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
+from kit.lb.admission import Admission, AdmissionConfig
 from kit.lb.config import LbConfig, Role
 from kit.lb.dispatch import Dispatcher, Exchange, path_headers
 from kit.lb.errors import ApiError, error_body
 from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
+from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, parse_request
@@ -59,6 +62,8 @@ def _error_response(error: ApiError) -> web.Response:
     response = web.Response(body=error.body(), status=error.status, content_type="application/json")
     if error.status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if error.headers:
+        response.headers.update(error.headers)
     return response
 
 
@@ -69,6 +74,7 @@ class LoadBalancer:
         self.config = config
         rules = HealthRules(
             interval=config.health_interval,
+            busy_grace=config.busy_grace,
             eject_after=config.eject_after,
             readmit_after=config.readmit_after,
             backoff=config.eject_backoff,
@@ -79,6 +85,13 @@ class LoadBalancer:
         for spec in (*config.prefill, *config.decode):
             self.pool.add(spec, now)
         self.metrics = LbMetrics(lambda: self.pool)
+        self.admission: Admission | None = None
+        if config.admission:
+            self.admission = Admission(
+                AdmissionConfig(config.slo_ttft, config.slo_tpot, config.admission_margin)
+            )
+            self.metrics.admission = self.admission
+        self.access = AccessLog(config.access_log)
         self.rng = random.Random(config.seed)
         self.recent = RecentRequests()
         self.policies: dict[Role, Policy] = {
@@ -95,6 +108,7 @@ class LoadBalancer:
         self._upstream: Upstream | None = None
         self._dispatcher: Dispatcher | None = None
         self._monitor: HealthMonitor | None = None
+        self._loads: WorkerLoads | None = None
         self._info: InfoRoutes | None = None
         self._admin: AdminRoutes | None = None
         self._routes = self._build_routes()
@@ -114,7 +128,7 @@ class LoadBalancer:
             self.handle,
             request_factory=self._make_request,
             handler_cancellation=True,  # a client that goes away cancels both legs
-            access_log=logging.getLogger("aiohttp.access") if self.config.access_log else None,
+            access_log=None,  # PD requests have their own access log (kit.lb.access)
         )
 
     def _make_request(
@@ -213,7 +227,18 @@ class LoadBalancer:
             on_connection_error=self._on_connection_error,
             on_failure=self._log_failure,
             recent=self.recent,
+            admission=self.admission,
         )
+        if self.admission is not None:
+            self._loads = WorkerLoads(
+                self.pool,
+                self.admission,
+                self._session,
+                interval=cfg.admission_poll,
+                timeout=cfg.health_timeout,
+                headers=self._worker_headers,
+            )
+            self._loads.start()
         self._monitor = HealthMonitor(
             self.pool,
             self._session,
@@ -230,6 +255,8 @@ class LoadBalancer:
         """Stop probing, cancel background legs, close the upstream pool."""
         if self._admin is not None:
             await self._admin.close()
+        if self._loads is not None:
+            await self._loads.close()
         if self._monitor is not None:
             await self._monitor.close()
         if self._dispatcher is not None:
@@ -249,6 +276,8 @@ class LoadBalancer:
             await self._monitor.unwatch(worker.url)
         if self._upstream is not None:
             self._upstream.forget(worker.url)
+        if self.admission is not None:
+            self.admission.forget(worker.url)
 
     def _on_transition(self, worker: Worker, old: State, new: State) -> None:
         if new is State.HEALTHY:
@@ -372,31 +401,43 @@ class LoadBalancer:
         status = CLIENT_CLOSED
         stream = False
         ex: Exchange | None = None
+        request_id = ""
+        cause = ""
         try:
             try:
                 if self.draining:
                     raise ApiError(503, "the load balancer is shutting down", "draining")
                 self._check_key(request, self.config.api_key, "API key")
+                dispatcher = self._dispatcher
+                if dispatcher is None:
+                    raise ApiError(503, "the load balancer is starting", "starting")
+                request_id = dispatcher.request_id(request)
                 pd = parse_request(path, await self._read_body(request))
                 stream = pd.stream
-                ex = Exchange(request, pd, started)
-                if self._dispatcher is None:
-                    raise ApiError(503, "the load balancer is starting", "starting")
-                response = await self._dispatcher.dispatch(ex)
+                ex = Exchange(request, pd, started, request_id)
+                response = await dispatcher.dispatch(ex)
             except ApiError as error:
-                response = await self._fail(ex, error)
+                cause = error.cause
+                response = await self._fail(ex, error, request_id)
             except asyncio.CancelledError:
                 # The client went away (or the drain grace period ran out).
-                self.metrics.error("shutdown" if self.draining else "client_disconnect")
+                cause = "shutdown" if self.draining else "client_disconnect"
+                self.metrics.error(cause)
+                if ex is not None:
+                    ex.cause = cause
                 raise
             except Exception:
                 log.exception("internal error on %s", path)
+                cause = "internal"
                 response = await self._fail(
-                    ex, ApiError(500, "internal error in pdkit lb (see its log)", "internal")
+                    ex,
+                    ApiError(500, "internal error in pdkit lb (see its log)", "internal"),
+                    request_id,
                 )
             status = response.status
             if ex is not None and "client_disconnect" in ex.causes:
                 status = CLIENT_CLOSED
+                ex.cause = ex.cause or "client_disconnect"
             return response
         finally:
             self.inflight -= 1
@@ -405,7 +446,72 @@ class LoadBalancer:
                     self.metrics.error(cause)
                 if ex.request_id:
                     self.recent.ended(ex.request_id, status)
-            self.metrics.request(path, status, time.monotonic() - started, stream)
+            e2e = time.monotonic() - started
+            self.metrics.request(path, status, e2e, stream)
+            if self.access.enabled:
+                self._log_access(
+                    ex,
+                    request_id=request_id,
+                    path=path,
+                    status=status,
+                    stream=stream,
+                    started=started,
+                    e2e=e2e,
+                    cause=cause,
+                )
+
+    def _log_access(
+        self,
+        ex: Exchange | None,
+        *,
+        request_id: str,
+        path: str,
+        status: int,
+        stream: bool,
+        started: float,
+        e2e: float,
+        cause: str,
+    ) -> None:
+        """The request's access line (see kit.lb.access)."""
+        if ex is None:
+            self.access.write(
+                request_id=request_id,
+                route=path,
+                status=status,
+                stream=stream,
+                prefill="",
+                decode="",
+                room=None,
+                queued=None,
+                prefill_s=None,
+                decode_s=None,
+                ttft=None,
+                e2e=e2e,
+                tokens=None,
+                cause=cause,
+                admission="off" if self.admission is None else "skipped",
+            )
+            return
+        chosen = ex.path
+        relay = ex.relay
+        first = relay.first_at if relay is not None else None
+        self.access.write(
+            request_id=ex.request_id,
+            route=path,
+            status=status,
+            stream=stream,
+            prefill=chosen.prefill if chosen else "",
+            decode=chosen.decode if chosen else "",
+            room=chosen.bootstrap_room if chosen else None,
+            queued=None if ex.sent_at is None else ex.sent_at - started,
+            prefill_s=ex.prefill_s,
+            decode_s=ex.decode_s,
+            ttft=None if first is None else first - started,
+            e2e=e2e,
+            tokens=relay.events if relay is not None else None,
+            cause=ex.cause,
+            admission=ex.admission,
+        )
 
     def _log_failure(self, error: ApiError) -> None:
         """Log worker trouble (5xx), at most once a second per cause: a dead worker under load
@@ -421,10 +527,14 @@ class LoadBalancer:
         log.warning("%s %s: %s%s", error.status, error.cause, error.message, more)
         self._logged[error.cause] = (now, 0)
 
-    async def _fail(self, ex: Exchange | None, error: ApiError) -> web.StreamResponse:
+    async def _fail(
+        self, ex: Exchange | None, error: ApiError, request_id: str = ""
+    ) -> web.StreamResponse:
         """Answer with `error`: a JSON error, or an error event if the stream already started."""
         self.metrics.error(error.cause)
         self._log_failure(error)
+        if ex is not None:
+            ex.cause = error.cause
         if ex is not None and ex.out is not None and ex.relay is not None:
             try:
                 await ex.relay.fail(error)
@@ -434,6 +544,8 @@ class LoadBalancer:
         response = _error_response(error)
         if ex is not None:
             response.headers.update(path_headers(ex))
+        elif request_id:
+            response.headers["X-Request-Id"] = request_id
         if error.cause == "draining":
             response.force_close()
         return response

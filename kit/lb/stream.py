@@ -38,8 +38,8 @@ class ClientGone(Exception):
 class StreamRelay:
     """Copies one upstream stream to one client response, measuring token timing.
 
-    `events` counts the data events relayed (`[DONE]` excluded); `first_at` is when the first
-    one went out (monotonic s, None before)."""
+    `events` counts the data events relayed (`[DONE]` excluded); `first_at` and `last_at` are
+    when the first and the last went out (monotonic s, None before)."""
 
     def __init__(
         self,
@@ -172,6 +172,10 @@ class StreamRelay:
             self._done_sent = True
         if events > 0:
             self._time(events, now if now is not None else time.monotonic())
+
+    @property
+    def last_at(self) -> float | None:
+        return self._last_event_at
 
     def _time(self, events: int, now: float) -> None:
         """The first event ever is the TTFT; each later write is one gap, and the other events

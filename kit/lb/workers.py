@@ -4,6 +4,9 @@ A worker is routable only when `healthy`. The transitions, all driven through `W
 that the routable lists stay current:
 
     pending ──first good probe──▶ healthy ──`eject_after` failed probes──▶ unhealthy
+                                  (a probe that times out while the worker has requests in
+                                   flight and made progress within `busy_grace` s is not a
+                                   failure: a busy SGLang answers /health late)
        ▲                            │  ▲                                      │
        │                            │  └──────`readmit_after` good probes─────┘
        │                            └──connection error: out for a backoff──▶ unhealthy
@@ -35,9 +38,11 @@ class State(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class HealthRules:
     """Health thresholds: a probe every `interval` s; a passive ejection lasts `backoff` s,
-    doubling on each repeat up to `backoff_max` s."""
+    doubling on each repeat up to `backoff_max` s; a timed-out probe of a worker that made
+    progress within `busy_grace` s is forgiven."""
 
     interval: float = 5.0
+    busy_grace: float = 20.0
     eject_after: int = 3
     readmit_after: int = 2
     backoff: float = 1.0
@@ -72,6 +77,7 @@ class Worker:
     next_probe_at: float = 0.0
     probes_ok: int = 0
     probes_failed: int = 0
+    probes_busy: int = 0
     ejections: dict[str, int] = field(default_factory=dict)
     # Stable per-worker value mixed into prefix_affinity scores.
     affinity_seed: int = 0
@@ -161,6 +167,11 @@ class WorkerPool:
         """Stop routing new requests to `worker`; in-flight ones finish."""
         self._set(worker, State.DRAINING, "removed by admin, draining", "draining", now)
 
+    def busy(self, worker: Worker, now: float) -> bool:
+        """Whether `worker` is finishing requests: some in flight, and one ended or streamed
+        within `busy_grace` s."""
+        return worker.inflight > 0 and now - worker.progress_at < self.rules.busy_grace
+
     def record_probe(self, worker: Worker, ok: bool, detail: str, now: float) -> None:
         """Apply one active health probe result; schedules the next probe."""
         rules = self.rules
@@ -184,6 +195,13 @@ class WorkerPool:
         elif worker.state is State.HEALTHY and worker.failed_probes >= rules.eject_after:
             reason = f"health check failed {worker.failed_probes} times in a row: {detail}"
             self._set(worker, State.UNHEALTHY, reason, "health_check", now)
+
+    def record_busy_probe(self, worker: Worker, detail: str, now: float) -> None:
+        """A probe timed out while the worker is still finishing requests (a busy SGLang answers
+        /health late): it counts neither way."""
+        worker.next_probe_at = now + self.rules.interval
+        worker.probes_busy += 1
+        worker.last_probe_error = f"{detail} (busy with {worker.inflight} requests: not counted)"
 
     def record_connection_error(self, worker: Worker, detail: str, now: float) -> float | None:
         """Passive ejection: a worker that refused a connection is out for a growing backoff.

@@ -56,6 +56,17 @@ def test_argparse_defaults_are_the_config_defaults():
     assert cfg.upstream_keepalive < 5  # below uvicorn's keep-alive, so a pooled socket is live
 
 
+def test_admission_is_off_and_the_access_log_on_unless_asked():
+    workers = ["--prefill", "http://a:1", "--decode", "http://b:2"]
+    cfg = parse_args(workers, {})
+    assert not cfg.admission and cfg.access_log
+    cfg = parse_args(
+        [*workers, "--admission", "--slo-ttft-ms", "800", "--slo-tpot-ms", "50", "--no-access-log"],
+        {},
+    )
+    assert cfg.admission and (cfg.slo_ttft, cfg.slo_tpot) == (0.8, 0.05) and not cfg.access_log
+
+
 def test_keys_come_from_the_environment_or_files(tmp_path):
     env = {"PDKIT_LB_API_KEY": "client-secret", "PDKIT_LB_ADMIN_KEY": " admin \n"}
     cfg = parse_args(["--prefill", "http://a:1", "--decode", "http://b:2"], env)
@@ -114,6 +125,10 @@ def test_there_is_no_way_to_put_a_key_on_the_command_line(capsys):
                 "1",
             ],
             "backoff-max",
+        ),
+        (
+            ["--prefill", "http://a:1", "--decode", "http://b:2", "--admission-margin", "0.5"],
+            "margin below 0.5",
         ),
     ],
 )

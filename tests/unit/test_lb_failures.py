@@ -192,6 +192,34 @@ def test_a_worker_failing_health_checks_is_ejected_and_readmitted():
     run(scenario())
 
 
+def test_a_busy_worker_whose_health_answers_late_stays_in_while_it_finishes_requests():
+    async def scenario():
+        async with running_cluster(1, 1, args=["--health-timeout", "0.05"]) as c:
+            busy = c.prefill[0]
+
+            async def late(reply):
+                await asyncio.sleep(0.2)  # SGLang's /health waits behind the running batch
+                reply.text(200, "")
+
+            busy._routes[("GET", "/health")] = lambda request, reply: late(reply)
+            busy.latency = 0.1
+            worker = c.lb.pool.get(busy.url)
+
+            async def client():
+                for _ in range(6):
+                    status, _, _ = await c.post("/generate", {"text": "x"})
+                    assert status == 200
+
+            await asyncio.gather(client(), client())  # always a request in flight
+            assert worker.routable and worker.probes_busy >= 2
+            assert "not counted" in worker.last_probe_error
+            # idle, the same late answers count: the worker is ejected
+            await c.wait_for(lambda: not worker.routable, what="ejection once idle")
+            assert "no answer within 0.05 s" in worker.reason
+
+    run(scenario())
+
+
 def test_a_prefill_that_takes_too_long_is_a_504():
     async def scenario():
         async with running_cluster(1, 1, args=["--prefill-timeout", "0.2"]) as c:

@@ -1,0 +1,175 @@
+"""The access log: one line per PD request, `access {json}`, by logger `kit.lb.access` at INFO.
+
+The JSON object (`pdkit trace` reads it; times in ms, None as null):
+
+    ts              epoch seconds when the request arrived
+    id              request id (the client's X-Request-Id, else the one the router made up)
+    route           /generate, /v1/completions or /v1/chat/completions
+    status          HTTP status answered (499: the client went away first)
+    stream          whether the answer was streamed
+    prefill, decode URLs of the workers of the last attempt ("" when none was chosen)
+    bootstrap_room  the room of the last attempt (null when none)
+    queued_ms       arrival to both legs sent (admission, retries on other workers)
+    prefill_ms      the prefill leg: sent to its answer's end
+    decode_ms       the decode leg: sent to its answer's (or stream's) end
+    ttft_ms         streams: arrival to the first token event written to the client
+    e2e_ms          arrival to the answer's end
+    tokens          streams: token events relayed (`[DONE]` not counted)
+    cause           why the request failed (a metrics cause label), else ""
+    admission       "admitted", "rejected:REASON" (ttft, tpot), "off", or "skipped" (admission
+                    is on but the request failed before it was judged: a bad body, a key)
+
+The line is built by hand (no json.dumps per request) from values that need no escaping: the
+request id is checked when it is read (kit.lb.dispatch.client_request_id), worker URLs are
+escaped once. `pdkit lb` sends the logger to stderr through `BatchedHandler`, which writes
+lines in batches (every `FLUSH_INTERVAL` s or `FLUSH_BYTES`), not one write per request;
+embedded (tests), records go wherever logging sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import IO
+
+ACCESS = logging.getLogger("kit.lb.access")
+
+FLUSH_INTERVAL = 0.2
+FLUSH_BYTES = 64 * 1024
+
+_LINE = (
+    'access {"ts":%.3f,"id":"%s","route":"%s","status":%d,"stream":%s,"prefill":%s,'
+    '"decode":%s,"bootstrap_room":%s,"queued_ms":%s,"prefill_ms":%s,"decode_ms":%s,'
+    '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s"}'
+)
+
+
+def _ms(seconds: float | None) -> str:
+    return "null" if seconds is None else "%.3f" % (seconds * 1000)
+
+
+class AccessLog:
+    """Formats and writes access lines (`enabled` false: nothing is done)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._quoted: dict[str, str] = {"": '""'}
+        self._direct: BatchedHandler | None = None
+        if enabled and not ACCESS.propagate:
+            handlers = [h for h in ACCESS.handlers if isinstance(h, BatchedHandler)]
+            if len(ACCESS.handlers) == 1 and handlers:
+                self._direct = handlers[0]
+
+    def _quote(self, url: str) -> str:
+        quoted = self._quoted.get(url)
+        if quoted is None:
+            quoted = self._quoted[url] = json.dumps(url)
+        return quoted
+
+    def write(
+        self,
+        *,
+        request_id: str,
+        route: str,
+        status: int,
+        stream: bool,
+        prefill: str,
+        decode: str,
+        room: int | None,
+        queued: float | None,
+        prefill_s: float | None,
+        decode_s: float | None,
+        ttft: float | None,
+        e2e: float,
+        tokens: int | None,
+        cause: str,
+        admission: str,
+    ) -> None:
+        """One request's line (durations in seconds)."""
+        if not self.enabled or not ACCESS.isEnabledFor(logging.INFO):
+            return
+        line = _LINE % (
+            time.time() - e2e,
+            request_id,
+            route,
+            status,
+            "true" if stream else "false",
+            self._quote(prefill),
+            self._quote(decode),
+            "null" if room is None else room,
+            _ms(queued),
+            _ms(prefill_s),
+            _ms(decode_s),
+            _ms(ttft),
+            e2e * 1000,
+            "null" if tokens is None else tokens,
+            cause,
+            admission,
+        )
+        if self._direct is not None:
+            self._direct.add(line)
+        else:
+            ACCESS.info("%s", line)
+
+
+class BatchedHandler(logging.Handler):
+    """Writes formatted records to `stream` in batches: when `FLUSH_BYTES` are pending, else
+    at most `FLUSH_INTERVAL` s after the first pending line (from the running event loop; with
+    none, at once). `close()` and `flush()` write what is pending."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self._stream = stream
+        self._lines: list[str] = []
+        self._size = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.add(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+    def add(self, line: str) -> None:
+        """Queue one line (no trailing newline)."""
+        self._lines.append(line)
+        self._size += len(line) + 1
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._timer = loop.call_later(FLUSH_INTERVAL, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._lines:
+            return
+        lines, self._lines, self._size = self._lines, [], 0
+        try:
+            self._stream.write("\n".join(lines) + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):  # stderr closed: nothing left to tell
+            pass
+
+    def close(self) -> None:
+        self.flush()
+        super().close()
+
+
+def send_to(stream: IO[str]) -> BatchedHandler:
+    """Route the access log to `stream` in batches, as bare `access {json}` lines (not through
+    the root logger's format); returns the handler (flushed on exit by logging)."""
+    handler = BatchedHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    ACCESS.addHandler(handler)
+    ACCESS.setLevel(logging.INFO)
+    ACCESS.propagate = False
+    return handler
