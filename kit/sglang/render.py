@@ -220,6 +220,25 @@ def build_workers(
     return workers
 
 
+def admission_args(topology: Topology) -> list[str]:
+    """pdkit router flags for `router.admission` (none when it is off); the SLO targets default
+    to the topology's `slo`."""
+    admission = topology.router.admission
+    if not admission.enabled:
+        return []
+    ttft = admission.ttft_ms or topology.slo.ttft_ms
+    tpot = admission.tpot_ms or topology.slo.tpot_ms
+    return [
+        "--admission",
+        "--slo-ttft-ms",
+        f"{ttft:g}",
+        "--slo-tpot-ms",
+        f"{tpot:g}",
+        "--admission-margin",
+        f"{admission.margin:g}",
+    ]
+
+
 def build_router(
     topology: Topology, workers: list[WorkerProcess], layout: HostLayout, topology_dir: Path
 ) -> RouterProcess:
@@ -242,7 +261,9 @@ def build_router(
     extra = render_args({normalize_flag(k): v for k, v in router.args.items()})
     has_key = bool(router.api_key_env or router.api_key_file)
     if router.kind == "pdkit":
-        command = Command(module=LB_MODULE, args=tuple(worker_args_ + common + extra))
+        command = Command(
+            module=LB_MODULE, args=tuple(worker_args_ + common + admission_args(topology) + extra)
+        )
         metrics_port = None
     else:
         metrics = ["--prometheus-host", bare_host(router.bind)]

@@ -176,6 +176,31 @@ class Transfer(Strict):
     )
 
 
+class Admission(Strict):
+    """SLO-aware admission (pdkit router, off by default): 429 at once when the SLO would be missed.
+
+    A request predicted to miss the SLO (its time to first token from the prefill queues and
+    their measured pace, its time per output token from the decode's batch) is answered at once
+    with 429 and Retry-After instead of queueing, so that the requests admitted still meet it
+    past the deployment's goodput rate. Clients may send `X-PDKit-Priority: high|normal|low`;
+    the lowest is shed first. See docs/lb.md."""
+
+    enabled: bool = Field(False, description="Turn admission on (router kind pdkit only).")
+    margin: float = Field(
+        0.2,
+        ge=0,
+        lt=0.5,
+        description="Share of the SLO kept free for prediction error: normal requests may "
+        "use 1 - margin of it, low 1 - 2 x margin, high all of it.",
+    )
+    ttft_ms: float | None = Field(
+        None, gt=0, description="Time to first token target (ms); default: slo.ttft_ms."
+    )
+    tpot_ms: float | None = Field(
+        None, gt=0, description="Time per output token target (ms); default: slo.tpot_ms."
+    )
+
+
 class Router(Strict):
     """The load balancer in front of the workers."""
 
@@ -205,6 +230,10 @@ class Router(Strict):
     api_key_file: str | None = Field(
         None, description="File on the control machine holding the API key."
     )
+    admission: Admission = Field(
+        default_factory=Admission,
+        description="SLO-aware admission: 429 at once for requests predicted to miss the SLO.",
+    )
     args: dict[str, ArgValue] = Field(
         default_factory=dict, description="Extra router flags, without leading dashes."
     )
@@ -213,6 +242,11 @@ class Router(Strict):
     def _one_key_source(self) -> Router:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set only one of api_key_env and api_key_file")
+        if self.admission.enabled and self.kind != "pdkit":
+            raise ValueError(
+                "admission.enabled: only pdkit's router admits by SLO; set kind: pdkit, or "
+                "admission.enabled: false"
+            )
         return self
 
 

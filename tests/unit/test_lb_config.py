@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kit.errors import TopologyError
 from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
 from kit.lb.errors import LbConfigError
 from kit.topology.resolve import resolve
-from tests.conftest import TOPOLOGIES
+from tests.conftest import TOPOLOGIES, base_topology
 
 PLAN_ARGV = [
     "--prefill", "http://10.0.0.1:30000", "8998",
@@ -48,6 +49,24 @@ def test_the_router_argv_every_example_plan_renders_parses(topology):
     assert cfg.decode == tuple(WorkerSpec(w.url, "decode") for w in serving if w.role == "decode")
     assert (cfg.host, cfg.port) == (router.bind, router.port)
     assert (cfg.prefill_policy, cfg.decode_policy) == (router.prefill_policy, router.decode_policy)
+
+
+def test_router_admission_renders_the_flags_with_the_topology_slo(write_topology):
+    data = base_topology()
+    data["slo"] = {"ttft_ms": 800, "tpot_ms": 60}
+    data["router"]["admission"] = {"enabled": True, "tpot_ms": 50}
+    cfg = parse_args(resolve(write_topology(data)).router.command.args, {})
+    assert cfg.admission and (cfg.slo_ttft, cfg.slo_tpot) == (0.8, 0.05)
+    assert cfg.admission_margin == 0.2
+    data["router"]["admission"] = {"enabled": False, "margin": 0.1}
+    assert "--admission" not in resolve(write_topology(data)).router.command.args
+
+
+def test_admission_with_smg_is_refused_naming_the_key(write_topology):
+    data = base_topology()
+    data["router"] = {"kind": "smg", "admission": {"enabled": True}}
+    with pytest.raises(TopologyError, match="only pdkit's router admits by SLO"):
+        resolve(write_topology(data))
 
 
 def test_argparse_defaults_are_the_config_defaults():
