@@ -13,6 +13,8 @@ Definitions (DistServe, Zhong et al. OSDI'24; vLLM and SGLang's bench_serving):
   dilute them. Output tokens/s are over the point's whole wall time.
 - Goodput of a deployment (`pdkit bench --search`): the highest offered rate whose attainment
   is >= `slo.attainment`.
+- Rejected: requests a router refused at the door with 429 (pdkit's admission). They count as
+  misses in the attainment above; `admitted_attainment` leaves them out (good / not rejected).
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class PointSummary:
     prompt builder does (the sim); None when no server count came back."""
     send_lag_p90_ms: float
     machine: dict[str, Any]
+    rejected: int = 0
+    """Requests answered 429 (refused by the router's admission)."""
     notes: list[str] = field(default_factory=list)
     attainment_met: bool | None = None
     """Set by a search: whether this point met the SLO's attainment target."""
@@ -106,6 +110,12 @@ class PointSummary:
     """What besides the deployment set this point's pace: the client, this machine."""
     ttft_trend_ms: tuple[float, float] | None = None
     """TTFT p50 of the first and the last third of the point (ms): a queue that grows shows."""
+
+    @property
+    def admitted_attainment(self) -> float:
+        """Share of the requests not refused with 429 that attained the SLO."""
+        admitted = self.requests - self.rejected
+        return self.good / admitted if admitted else 0.0
 
     @property
     def label(self) -> str:
@@ -132,6 +142,8 @@ class PointSummary:
             "e2e_ms": self.e2e_ms.to_json(),
             "errors": self.errors,
             "error_examples": self.error_examples,
+            "rejected": self.rejected,
+            "admitted_attainment": round(self.admitted_attainment, 4),
             "prefill": {k: vars(v) for k, v in self.prefill.items()},
             "decode": {k: vars(v) for k, v in self.decode.items()},
             "prompt_token_drift": None
@@ -221,6 +233,7 @@ def summarize(point: PointResult, slo: SLO) -> PointSummary:
         send_lag_p90_ms=send_lag,
         machine=point.load.to_json(),
         ttft_trend_ms=ttft_trend(measured),
+        rejected=sum(1 for r in measured if r.status == 429),
     )
     for kind, note in verdict(point.load, send_lag):
         summary.bottlenecks.add(kind)
@@ -278,6 +291,11 @@ def _error_notes(summary: PointSummary) -> list[str]:
         for role, worker, share in suspects(summary)
     ]
     notes += _queue_note(summary)
+    if summary.rejected:
+        notes.append(
+            f"{summary.rejected} of {summary.requests} requests refused with 429 (the router's "
+            f"admission); of the others {summary.admitted_attainment:.0%} attained the SLO"
+        )
     drift = summary.prompt_token_drift
     if drift is not None and abs(drift) > 0.05:
         notes.append(

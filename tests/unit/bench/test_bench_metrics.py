@@ -48,6 +48,16 @@ def test_attainment_counts_errors_as_misses_and_leaves_the_warmup_out():
     assert s.goodput == pytest.approx(0.7 * 2.0) and s.throughput == pytest.approx(0.9 * 2.0)
 
 
+def test_requests_refused_with_429_miss_and_the_admitted_attainment_leaves_them_out():
+    records = [record(i) for i in range(6)]
+    records += [record(i, ok=False, status=429, error_kind="http") for i in range(6, 10)]
+    s = summarize(point(records), SLO_)
+    assert s.rejected == 4 and s.attainment == pytest.approx(0.6)
+    assert s.admitted_attainment == pytest.approx(1.0)
+    assert s.to_json()["rejected"] == 4
+    assert any("4 of 10 requests refused with 429" in note for note in s.notes)
+
+
 def test_the_decode_all_failures_share_is_named_not_the_prefills_it_shared():
     records = [record(i, ok=False, prefill=f"p{i % 2}", decode="d0") for i in range(8)]
     records += [record(8 + i, prefill=f"p{i % 2}") for i in range(2)]
