@@ -293,6 +293,7 @@ def build_router(
         unit=unit_name(topology.name, ROUTER_PROCESS),
         log_path=layout.log_file(ROUTER_PROCESS),
         command=command,
+        worker_args=tuple(worker_args_),
         env={},
     )
 

@@ -138,11 +138,25 @@ class RouterProcess(Frozen):
     unit: str = Field(description="systemd unit name (systemd hosts).")
     log_path: str = Field(description="Log file on the host (absolute).")
     command: Command
+    worker_args: tuple[str, ...] = Field(
+        default=(),
+        description="The contiguous part of command.args that lists the workers: `pdkit up` "
+        "changes it through the router's worker API, not by restarting the router.",
+    )
     env: dict[str, str]
 
     @property
     def url(self) -> str:
         return http_url(self.address, self.port)
+
+    @property
+    def settings_args(self) -> tuple[str, ...]:
+        """command.args without `worker_args`: the router's own settings (a change restarts it)."""
+        args, workers = self.command.args, self.worker_args
+        for start in range(len(args) - len(workers) + 1):
+            if workers and args[start : start + len(workers)] == workers:
+                return args[:start] + args[start + len(workers) :]
+        return args
 
     @property
     def metrics_url(self) -> str:

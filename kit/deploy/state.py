@@ -1,0 +1,236 @@
+"""What runs, recorded per deployment: ``<state dir>/deployed.json``.
+
+`pdkit up` and `pdkit restart` write it as they go (after each instance has joined, been replaced
+or been removed), so the next `pdkit up` compares the topology with what really runs instead of
+guessing. Per process it keeps where it runs (host, GPUs, ports, URL), what it runs (argv and
+environment, for the reasons `pdkit up --diff` prints) and a fingerprint of everything its files
+on the host are made of: its inventory record, the host's layout and interpreter, and the
+templates of the pdkit_process role. Two records with equal fingerprints mean the playbook would
+write the same files, so the process needs no restart. The router's fingerprint leaves out its
+worker list, which changes live through its worker API.
+
+The record holds no secret: the inventory names secrets only by variable. Written atomically,
+0600, like the rest of the state dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kit.deploy.inventory import DeployHost, host_vars
+from kit.errors import DeployError
+from kit.topology.plan import Plan
+
+RECORD_FILE = "deployed.json"
+RECORD_FORMAT = 1
+TEMPLATES = Path("roles") / "pdkit_process" / "templates"
+"""The templates every process's files are rendered from, under the playbooks folder."""
+
+ProcessRole = Literal["prefill", "decode", "router", "monitoring"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProcessRecord(_Frozen):
+    """One process as deployed."""
+
+    name: str
+    instance: str
+    """The instance it belongs to (`prefill-0`; the router and Prometheus are their own)."""
+    role: ProcessRole
+    host: str
+    unit: str
+    node_rank: int = 0
+    gpus: tuple[int, ...] = ()
+    http_port: int | None = None
+    url: str | None = None
+    """The HTTP URL clients and the router use (node rank 0 of a worker instance, the router)."""
+    bootstrap_port: int | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    fingerprint: str
+
+
+class DeploymentRecord(_Frozen):
+    """Every process of a deployment as deployed, in the Plan's order."""
+
+    format: int = RECORD_FORMAT
+    deployment: str
+    engine: str
+    transfer_backend: str
+    router_kind: str
+    processes: tuple[ProcessRecord, ...]
+
+    def process(self, name: str) -> ProcessRecord | None:
+        return next((p for p in self.processes if p.name == name), None)
+
+    def instances(self) -> dict[str, tuple[ProcessRecord, ...]]:
+        """Worker instances by name, each with its processes in node-rank order."""
+        found: dict[str, list[ProcessRecord]] = {}
+        for process in self.processes:
+            if process.role in ("prefill", "decode"):
+                found.setdefault(process.instance, []).append(process)
+        return {name: tuple(sorted(p, key=lambda x: x.node_rank)) for name, p in found.items()}
+
+    def without(self, names: Iterable[str]) -> DeploymentRecord:
+        """This record without the processes called `names` (they were stopped)."""
+        gone = set(names)
+        return self.model_copy(
+            update={"processes": tuple(p for p in self.processes if p.name not in gone)}
+        )
+
+    def with_processes(
+        self, updated: Iterable[ProcessRecord], plan_order: list[str]
+    ) -> DeploymentRecord:
+        """This record with `updated` added or replacing processes of the same name, in
+        `plan_order` (names not in it, e.g. ones still to be removed, keep their place last)."""
+        by_name = {p.name: p for p in self.processes}
+        by_name.update({p.name: p for p in updated})
+        rank = {name: i for i, name in enumerate(plan_order)}
+        ordered = sorted(by_name.values(), key=lambda p: rank.get(p.name, len(rank)))
+        return self.model_copy(update={"processes": tuple(ordered)})
+
+
+def templates_digest(playbooks: Path) -> str:
+    """A digest of the pdkit_process role's templates (a change rewrites every process's files)."""
+    digest = hashlib.sha256()
+    folder = playbooks / TEMPLATES
+    for path in sorted(folder.glob("*.j2")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _fingerprint(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _host_settings(vars_: dict[str, Any]) -> dict[str, Any]:
+    """The host variables a process's files are made of (interpreter, manager, layout)."""
+    skip = {"pdkit_processes", "pdkit_unit_pattern"}
+    return {k: v for k, v in vars_.items() if k.startswith("pdkit_") and k not in skip}
+
+
+def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> DeploymentRecord:
+    """The record of `plan` deployed on `hosts`; `templates` is `templates_digest`. Pure."""
+    by_host = {host.name: host_vars(host, plan) for host in hosts}
+    records = {
+        record["name"]: (record, _host_settings(vars_))
+        for vars_ in by_host.values()
+        for record in vars_["pdkit_processes"]
+    }
+    out: list[ProcessRecord] = []
+    for worker in plan.workers:
+        record, host = records[worker.name]
+        out.append(
+            ProcessRecord(
+                name=worker.name,
+                instance=worker.instance_name,
+                role=worker.role,
+                host=worker.host,
+                unit=worker.unit,
+                node_rank=worker.node_rank,
+                gpus=worker.gpus,
+                http_port=worker.http_port,
+                url=worker.url if worker.serves_http else None,
+                bootstrap_port=worker.bootstrap_port if worker.serves_http else None,
+                args=worker.command.args,
+                env=worker.env,
+                fingerprint=_fingerprint(record, host, templates),
+            )
+        )
+    router = plan.router
+    record, host = records[router.name]
+    settings = {**record, "args": list(router.settings_args)}
+    out.append(
+        ProcessRecord(
+            name=router.name,
+            instance=router.name,
+            role="router",
+            host=router.host,
+            unit=router.unit,
+            http_port=router.port,
+            url=router.url,
+            args=router.settings_args,
+            env=router.env,
+            fingerprint=_fingerprint(settings, host, templates),
+        )
+    )
+    if plan.monitoring is not None:
+        monitoring = plan.monitoring
+        record, host = records[monitoring.name]
+        out.append(
+            ProcessRecord(
+                name=monitoring.name,
+                instance=monitoring.name,
+                role="monitoring",
+                host=monitoring.host,
+                unit=monitoring.unit,
+                http_port=monitoring.port,
+                args=monitoring.command.args,
+                env=monitoring.env,
+                fingerprint=_fingerprint(record, host, templates),
+            )
+        )
+    return DeploymentRecord(
+        deployment=plan.name,
+        engine=plan.engine,
+        transfer_backend=plan.transfer_backend,
+        router_kind=router.kind,
+        processes=tuple(out),
+    )
+
+
+def record_path(state_dir: Path) -> Path:
+    return state_dir / RECORD_FILE
+
+
+def load_record(state_dir: Path) -> DeploymentRecord | None:
+    """The recorded deployment, or None when nothing was recorded (never deployed, or brought
+    down). A record that cannot be read is an error that says how to start over."""
+    path = record_path(state_dir)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DeployError(f"cannot read the deployment record {path}: {exc}") from exc
+    try:
+        return DeploymentRecord.model_validate_json(text)
+    except ValidationError as exc:
+        raise DeployError(
+            f"the deployment record {path} is not one this pdkit can read "
+            f"({exc.error_count()} problem(s), e.g. {exc.errors()[0]['msg']}). To fix: delete "
+            "it; the next `pdkit up` then deploys every process as on a first run (processes "
+            "whose files change restart at once)."
+        ) from exc
+
+
+def save_record(state_dir: Path, record: DeploymentRecord) -> None:
+    """Write the record atomically (0600)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    text = record.model_dump_json(indent=2) + "\n"
+    fd, temp = tempfile.mkstemp(dir=state_dir, prefix=".deployed-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(temp, 0o600)
+        os.replace(temp, record_path(state_dir))
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def forget_record(state_dir: Path) -> None:
+    """`pdkit down`: nothing runs any more."""
+    record_path(state_dir).unlink(missing_ok=True)

@@ -1,0 +1,222 @@
+"""The deployment record and the live diff: (what runs, the topology) -> the steps `pdkit up`
+prints and runs, in their order, with the reasons a user reads."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import yaml
+
+from kit.deploy.changes import Step, diff, order, waves
+from kit.deploy.inventory import deploy_hosts
+from kit.deploy.state import (
+    DeploymentRecord,
+    ProcessRecord,
+    build_record,
+    load_record,
+    save_record,
+)
+from kit.errors import DeployError
+from kit.topology.resolve import resolve
+from tests.conftest import REPO
+
+PYTHON = "/venv/bin/python"
+TEMPLATES = "t1"
+
+
+@pytest.fixture
+def record_of(tmp_path):
+    """A function: changes to local.yaml (5 GPUs) -> the record of its Plan."""
+    base = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    base["hosts"][0]["gpus"] = 5
+
+    def build(prefill=2, decode=1, templates=TEMPLATES, edit=None):
+        data = yaml.safe_load(yaml.safe_dump(base))
+        data["prefill"]["count"], data["decode"]["count"] = prefill, decode
+        if edit:
+            edit(data)
+        path = tmp_path / "local.yaml"
+        path.write_text(yaml.safe_dump(data))
+        plan = resolve(path)
+        return build_record(plan, deploy_hosts(plan, PYTHON), templates)
+
+    return build
+
+
+def kinds(changes):
+    return [(s.kind, s.instance) for s in changes.steps]
+
+
+def test_nothing_recorded_is_a_first_deployment(record_of):
+    changes = diff(None, record_of())
+    assert changes.first and not changes.steps
+    assert changes.lines() == ["nothing recorded as running: deploy every process (first run)"]
+
+
+def test_the_same_topology_changes_nothing(record_of):
+    changes = diff(record_of(), record_of())
+    assert changes.nothing
+    assert changes.lines() == [
+        "no change: every process runs with the topology's settings",
+        "unchanged: prefill-0, prefill-1, decode-0",
+    ]
+
+
+def test_scaling_up_on_one_host_adds_first_and_moves_the_decode_the_placement_shifts(record_of):
+    changes = diff(record_of(2, 1), record_of(3, 2))
+    # decode-1 takes a free GPU at once; decode-0 moves from GPU 2 to 3 (the prefills come first
+    # in the placement) while decode-1 serves; prefill-2 waits for GPU 2.
+    assert kinds(changes) == [("add", "decode-1"), ("replace", "decode-0"), ("add", "prefill-2")]
+    assert changes.steps[1].reasons == ("GPUs 2 -> 3",)
+    assert changes.steps[2].after == ("decode-0",)
+    assert changes.unchanged == ("prefill-0", "prefill-1")
+    assert changes.router == ()  # its worker list changes live: no restart
+    assert changes.notes == ()  # decode-1 serves while decode-0 moves
+    assert changes.lines()[:3] == [
+        "1. add decode-1",
+        "2. replace decode-0 (GPUs 2 -> 3)",
+        "3. add prefill-2",
+    ]
+
+
+def test_scaling_down_frees_the_gpu_before_the_decode_moves_back_and_removes_last(record_of):
+    changes = diff(record_of(3, 2), record_of(2, 1))
+    assert kinds(changes) == [
+        ("remove", "prefill-2"),
+        ("replace", "decode-0"),
+        ("remove", "decode-1"),
+    ]
+    assert changes.steps[0].old_url.endswith(":30002")
+    assert changes.steps[1].after == ("prefill-2",)
+    assert changes.notes == ()
+
+
+def test_a_changed_flag_replaces_only_that_instance_and_says_which_flag(record_of):
+    def fewer(data):
+        data["decode"]["args"]["max-running-requests"] = 64
+
+    changes = diff(record_of(), record_of(edit=fewer))
+    (step,) = changes.steps
+    assert (step.kind, step.instance) == ("replace", "decode-0")
+    assert step.reasons == ("--max-running-requests 256 -> 64",)
+    assert step.old_url == step.new_url
+    # One decode: the plan warns that decode requests fail while it restarts.
+    assert changes.notes == (
+        "decode-0 is the only decode serving when it is replaced: requests fail until it is "
+        "back. To avoid it: scale the role up first.",
+    )
+
+
+def test_env_changes_name_the_variable_not_its_value(record_of):
+    def token(data):
+        data["prefill"]["env"] = {"HF_TOKEN": "hf_secret"}
+
+    changes = diff(record_of(), record_of(edit=token))
+    assert kinds(changes) == [("replace", "prefill-0"), ("replace", "prefill-1")]
+    assert changes.steps[0].reasons == ("env HF_TOKEN",)
+    assert "hf_secret" not in "\n".join(changes.lines())
+
+
+def test_new_templates_replace_every_process_one_by_one(record_of):
+    changes = diff(record_of(), record_of(templates="t2"))
+    assert [s.kind for s in changes.steps] == ["replace"] * 3
+    assert changes.steps[0].reasons[0].startswith("its service files change")
+    assert changes.router  # its files change too
+
+
+def test_restart_replaces_unchanged_instances_and_the_router_when_named(record_of):
+    now = record_of()
+    changes = diff(now, now, restart=["decode-0", "router"])
+    assert kinds(changes) == [("replace", "decode-0")]
+    assert changes.steps[0].reasons == ("restart",)
+    assert changes.router == ("restart",)
+
+
+def test_router_settings_restart_it_its_worker_list_does_not(record_of):
+    def policy(data):
+        data["router"]["decode_policy"] = "round_robin"
+
+    assert diff(record_of(), record_of(edit=policy)).router == (
+        "--decode-policy least_inflight -> round_robin",
+    )
+    assert diff(record_of(2, 1), record_of(2, 2)).router == ()
+
+
+def test_under_nixl_a_replaced_prefill_has_every_decode_replaced_after_it(record_of):
+    def nixl(record):
+        return record.model_copy(update={"transfer_backend": "nixl"})
+
+    def newer_prefill(data):
+        data["prefill"]["args"] = {"max-running-requests": 8}
+
+    changes = diff(nixl(record_of(2, 2)), nixl(record_of(2, 2, edit=newer_prefill)))
+    assert kinds(changes) == [
+        ("replace", "prefill-0"),
+        ("replace", "prefill-1"),
+        ("replace", "decode-0"),
+        ("replace", "decode-1"),
+    ]
+    assert "reconnect to the replaced prefill-0, prefill-1" in changes.steps[2].reasons[0]
+    assert changes.unchanged == ()
+
+
+def test_waves_keep_one_instance_of_each_role_serving(record_of):
+    changes = diff(record_of(3, 2), record_of(3, 2, templates="t2"))
+    grouped = [[s.instance for s in wave] for wave in waves(changes, parallel=4)]
+    assert grouped == [["prefill-0", "prefill-1"], ["prefill-2", "decode-0"], ["decode-1"]]
+    assert [len(w) for w in waves(changes, parallel=1)] == [1] * 5
+
+
+def _process(name, gpus, role="decode"):
+    return ProcessRecord(
+        name=name, instance=name, role=role, host="h", unit=name, gpus=gpus, fingerprint=name
+    )
+
+
+def test_two_instances_swapping_gpus_cannot_change_live():
+    a_old, b_old = _process("decode-0", (0,)), _process("decode-1", (1,))
+    a_new, b_new = _process("decode-0", (1,)), _process("decode-1", (0,))
+    steps = [
+        Step("replace", "decode-0", "decode", (a_old,), (a_new,)),
+        Step("replace", "decode-1", "decode", (b_old,), (b_new,)),
+    ]
+    with pytest.raises(DeployError, match="cannot change decode-0, decode-1 live"):
+        order(steps)
+
+
+def test_a_multi_node_instance_is_one_step(tmp_path):
+    data = yaml.safe_load((REPO / "topologies" / "deepseek-v3-2p2d.yaml").read_text())
+    path = tmp_path / "ds.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = resolve(path)
+    before = build_record(plan, deploy_hosts(plan, PYTHON), TEMPLATES)
+    data["decode"]["args"] = {**data["decode"].get("args", {}), "max-running-requests": 32}
+    path.write_text(yaml.safe_dump(data))
+    plan = resolve(path)
+    after = build_record(plan, deploy_hosts(plan, PYTHON), TEMPLATES)
+    changes = diff(before, after)
+    multi = [s for s in changes.steps if len(s.new) > 1]
+    assert multi, "the example has multi-node decodes"
+    step = multi[0]
+    assert [p.node_rank for p in step.new] == list(range(len(step.new)))
+    assert step.describe().startswith(f"replace {step.instance} [{len(step.new)} nodes] (node 0: ")
+
+
+def test_the_record_round_trips_privately_and_a_bad_one_says_how_to_start_over(record_of, tmp_path):
+    record = record_of()
+    save_record(tmp_path, record)
+    assert load_record(tmp_path) == record
+    path = tmp_path / "deployed.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_record(tmp_path / "nowhere") is None
+    path.write_text('{"format": 1}')
+    with pytest.raises(DeployError, match="To fix: delete it"):
+        load_record(tmp_path)
+
+
+def test_the_router_record_leaves_out_its_worker_list(record_of):
+    small, big = record_of(2, 1), record_of(3, 2)
+    router = DeploymentRecord.process(small, "router")
+    assert router is not None and "--decode" not in router.args
+    assert router.fingerprint == big.process("router").fingerprint
