@@ -1,0 +1,95 @@
+"""pdkit up's side of the router's worker API: join, drain and look, against pdkit's real load
+balancer (in-process, fake workers) and smg's answer shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import pytest
+
+from kit.deploy.routing import RouterAdmin, admin_key, parse_workers, worker_idle
+from kit.errors import DeployError
+from tests.lb_cluster import run, running_cluster
+from tools.fake_worker import FakeWorker
+
+KEYS = {"PDKIT_LB_API_KEY": "client-key", "PDKIT_LB_ADMIN_KEY": "admin-key"}
+
+
+def test_a_worker_joins_is_routed_to_and_leaves_after_its_request_finished():
+    async def scenario():
+        async with running_cluster(1, 1, env=KEYS) as c:
+            extra = FakeWorker("decode", c.ledger)
+            await extra.start()
+            try:
+                async with RouterAdmin("pdkit", c.url, "admin-key", drain_timeout=10) as admin:
+                    await admin.add(extra.url, "decode", None)
+                    await admin.add(extra.url, "decode", None)  # already there: no error
+                    routed = await admin.wait_routed(extra.url, timeout=5)
+                    assert routed.role == "decode" and routed.state == "healthy"
+
+                    old = c.decode[0]
+                    old.latency = 0.5
+                    inflight = asyncio.ensure_future(
+                        c.post("/generate", {"text": "x"}, key="client-key")
+                    )
+                    await c.wait_for(lambda: c.lb.pool.get(old.url).inflight == 1, what="busy")
+                    drained = await admin.remove(old.url)
+                    assert drained.clean and drained.seconds > 0.2
+                    assert (await inflight)[0] == 200  # it finished on the drained worker
+                    assert old.url not in await admin.workers()
+                    again = await admin.remove(old.url)  # gone already: a clean no-op
+                    assert again.clean and again.seconds == 0
+            finally:
+                await extra.stop()
+
+    run(scenario())
+
+
+def test_a_wrong_admin_key_says_how_to_fix_it():
+    async def scenario():
+        async with running_cluster(1, 1, env=KEYS) as c:
+            admin = RouterAdmin("pdkit", c.url, "stale", drain_timeout=5)
+            async with admin:
+                with pytest.raises(DeployError, match=r"HTTP 401.*run `pdkit up` once more"):
+                    await admin.workers()
+
+    run(scenario())
+
+
+def test_a_worker_the_router_never_routes_to_times_out_with_its_state():
+    async def scenario():
+        async with running_cluster(1, 1, env=KEYS) as c:
+            admin = RouterAdmin("pdkit", c.url, "admin-key", drain_timeout=5)
+            async with admin:
+                await admin.add("http://127.0.0.1:9", "decode", None)
+                with pytest.raises(DeployError, match=r"does not route to .* \(it is pending\)"):
+                    await admin.wait_routed("http://127.0.0.1:9", timeout=0.5)
+
+    run(scenario())
+
+
+def test_smg_workers_are_read_by_url_with_their_id():
+    body = {
+        "workers": [
+            {"id": "u1", "url": "http://a:1/", "worker_type": "prefill", "is_healthy": True},
+            {"id": "u2", "url": "http://b:2", "worker_type": "decode", "is_healthy": False},
+        ]
+    }
+    workers = parse_workers("smg", body)
+    assert workers["http://a:1"].routed and workers["http://a:1"].ident == "u1"
+    assert workers["http://b:2"].state == "pending" and not workers["http://b:2"].routed
+    assert parse_workers("smg", {"error": "x"}) == {}
+
+
+def test_a_worker_is_idle_when_no_request_runs_or_waits_on_any_rank():
+    busy = {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}, {"num_running_reqs": 2}]}
+    assert worker_idle({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}) is True
+    assert worker_idle(busy) is False
+    assert worker_idle({"detail": "Not Found"}) is None
+
+
+def test_the_admin_key_is_made_once_and_kept_private(tmp_path):
+    key = admin_key(tmp_path)
+    assert len(key) >= 32 and admin_key(tmp_path) == key
+    assert stat.S_IMODE((tmp_path / "router-admin.key").stat().st_mode) == 0o600
