@@ -265,6 +265,7 @@ def up(
     """Install and start every process of a topology, in order, and wait until it serves."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import up as deploy_up  # noqa: PLC0415
+    from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
     context = DeployContext.build(_resolve(topology), topology, state_dir)
     options = UpOptions(
@@ -581,6 +582,55 @@ def bench(
         hosts = DeployContext.build(plan, Path(positional[0])).hosts
         run = replace(run, watch=local_pids(hosts))
     run_bench(chosen, run, err if as_json else out, plan)
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit dashboard > pd.json\n\n"
+    "  pdkit dashboard topologies/local.yaml > pd.json\n\n"
+    "Import the file in Grafana (Dashboards > New > Import) and pick the Prometheus that "
+    "`monitoring:` deploys. With a topology, the deployment and the SLO thresholds it shows are "
+    "the topology's."
+)
+def dashboard(
+    topology: Annotated[
+        Path | None,
+        typer.Argument(help="Topology YAML file (optional).", metavar="[TOPOLOGY]"),
+    ] = None,
+) -> None:
+    """Print a Grafana dashboard (JSON) of a PD deployment's Prometheus metrics."""
+    from kit.observe.dashboard import dashboard_json  # noqa: PLC0415
+
+    sys.stdout.write(dashboard_json(_resolve(topology) if topology else None))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit trace topologies/local.yaml 5f0c2a9e41d7b3c8\n\n"
+    "  pdkit trace topologies/local.yaml 3012580135869468599   (a bootstrap room)\n\n"
+    "  pdkit trace topologies/local.yaml runs/local/requests.jsonl   (its slowest request)\n\n"
+    "REQUEST is the id the router returns in X-Request-Id (pdkit bench records it as "
+    "request_id), the bootstrap room (X-PDKit-Bootstrap-Room), or a bench requests.jsonl. The "
+    "router's access log names the prefill, the decode and the room; both workers' logs give "
+    "each PD stage. Times are ms from the request's arrival at the router."
+)
+def trace(
+    topology: TopologyArg,
+    request: Annotated[
+        str,
+        typer.Argument(
+            help="Request id, bootstrap room, or a bench requests.jsonl.",
+            metavar="REQUEST_ID|ROOM|REQUESTS.JSONL",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """One request's timeline across router, prefill and decode: each phase and the gaps."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
+    from kit.deploy.trace import trace_request  # noqa: PLC0415
+    from kit.observe.trace import trace_lines  # noqa: PLC0415
+
+    context = DeployContext.build(_resolve(topology), topology)
+    for line in trace_lines(trace_request(context, request)):
+        out.print(line, markup=False, highlight=False)
 
 
 def main() -> None:

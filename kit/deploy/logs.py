@@ -81,6 +81,47 @@ def tail(log: LogFile, count: int) -> list[str]:
     return done.stdout.splitlines()
 
 
+def matching_lines(log: LogFile, needles: Sequence[str]) -> list[str]:
+    """Every line of a process's log (its current file) that contains one of `needles`, in
+    file order, wherever its host is (`grep -F` over SSH)."""
+    wanted = [n for n in needles if n]
+    if not wanted:
+        return []
+    if not log.host.local:
+        patterns = [arg for needle in wanted for arg in ("-e", needle)]
+        argv = ssh_argv(log.host, ["grep", "-F", "-h", *patterns, "--", log.path])
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DeployError(f"cannot search {log.path} on {log.host.name}: {exc}.") from exc
+        if done.returncode > 1:  # 1: no line matched
+            raise DeployError(
+                f"cannot search {log.path} on {log.host.name} over SSH: {done.stderr.strip()}"
+            )
+        return done.stdout.splitlines()
+    try:
+        with open(log.path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise DeployError(f"cannot read the log {log.path} ({exc.strerror}).") from exc
+    starts: set[int] = set()
+    for needle in wanted:
+        target = needle.encode()
+        at = data.find(target)
+        while at >= 0:
+            start = data.rfind(b"\n", 0, at) + 1
+            starts.add(start)
+            end = data.find(b"\n", at)
+            at = data.find(target, end if end >= 0 else len(data))
+    lines = []
+    for start in sorted(starts):
+        end = data.find(b"\n", start)
+        lines.append(data[start : end if end >= 0 else len(data)].decode(errors="replace"))
+    return lines
+
+
 def follow(
     logs: Sequence[LogFile],
     emit: Callable[[str, str], None],

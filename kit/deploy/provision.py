@@ -102,6 +102,7 @@ def provision_vars(
     out: dict[str, Any] = {
         "pdkit_provision_gpu_roles": bool(workers) and not sim,
         "pdkit_base_rdma_tools": not sim,
+        "pdkit_base_monitoring": plan.monitoring is not None and plan.monitoring.host == host.name,
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
         "pdkit_rdma_expected_devices": devices,
         "pdkit_rdma_required": plan.transfer_backend in RDMA_BACKENDS and bool(workers),

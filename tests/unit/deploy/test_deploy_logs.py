@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from kit.deploy.inventory import DeployHost
-from kit.deploy.logs import LogFile, follow, show_logs, ssh_argv, tail_lines
+from kit.deploy.logs import LogFile, follow, matching_lines, show_logs, ssh_argv, tail_lines
 from kit.topology.layout import HostLayout
 from kit.topology.plan import HostPlan
 
@@ -94,3 +94,17 @@ def test_remote_logs_are_read_over_ssh_with_sudo_when_needed():
         "ops@10.0.0.9",
         "sudo -n tail -n 5 /var/log/x",
     ]
+
+
+def test_matching_lines_finds_every_line_with_a_needle_in_file_order(tmp_path):
+    h = host(tmp_path)
+    log = log_file("decode-0", h)
+    os.makedirs(os.path.dirname(log.path))
+    lines = [f"line {i} room {i % 7}" for i in range(50_000)]
+    lines[123] += " 9223372036854775807"
+    with open(log.path, "w") as out:
+        out.write("\n".join(lines))  # the last line has no newline
+    assert matching_lines(log, ["9223372036854775807"]) == [lines[123]]
+    assert matching_lines(log, ["line 49999 ", "line 3 "]) == [lines[3], lines[49999]]
+    assert matching_lines(log, ["nowhere"]) == []
+    assert matching_lines(log_file("prefill-0", h), ["x"]) == []  # no log yet

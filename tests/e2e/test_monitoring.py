@@ -1,0 +1,165 @@
+"""Observability end to end on one local deployment (a copy of topologies/local.yaml with
+`monitoring:` on, pdkit's router with admission): Prometheus from Debian's package scrapes every
+target, every dashboard panel's query returns data after a short `pdkit bench`, `pdkit trace`
+lays out a bench request and shows where a request to a hung decode stopped, an idle
+deployment shows 0 running everywhere, and `pdkit down` stops Prometheus and keeps its data.
+
+One deployment serves every step: `pdkit up` is most of the time this test takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.deploy.services import supervisor_processes
+from kit.observe.dashboard import dashboard, panel_queries, substitute
+from kit.observe.probe import Prober
+from kit.observe.prometheus import query, scrape_health
+from kit.topology.layout import HostLayout, host_root
+from tests.conftest import run_pdkit
+from tests.local_deploy import API_KEY, API_KEY_ENV, free_ports, processes_of, write_topology
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason="apt-get install prometheus"),
+]
+
+UP_TIMEOUT_S = 240
+SCRAPE_INTERVAL_S = 1
+
+
+def pdkit(*args: str, timeout: float = UP_TIMEOUT_S):
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env[API_KEY_ENV] = API_KEY
+    return run_pdkit(*args, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    name = f"e2e-mon-{uuid.uuid4().hex[:6]}"
+    topology, data = write_topology(tmp_path, name)
+    (port,) = free_ports(1)
+    data["monitoring"] = {"port": port, "bind": "127.0.0.1", "scrape_interval_s": SCRAPE_INTERVAL_S}
+    # Generous objectives: admission runs (its metrics exist) and refuses nothing.
+    data["router"]["args"] = {"admission": True, "slo-ttft-ms": 5000, "slo-tpot-ms": 500}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    layout = HostLayout(name, host_root(f".pdkit/{name}/root", topology.parent))
+    yield topology, name, data, layout, f"http://127.0.0.1:{port}"
+    if supervisor_processes(layout.supervisord_socket) is not None:
+        pdkit("down", str(topology))
+
+
+def prometheus(coroutine_factory):
+    async def run():
+        async with Prober(timeout=5.0) as prober:
+            return await coroutine_factory(prober)
+
+    return asyncio.run(run())
+
+
+def empty_panels(url: str, name: str) -> list[str]:
+    """The panel queries that return no finite value."""
+    empty = []
+
+    async def ask(prober):
+        for title, expr in panel_queries(dashboard()):
+            result = await query(prober, url, substitute(expr, name, "1m"))
+            values = [float(r["value"][1]) for r in result]
+            if not any(math.isfinite(v) for v in values):
+                empty.append(f"{title}: {expr}")
+
+    prometheus(ask)
+    return empty
+
+
+def send_unanswered(router: str, request_id: str) -> None:
+    """A completion whose answer we stop waiting for after 2 s."""
+    body = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+    request = urllib.request.Request(
+        f"{router}/generate",
+        body,
+        {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {API_KEY}",
+            "X-Request-Id": request_id,
+        },
+    )
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        urllib.request.urlopen(request, timeout=2).read()
+
+
+def test_prometheus_dashboard_trace_and_idle_status_on_one_deployment(deployment, tmp_path):
+    topology, name, data, layout, prometheus_url = deployment
+    router = f"http://127.0.0.1:{data['router']['port']}"
+
+    up = pdkit("up", str(topology))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"Prometheus: {prometheus_url} scrapes 5 targets every 1 s, 5 up." in up.stdout
+    targets = prometheus(lambda p: scrape_health(p, prometheus_url))
+    assert {(t.job, t.process, t.health) for t in targets} == {
+        ("router", "router", "up"),
+        ("prefill", "prefill-0", "up"),
+        ("prefill", "prefill-1", "up"),
+        ("decode", "decode-0", "up"),
+        ("prometheus", "prometheus", "up"),
+    }
+
+    runs = tmp_path / "bench"
+    bench = pdkit(
+        "bench", str(topology), "--rate", "8", "--requests", "24", "--input-len", "256",
+        "--output-len", "16", "--no-predict", "--out", str(runs),
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    time.sleep(3 * SCRAPE_INTERVAL_S)  # the last counts scraped
+    assert empty_panels(prometheus_url, name) == []
+
+    # The slowest bench request: its prefill, decode and every phase.
+    traced = pdkit("trace", str(topology), str(runs / "requests.jsonl"), timeout=60)
+    assert traced.returncode == 0, traced.stdout + traced.stderr
+    text = traced.stdout
+    assert "status 200" in text and "-> decode decode-0" in text
+    for step in ("received /v1/chat/completions", "bootstrap: found its prefill",
+                 "prefill: computed the prompt", "KV transfer: wrote the KV into the decode",
+                 "first token to the client", "decode: 15 more tokens", "answered 200"):  # fmt: skip
+        assert step in text, step
+    assert "phases: " in text and "KV transfer " in text and "stopped" not in text
+
+    # Idle: nothing runs, and the probe does not count its own health check.
+    status = pdkit("status", str(topology), "--json", timeout=60)
+    report = json.loads(status.stdout)
+    assert [w["running"] for w in report["workers"]] == [0, 0, 0]
+
+    # A decode that hangs: the request stops on its prefill, waiting for the decode.
+    (decode_pid,) = [
+        info.pid
+        for process, info in supervisor_processes(layout.supervisord_socket).items()
+        if process == "decode-0"
+    ]
+    request_id = f"hung-{uuid.uuid4().hex[:8]}"
+    os.kill(decode_pid, signal.SIGSTOP)
+    try:
+        send_unanswered(router, request_id)
+        hung = pdkit("trace", str(topology), request_id, timeout=60)
+    finally:
+        os.kill(decode_pid, signal.SIGCONT)
+    assert hung.returncode == 0, hung.stdout + hung.stderr
+    assert "stopped: decode-0 logged nothing for this request" in hung.stdout, hung.stdout
+    assert "before prefill_bootstrap (bootstrap: waited for its decode" in hung.stdout, hung.stdout
+
+    down = pdkit("down", str(topology))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert processes_of(name) == []
+    assert (Path(layout.prometheus_data_dir) / "wal").is_dir()  # its data stays
