@@ -52,9 +52,15 @@ def _obj(state: RequestState) -> dict[str, Any]:
     }
 
 
-def _log(event: str, data: dict[str, Any]) -> None:
+def _log(event: str, data: dict[str, Any], at: float | None = None) -> None:
+    """Log one event that happened at `at` (epoch s; default: now)."""
     # `ts` (epoch s) besides SGLang's local-time `timestamp`: hosts may differ in time zone.
-    line = {"timestamp": datetime.now().isoformat(), "ts": round(time.time(), 6), "event": event}
+    when = time.time() if at is None else at
+    line = {
+        "timestamp": datetime.fromtimestamp(when).isoformat(),
+        "ts": round(when, 6),
+        "event": event,
+    }
     line.update(data)
     logger.info(json.dumps(line, separators=(",", ":")))
 
@@ -62,7 +68,7 @@ def _log(event: str, data: dict[str, Any]) -> None:
 def received(state: RequestState) -> None:
     """The request arrived (SGLang's request.received)."""
     if traced(state):
-        _log("request.received", {"rid": state.inp.rid, "obj": _obj(state)})
+        _log("request.received", {"rid": state.inp.rid, "obj": _obj(state)}, epoch(state.arrival))
 
 
 def stage(state: RequestState, name: str, started: float, ended: float | None = None) -> None:
