@@ -347,8 +347,9 @@ def _first(steps: Sequence[Step], what: str) -> Step | None:
 
 
 def _phases(steps: Sequence[Step], access: AccessRecord | None) -> list[tuple[str, float]]:
-    """The request's phases in ms: router queue, bootstrap, the prefill's scheduler queue,
-    prefill, KV transfer, the first token (from the arrival), decoding, total."""
+    """The request's phases in ms: dispatch (admission, choosing workers), bootstrap, the
+    prefill's scheduler queue, prefill, KV transfer, the first token (from the arrival),
+    decoding, total."""
 
     def took(what: str) -> float | None:
         step = _first(steps, what)
@@ -364,7 +365,7 @@ def _phases(steps: Sequence[Step], access: AccessRecord | None) -> list[tuple[st
         first_token = next((s.start for s in steps if s.what == "first token"), None)
     decoding = next((s for s in steps if s.what.startswith("decode: ")), None)
     phases = (
-        ("router queue", access.queued_ms if access is not None else None),
+        ("dispatch", access.queued_ms if access is not None else None),
         ("bootstrap", took(STAGES["prefill_bootstrap"])),
         ("prefill queue", queue),
         ("prefill", took(STAGES["prefill_forward"])),

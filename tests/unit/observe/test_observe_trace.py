@@ -200,3 +200,33 @@ def test_lines_of_other_requests_and_other_formats_are_not_taken():
     assert parse_worker('[t] {"event": "something.else"}') is None
     assert parse_access(other) is not None
     assert parse_access(access_line(prefill="")).prefill is None  # none chosen
+
+
+def test_the_routers_own_access_line_is_read_back(caplog):
+    from kit.lb.access import AccessLog  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="kit.lb.access")
+    AccessLog(enabled=True).write(
+        request_id="r-9",
+        route="/generate",
+        status=503,
+        stream=False,
+        prefill="http://[fd00::1]:30000",
+        decode="",
+        room=ROOM,
+        queued=0.002,
+        prefill_s=0.5,
+        decode_s=None,
+        ttft=None,
+        e2e=0.75,
+        tokens=None,
+        cause="decode_unavailable",
+        admission="off",
+    )
+    (record,) = caplog.records
+    access = parse_access(f"2026-11-30 20:00:00 INFO kit.lb.access: {record.getMessage()}")
+    assert access is not None
+    assert (access.request_id, access.status, access.bootstrap_room) == ("r-9", 503, ROOM)
+    assert (access.prefill, access.decode) == ("http://[fd00::1]:30000", None)
+    assert (access.queued_ms, access.prefill_ms, access.e2e_ms) == (2.0, 500.0, 750.0)
+    assert access.cause == "decode_unavailable" and access.arrived is not None
