@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from kit.perf.cluster import Cluster, InstanceConfig, Instances
-from kit.sizing.problem import SizingProblem
+from kit.sizing.problem import LaunchKnobs, SizingProblem
 
 Role = Literal["prefill", "decode", "colocated"]
 Kind = Literal["pd", "colocated"]
@@ -123,22 +123,22 @@ class Deployment:
     def cluster(self, problem: SizingProblem) -> Cluster:
         """The deployment in `kit.perf`'s cluster model."""
         if self.colocated is not None:
-            return Cluster(colocated=_instances(problem, self.colocated))
+            return Cluster(colocated=_instances(problem, self.colocated, "colocated"))
         assert self.prefill is not None and self.decode is not None
         return Cluster(
-            prefill=_instances(problem, self.prefill),
-            decode=_instances(problem, self.decode),
+            prefill=_instances(problem, self.prefill, "prefill"),
+            decode=_instances(problem, self.decode, "decode"),
             rdma=problem.rdma,
         )
 
 
-def _instances(problem: SizingProblem, group: Group) -> Instances:
-    return Instances(instance_config(problem, group.option), group.count)
+def _instances(problem: SizingProblem, group: Group, role: Role) -> Instances:
+    return Instances(instance_config(problem, group.option, role), group.count)
 
 
-def instance_config(problem: SizingProblem, option: RoleOption) -> InstanceConfig:
-    """One instance of `option` as the performance model runs it."""
-    knobs = problem.knobs
+def instance_config(problem: SizingProblem, option: RoleOption, role: Role) -> InstanceConfig:
+    """One instance of `option` in `role` as the performance model runs it."""
+    knobs = problem.knobs.get(role) or LaunchKnobs()
     return InstanceConfig(
         model=problem.model,
         gpu=problem.gpu,
@@ -187,14 +187,14 @@ def heads_allow(problem: SizingProblem, option: RoleOption) -> bool:
     return not (option.ep > 1 and model.experts % option.ep)
 
 
-def fits(problem: SizingProblem, option: RoleOption) -> bool:
+def fits(problem: SizingProblem, option: RoleOption, role: Role) -> bool:
     """The weights leave room for KV on the option's GPUs."""
-    return instance_config(problem, option).fits()
+    return instance_config(problem, option, role).fits()
 
 
-def base_options(problem: SizingProblem) -> list[RoleOption]:
-    """Every parallelism the model can run with on the hosts (see the module doc), fewest GPUs
-    first; the same for all roles before the search tunes their knobs."""
+def base_options(problem: SizingProblem, role: Role) -> list[RoleOption]:
+    """Every parallelism the model can run with in `role` on the hosts (see the module doc),
+    fewest GPUs first, before the search tunes any knob."""
     options = []
     for tp in tp_sizes(problem):
         if tp > problem.gpus:
@@ -202,7 +202,7 @@ def base_options(problem: SizingProblem) -> list[RoleOption]:
         shapes = [RoleOption(tp=tp)]
         if problem.model.is_moe and tp > 1:
             shapes.append(RoleOption(tp=tp, dp=tp, dp_attention=True, ep=tp))
-        options += [o for o in shapes if heads_allow(problem, o) and fits(problem, o)]
+        options += [o for o in shapes if heads_allow(problem, o) and fits(problem, o, role)]
     return options
 
 

@@ -1,22 +1,26 @@
 """Stage one of the search: what one instance of each role option sustains on its own.
 
-* prefill: a prefill-only instance (DistServe's set-up: the KV leaves at once), under the TTFT
-  objective less the KV transfer of a mean prompt and one decode step, which a PD request
-  still pays before its first token;
-* decode: a decode-only instance (the KV appears at once) under both objectives;
-* colocated: one instance under both objectives (its goodput is final: k colocated instances
-  behind a round-robin router serve k times one).
+* prefill: a prefill-only instance (DistServe's set-up: the KV leaves at once) served in
+  virtual time, under the TTFT objective less the KV transfer of a mean prompt and one decode
+  step, which a PD request still pays before its first token;
+* decode: the steady state of a decode instance, worked out rather than served (serving it
+  costs a simulated step per token, and a decode at hundreds of requests/s needs thousands of
+  requests to reach its steady batch): at rate r its batch B holds r x (output - 1) x step(B)
+  requests, and the largest B whose P90 batch (B + 1.28 sqrt B, Poisson) still steps within the
+  TPOT, fits its KV room and its request slots, gives its rate. On the DistServe workload this
+  is within 5% of a long virtual-time run;
+* colocated: one instance served in virtual time under both objectives; its goodput is final
+  (k instances behind a round-robin router serve k times one).
 
-Each is a goodput search in virtual time (`kit.sizing.measure`) started from a roofline
-estimate. Knobs are then tuned where the measurement says they can help, and only there:
-a decode whose point above its goodput missed on TPOT (its batch grew too slow) is tried with
-`--max-running-requests` capped at the largest batch whose step meets the TPOT; a colocated
-option with the best goodput per GPU, missing on TPOT (prefill stalls), is tried with smaller
-prefill chunks (the others are dominated).
+Prefill and decode capacities only rank candidates (the search serves the PD deployments it
+keeps); colocated goodputs are reported as they are, so the colocated option with the best
+goodput per GPU is also tried with smaller prefill chunks when it misses on TPOT (prefill
+stalls); a chunk is kept only when it beats SGLang's default.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kit.perf.cluster import Cluster, InstanceConfig, Instances
@@ -30,15 +34,19 @@ COLOCATED_CHUNKS = (2048, 512)
 """Prefill chunks (tokens) tried on the best colocated option when it misses on TPOT."""
 COLOCATED_SHARE = 0.5
 """A colocated instance's goodput starts its search at this share of the smaller of its
-prefill and decode rooflines (prefill stalls cost it the rest)."""
+prefill and decode rates (prefill stalls cost it the rest)."""
+P90_Z = 1.28
+"""Standard normal quantile of 90%: a Poisson batch of mean B exceeds B + 1.28 sqrt B one
+step in ten."""
 
 
 @dataclass
 class Capacities:
-    """Single-instance goodput (model requests/s) of every role option measured."""
+    """One instance of each role option: prefill and decode rates (model requests/s) and
+    colocated goodputs."""
 
-    prefill: dict[RoleOption, Goodput] = field(default_factory=dict)
-    decode: dict[RoleOption, Goodput] = field(default_factory=dict)
+    prefill: dict[RoleOption, float] = field(default_factory=dict)
+    decode: dict[RoleOption, float] = field(default_factory=dict)
     colocated: dict[RoleOption, Goodput] = field(default_factory=dict)
 
 
@@ -74,99 +82,100 @@ def prefill_estimate(problem: SizingProblem, config: InstanceConfig) -> float:
     return config.dp / step
 
 
-def decode_batch(problem: SizingProblem, config: InstanceConfig) -> tuple[int, float]:
-    """The largest batch (a power of two) one rank can decode within the TPOT objective and
-    its KV room, and that batch's step (s)."""
+def decode_batch(problem: SizingProblem, config: InstanceConfig) -> tuple[float, float]:
+    """One rank's steady batch (requests, see the module doc) and its step (s); (0, inf)
+    when not even one request decodes within the TPOT."""
     prompt, output = mean_lengths(problem)
     timing = config.build_timing()
     memory = config.memory(timing)
-    per_request = prompt + output
+    slots = memory.max_running_requests // (config.dp if config.dp_attention else 1)
     tpot = problem.model_slo.tpot_ms / 1000
 
-    def step(batch: int) -> float:
-        context = round(batch * (prompt + output / 2))
+    def step(batch: float) -> float:
+        whole = max(1, round(batch))
+        context = round(whole * (prompt + output / 2))
         return timing.step_seconds(
-            StepShape(decode_reqs=batch, decode_context=context, sampled=batch)
+            StepShape(decode_reqs=whole, decode_context=context, sampled=whole)
         )
 
-    batch = 1
-    while (
-        batch * 2 <= memory.max_running_requests
-        and batch * 2 * per_request <= memory.capacity_tokens
-        and step(batch * 2) <= tpot
-    ):
-        batch *= 2
-    return batch, step(batch)
+    def holds(batch: float) -> bool:
+        peak = batch + P90_Z * math.sqrt(batch)
+        return (
+            step(peak) <= tpot
+            and peak <= slots
+            and peak * (prompt + output) <= memory.capacity_tokens
+        )
+
+    if not holds(1.0):
+        return 0.0, math.inf
+    low, high = 1.0, 2.0
+    while holds(high):
+        low, high = high, high * 2
+    while high - low > 0.5:
+        mid = (low + high) / 2
+        low, high = (mid, high) if holds(mid) else (low, mid)
+    return low, step(low)
 
 
-def decode_estimate(problem: SizingProblem, config: InstanceConfig) -> float:
-    """Requests/s one instance decodes at its largest batch within the TPOT (roofline)."""
+def decode_rate(problem: SizingProblem, config: InstanceConfig) -> float:
+    """Requests/s one decode instance sustains within the TPOT (see the module doc)."""
     _, output = mean_lengths(problem)
     batch, step = decode_batch(problem, config)
-    return config.dp * batch / (max(output, 1.0) * step)
+    if batch <= 0:
+        return 0.0
+    return config.dp * batch / (max(output - 1, 1.0) * step)
 
 
 def measure(problem: SizingProblem, rough: Meter, fine: Meter) -> Capacities:
-    """Stage one for every role option (see the module doc). Prefill and decode capacities
-    only rank candidates, so `rough` measures them; colocated goodputs are final, measured by
-    `fine`."""
+    """Stage one for every role option (see the module doc): prefill capacities by `rough`,
+    colocated goodputs by `fine`."""
     found = Capacities()
-    for option in base_options(problem):
-        config = instance_config(problem, option)
-        p_rate, d_rate = prefill_estimate(problem, config), decode_estimate(problem, config)
+    for option in base_options(problem, "prefill"):
+        config = instance_config(problem, option, "prefill")
         found.prefill[option] = rough.goodput(
-            Cluster(prefill=Instances(config)), p_rate, slo=prefill_slo(problem, config)
-        )
-        found.decode[option] = rough.goodput(Cluster(decode=Instances(config)), d_rate)
+            Cluster(prefill=Instances(config)),
+            prefill_estimate(problem, config),
+            slo=prefill_slo(problem, config),
+        ).rate
+    for option in base_options(problem, "decode"):
+        found.decode[option] = decode_rate(problem, instance_config(problem, option, "decode"))
+    for option in base_options(problem, "colocated"):
+        config = instance_config(problem, option, "colocated")
+        start = min(prefill_estimate(problem, config), decode_rate(problem, config) or math.inf)
         found.colocated[option] = fine.goodput(
-            Cluster(colocated=Instances(config)), min(p_rate, d_rate) * COLOCATED_SHARE
+            Cluster(colocated=Instances(config)), start * COLOCATED_SHARE
         )
-    _tune_decode(problem, rough, found)
     _tune_colocated(problem, fine, found)
     return found
 
 
-def _misses_tpot(goodput: Goodput, slo: SLO) -> bool:
+def misses_tpot(goodput: Goodput, slo: SLO) -> bool:
+    """The first rate above the goodput missed because TPOT grew (not only TTFT)."""
     above = goodput.above
     return above is not None and above.p90_tpot_ms > slo.tpot_ms
 
 
-def _tune_decode(problem: SizingProblem, meter: Meter, found: Capacities) -> None:
-    for option, measured in list(found.decode.items()):
-        if not _misses_tpot(measured, problem.model_slo):
-            continue
-        config = instance_config(problem, option)
-        batch, _ = decode_batch(problem, config)
-        cap = batch * (option.dp if option.dp_attention else 1)
-        if cap >= config.memory().max_running_requests:
-            continue
-        capped = with_knobs(option, max_running=cap)
-        tuned = meter.goodput(
-            Cluster(decode=Instances(instance_config(problem, capped))), measured.rate or 1.0
-        )
-        if _better(tuned, measured, meter):
-            found.decode[capped] = tuned
+def better(tuned: float, default: float, meter: Meter) -> bool:
+    """A tuned knob is kept only when it beats SGLang's default by more than the search's
+    precision; otherwise the default says the same with less to configure."""
+    return tuned > default * (1 + meter.tolerance)
 
 
 def _tune_colocated(problem: SizingProblem, meter: Meter, found: Capacities) -> None:
     if not found.colocated:
         return
     option, measured = max(found.colocated.items(), key=lambda item: item[1].rate / item[0].gpus)
-    if not _misses_tpot(measured, problem.model_slo):
+    if not misses_tpot(measured, problem.model_slo):
         return
-    default_chunk = instance_config(problem, option).memory().chunked_prefill_size
+    config = instance_config(problem, option, "colocated")
+    default_chunk = config.memory().chunked_prefill_size
     for chunk in COLOCATED_CHUNKS:
-        if chunk >= default_chunk or chunk % problem.knobs.page_size:
+        if chunk >= default_chunk or chunk % config.page_size:
             continue
         tuned = with_knobs(option, chunk=chunk)
         goodput = meter.goodput(
-            Cluster(colocated=Instances(instance_config(problem, tuned))), measured.rate or 1.0
+            Cluster(colocated=Instances(instance_config(problem, tuned, "colocated"))),
+            measured.rate or 1.0,
         )
-        if _better(goodput, measured, meter):
+        if better(goodput.rate, measured.rate, meter):
             found.colocated[tuned] = goodput
-
-
-def _better(tuned: Goodput, default: Goodput, meter: Meter) -> bool:
-    """A tuned knob is kept only when it beats SGLang's default by more than the search's
-    precision; otherwise the default says the same with less to configure."""
-    return tuned.rate > default.rate * (1 + meter.tolerance)

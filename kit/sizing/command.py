@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -287,20 +287,21 @@ def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
     )
     calibration.save(result, store)
     measured = run_.goodput
+    summary = report.calibration_json(
+        result,
+        fitted,
+        store=store,
+        points=len(run_.points),
+        speed=speed,
+        goodputs=(measured, before, after),
+    )
+    written = args.calibrate / "calibration.json"
+    try:
+        written.write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        raise SizingError(f"--calibrate: cannot write {written} ({exc.strerror}).") from exc
     if args.as_json:
-        print(
-            json.dumps(
-                {
-                    "calibration": asdict(result),
-                    "store": str(store),
-                    "points": len(run_.points),
-                    "fitted_points": len(points),
-                    "goodput": {"measured": measured, "before": before, "after": after},
-                    "speed": speed,
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(summary, indent=2))
         return result
     lines = [
         f"pdkit size --calibrate {args.calibrate}: {model} on {gpu}"
@@ -336,7 +337,7 @@ def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
         )
     console.print(
         f"saved to {store}: the next pdkit size of {model} on {gpu} uses it "
-        "(--no-calibration ignores it)",
+        f"(--no-calibration ignores it); the fit's numbers are in {written}",
         markup=False,
         highlight=False,
     )

@@ -58,16 +58,20 @@ def pareto_figure(path: Path, result: SizingResult, chosen: Rated | None, title:
             label="Pareto frontier",
             zorder=2,
         )
-    for r in result.ranked:
-        xy = _xy(r)
-        if xy is not None and (xy in edge or r is chosen):
-            ax.annotate(
-                r.deployment.label(),
-                xy,
-                textcoords="offset points",
-                xytext=(6, 4),
-                fontsize="x-small",
-            )
+    named = (chosen, result.best_colocated)
+    labelled = sorted(
+        ((xy, r) for r in result.ranked if (xy := _xy(r)) and (xy in edge or r in named)),
+        key=lambda item: item[0],
+    )
+    for i, (xy, r) in enumerate(labelled):
+        # Neighbours on the frontier alternate above and below their marker.
+        ax.annotate(
+            r.deployment.label(),
+            xy,
+            textcoords="offset points",
+            xytext=(8, 7) if i % 2 == 0 else (8, -13),
+            fontsize="x-small",
+        )
     if chosen is not None and (xy := _xy(chosen)) is not None:
         ax.scatter(
             [xy[0]],
@@ -82,7 +86,11 @@ def pareto_figure(path: Path, result: SizingResult, chosen: Rated | None, title:
     ax.axvline(1000 / tpot, color="tab:red", linestyle=":", label=f"TPOT SLO {tpot:g} ms")
     ax.set_xlabel("per-user speed at the goodput rate (output tokens/s, 1000 / P50 TPOT)")
     ax.set_ylabel("goodput per GPU (requests/s)")
-    ax.set_ylim(bottom=0)
+    if all_points:  # room for the labels above and to the right of the markers
+        xs, ys = [x for x, _ in all_points], [y for _, y in all_points]
+        span = max(max(xs) - min(xs), 1.0)
+        ax.set_xlim(min(*xs, 1000 / tpot) - 0.05 * span, max(xs) + 0.3 * span)
+        ax.set_ylim(0, max(ys) * 1.15)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     ax.set_title(title, fontsize="medium")

@@ -27,9 +27,9 @@ from kit.perf.gpus import GpuSpec, gpu_spec
 from kit.perf.models import ModelShape, resolve_model
 from kit.perf.timing import Efficiency, kv_dtype_bytes
 from kit.perf.workload import WorkloadSpec
-from kit.sglang.render import normalize_flag
+from kit.sglang.render import normalize_flag, role_args
 from kit.topology.load import parse_topology, read_topology_text
-from kit.topology.schema import SLO, Topology
+from kit.topology.schema import ROLE_NAMES, SLO, Topology
 
 GENERIC_ADDRESS = "10.0.0.{}"
 """Placeholder addresses of generic hosts (node-i gets .i+1): the comments say to replace them."""
@@ -41,8 +41,8 @@ class SizingError(PdkitError):
 
 @dataclass(frozen=True)
 class LaunchKnobs:
-    """The launch values sizing keeps from the base topology (its `defaults.args`): they change
-    what an instance holds but are the user's choice, not the search's."""
+    """The launch values sizing keeps from the base topology (its args): they change what an
+    instance holds but are the user's choice, not the search's."""
 
     page_size: int = 1
     kv_dtype_bytes: float = 2.0
@@ -62,7 +62,8 @@ class SizingProblem:
     workload: WorkloadSpec
     target_rate: float | None = None
     efficiency: Efficiency = field(default_factory=Efficiency)
-    knobs: LaunchKnobs = field(default_factory=LaunchKnobs)
+    knobs: dict[str, LaunchKnobs] = field(default_factory=dict)
+    """Per role (prefill, decode, colocated): the launch values kept from the base."""
     speed: float = 1.0
     generic_hosts: bool = False
     """True when the hosts were made up from --gpus (their addresses are placeholders)."""
@@ -177,10 +178,14 @@ def sim_speed(topology: Topology) -> float:
     return values.pop()
 
 
-def knobs_of(topology: Topology) -> LaunchKnobs:
-    """The launch values of `defaults.args` that change what an instance holds (a value that
-    is not a number is left to the validator, which reports it)."""
-    args = {normalize_flag(k): v for k, v in topology.defaults.args.items()}
+def knobs_of(topology: Topology, role: str) -> LaunchKnobs:
+    """The launch values of a role's args (`defaults.args` under the role's own; colocated:
+    `defaults.args` alone) that change what an instance holds. A value that is not a number
+    is left to the validator, which reports it."""
+    if role in ROLE_NAMES:
+        args = role_args(topology, role)
+    else:
+        args = {normalize_flag(k): v for k, v in topology.defaults.args.items()}
 
     def number(flag: str) -> float | None:
         value = args.get(flag)
@@ -230,7 +235,7 @@ def make_problem(
         workload=workload,
         target_rate=target_rate,
         efficiency=efficiency or Efficiency(),
-        knobs=knobs_of(topology),
+        knobs={role: knobs_of(topology, role) for role in (*ROLE_NAMES, "colocated")},
         speed=sim_speed(topology),
         generic_hosts=generic_hosts,
     )

@@ -5,12 +5,14 @@ against colocated, the robustness rows, the calibration before and after; and th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.table import Table
 
-from kit.sizing.calibration import Fit, Latencies
+from kit.sizing.calibration import Calibration, Fit, Latencies
 from kit.sizing.candidates import Deployment, Group
 from kit.sizing.problem import SizingProblem
 from kit.sizing.robustness import Variant
@@ -90,6 +92,13 @@ def comparison(result: SizingResult) -> str | None:
     pd, colocated = result.best_pd, result.best_colocated
     if pd is None or colocated is None or colocated.goodput <= 0:
         return None
+    target = result.problem.target_rate
+    if target is not None and result.reaches_target:
+        return (
+            f"PD against colocated for {target:g} req/s: {pd.deployment.label()} on {pd.gpus} "
+            f"GPUs, {colocated.deployment.label()} on {colocated.gpus} GPUs: colocated needs "
+            f"{colocated.gpus / pd.gpus:.2f}x the GPUs"
+        )
     return (
         f"PD against colocated: {pd.deployment.label()} serves {pd.goodput:.2f} req/s on "
         f"{pd.gpus} GPUs ({pd.per_gpu:.2f} per GPU), {colocated.deployment.label()} "
@@ -275,7 +284,7 @@ def role_notes(result: SizingResult, chosen: Rated) -> dict[str, list[str]]:
         if group is None:
             continue
         one = table.get(group.option)
-        rate = f"; one alone sustains about {one.rate * speed:.2f} req/s" if one else ""
+        rate = f"; one alone sustains about {one * speed:.2f} req/s" if one else ""
         notes[role] = [f"{group.count} x {group.option.describe()}{rate} in the model."]
     return notes
 
@@ -309,3 +318,33 @@ def calibration_table(fit: Fit) -> Table:
             pair(p.after, "tpot"),
         )
     return table
+
+
+def calibration_json(
+    calibration: Calibration,
+    fit: Fit,
+    *,
+    store: Path,
+    points: int,
+    speed: float,
+    goodputs: tuple[float | None, float, float],
+) -> dict[str, Any]:
+    """What `pdkit size --calibrate` found: the factors, the per-point latencies (wall ms)
+    before and after, and the goodput measured and predicted before and after."""
+    measured, before, after = goodputs
+    return {
+        "calibration": asdict(calibration),
+        "store": str(store),
+        "speed": speed,
+        "points": points,
+        "fitted_points": [
+            {
+                "rate": p.rate,
+                "measured": asdict(p.measured),
+                "before": asdict(p.before),
+                "after": asdict(p.after),
+            }
+            for p in fit.points
+        ],
+        "goodput": {"measured": measured, "before": before, "after": after},
+    }

@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kit.perf.sweep import Summary
 from kit.sizing.accept import accepted
-from kit.sizing.candidates import Deployment, Group, RoleOption
-from kit.sizing.capacity import Capacities, measure
-from kit.sizing.measure import Goodput, Meter, SteadyWorkload, lifetime_s
+from kit.sizing.candidates import Deployment, Group, instance_config, with_knobs
+from kit.sizing.capacity import Capacities, better, decode_batch, measure
+from kit.sizing.measure import Meter, SteadyWorkload, lifetime_s
 from kit.sizing.problem import SizingError, SizingProblem
 
 MAX_UNIT_INSTANCES = 8
@@ -46,7 +46,7 @@ BALANCED = 0.1
 class Rated:
     """A deployment and what the model says of it. `goodput` and `estimate` are wall
     requests/s of the whole deployment; `at` is its unit's point at the unit's goodput (model
-    time); `measured` is False for an estimate that was not served."""
+    time)."""
 
     deployment: Deployment
     unit: Deployment
@@ -56,7 +56,8 @@ class Rated:
     at: Summary | None
     bottleneck: str
     speed: float
-    measured: bool = True
+    above: Summary | None = None
+    """The unit's first point above its goodput, which missed."""
 
     @property
     def gpus(self) -> int:
@@ -145,7 +146,8 @@ def meters(problem: SizingProblem) -> tuple[Meter, Meter]:
 
 
 def size(problem: SizingProblem, *, exhaustive: bool = False, verify: int = VERIFY) -> SizingResult:
-    """Search the deployments of `problem` (see the module doc)."""
+    """Search the deployments of `problem` (see the module doc). With a target rate no
+    deployment on the GPUs reaches, the result ranks by goodput and says so."""
     started = time.perf_counter()
     rough, meter = meters(problem)
     capacities = measure(problem, rough, meter)
@@ -155,12 +157,33 @@ def size(problem: SizingProblem, *, exhaustive: bool = False, verify: int = VERI
             f"(up to {problem.gpus} GPUs): its weights leave no KV room. To fix: more GPUs per "
             "host, more hosts, or GPUs with more memory."
         )
+    result = _search(
+        problem, capacities, meter, problem.target_rate, exhaustive=exhaustive, verify=verify
+    )
+    if problem.target_rate is not None and not result.ranked:
+        result = _search(problem, capacities, meter, None, exhaustive=exhaustive, verify=verify)
+        result.reaches_target = False
+    result.points = rough.points + meter.points
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _search(
+    problem: SizingProblem,
+    capacities: Capacities,
+    meter: Meter,
+    target: float | None,
+    *,
+    exhaustive: bool,
+    verify: int,
+) -> SizingResult:
+    """Estimate, verify and rank for `target` (None: the most goodput on the GPUs)."""
     plans = [
         (unit, copies)
         for unit in _units(problem, capacities)
-        if (copies := _copies(problem, unit.estimate, unit.unit))
+        if (copies := _copies(problem, target, unit.estimate, unit.unit))
     ]
-    by_gpus = problem.target_rate is not None
+    by_gpus = target is not None
     # Among equal estimates the smaller unit first: it is cheaper to serve and says the same.
     plans.sort(
         key=lambda p: (
@@ -180,18 +203,19 @@ def size(problem: SizingProblem, *, exhaustive: bool = False, verify: int = VERI
         if not exhaustive and same in seen:
             continue
         seen.add(same)
-        if _placeable(problem, unit.unit, copies):
+        if _placeable(problem, target, unit.unit, copies):
             chosen[unit.unit] = unit
         else:
             refused.add(unit.unit)
-    ranked = [r for unit in chosen.values() if (r := _verified(problem, meter, unit))]
-    ranked += _colocated(problem, capacities)
-    reaches = True
-    if problem.target_rate is not None:
-        reaching = [r for r in ranked if r.goodput >= problem.target_rate * (1 - 1e-9)]
-        reaches = bool(reaching)
-        ranked = reaching or ranked
-    ranked.sort(key=lambda r: _order(r.gpus, r.goodput, by_gpus and reaches))
+    ranked = [r for unit in chosen.values() if (r := _verified(problem, meter, target, unit))]
+    if ranked:
+        best = min(ranked, key=lambda r: _order(r.gpus, r.goodput, by_gpus))
+        tuned = _tune_decode(problem, meter, target, best)
+        ranked += [tuned] if tuned else []
+    ranked += _colocated(problem, target, capacities)
+    if target is not None:
+        ranked = [r for r in ranked if r.goodput >= target * (1 - 1e-9)]
+    ranked.sort(key=lambda r: _order(r.gpus, r.goodput, by_gpus))
     return SizingResult(
         problem=problem,
         ranked=ranked,
@@ -199,9 +223,6 @@ def size(problem: SizingProblem, *, exhaustive: bool = False, verify: int = VERI
         enumerated=len(plans) + len(capacities.colocated),
         refused=len(refused),
         verified=len(chosen),
-        points=rough.points + meter.points,
-        seconds=time.perf_counter() - started,
-        reaches_target=reaches,
         meter=meter,
     )
 
@@ -212,53 +233,49 @@ def _order(gpus: int, goodput: float, by_gpus: bool) -> tuple[float, float]:
 
 
 def _units(problem: SizingProblem, capacities: Capacities) -> Iterator[_Unit]:
-    for p_option, p_goodput in capacities.prefill.items():
-        for d_option, d_goodput in capacities.decode.items():
-            if p_goodput.rate <= 0 or d_goodput.rate <= 0:
+    for p_option, p_rate in capacities.prefill.items():
+        for d_option, d_rate in capacities.decode.items():
+            if p_rate <= 0 or d_rate <= 0:
                 continue
-            yield from _pairs(problem, p_option, p_goodput, d_option, d_goodput)
+            for a in range(1, MAX_UNIT_INSTANCES):
+                for b in range(1, MAX_UNIT_INSTANCES - a + 1):
+                    gpus = a * p_option.gpus + b * d_option.gpus
+                    if math.gcd(a, b) != 1 or gpus > problem.gpus:
+                        continue
+                    unit = Deployment(prefill=Group(p_option, a), decode=Group(d_option, b))
+                    yield _Unit(unit, a * p_rate, b * d_rate)
 
 
-def _pairs(
-    problem: SizingProblem,
-    p_option: RoleOption,
-    p_goodput: Goodput,
-    d_option: RoleOption,
-    d_goodput: Goodput,
-) -> Iterator[_Unit]:
-    for a in range(1, MAX_UNIT_INSTANCES):
-        for b in range(1, MAX_UNIT_INSTANCES - a + 1):
-            if math.gcd(a, b) != 1 or a * p_option.gpus + b * d_option.gpus > problem.gpus:
-                continue
-            unit = Deployment(prefill=Group(p_option, a), decode=Group(d_option, b))
-            yield _Unit(unit, a * p_goodput.rate, b * d_goodput.rate)
-
-
-def _copies(problem: SizingProblem, unit_rate: float, unit: Deployment) -> int:
+def _copies(
+    problem: SizingProblem, target: float | None, unit_rate: float, unit: Deployment
+) -> int:
     """Copies of a unit serving `unit_rate` (model requests/s) each: as many as the GPUs
-    hold, or as the target rate needs (0: more than the GPUs hold)."""
+    hold, or as the `target` rate (wall requests/s) needs (0: more than the GPUs hold)."""
     most = problem.gpus // unit.gpus
-    if problem.target_rate is None:
+    if target is None:
         return most
     if unit_rate <= 0:
         return 0
-    need = math.ceil(problem.target_rate / problem.speed / unit_rate - 1e-9)
+    need = math.ceil(target / problem.speed / unit_rate - 1e-9)
     return need if need <= most else 0
 
 
-def _placeable(problem: SizingProblem, unit: Deployment, copies: int) -> int:
+def _placeable(problem: SizingProblem, target: float | None, unit: Deployment, copies: int) -> int:
     """The most copies (up to `copies`) the validator accepts on the hosts; 0 for none. With
     a target rate the copies it needs, or 0."""
-    if copies and problem.target_rate is not None:
+    if copies and target is not None:
         return copies if accepted(problem, unit.times(copies)) else 0
     while copies > 0 and not accepted(problem, unit.times(copies)):
         copies -= 1
     return copies
 
 
-def _verified(problem: SizingProblem, meter: Meter, unit: _Unit) -> Rated | None:
+def _verified(
+    problem: SizingProblem, meter: Meter, target: float | None, unit: _Unit
+) -> Rated | None:
     measured = meter.goodput(unit.unit.cluster(problem), unit.estimate)
-    copies = _placeable(problem, unit.unit, _copies(problem, measured.rate, unit.unit))
+    copies = _copies(problem, target, measured.rate, unit.unit)
+    copies = _placeable(problem, target, unit.unit, copies)
     if not copies or measured.rate <= 0:
         return None
     return Rated(
@@ -270,14 +287,42 @@ def _verified(problem: SizingProblem, meter: Meter, unit: _Unit) -> Rated | None
         at=measured.at,
         bottleneck=unit.bottleneck(),
         speed=problem.speed,
+        above=measured.above,
     )
 
 
-def _colocated(problem: SizingProblem, capacities: Capacities) -> list[Rated]:
+def _tune_decode(
+    problem: SizingProblem, meter: Meter, target: float | None, rated: Rated
+) -> Rated | None:
+    """The best PD deployment with its decodes' `--max-running-requests` capped at their
+    steady batch within the TPOT, when its first rate above the goodput missed on TPOT (the
+    decode batch grew too slow); kept only when it beats SGLang's default slots."""
+    decode = rated.unit.decode
+    if decode is None or rated.above is None:
+        return None
+    if rated.above.p90_tpot_ms <= problem.model_slo.tpot_ms:
+        return None
+    option = decode.option
+    config = instance_config(problem, option, "decode")
+    batch, _ = decode_batch(problem, config)
+    cap = max(1, math.floor(batch)) * (option.dp if option.dp_attention else 1)
+    if cap >= config.memory().max_running_requests:
+        return None
+    unit = Deployment(
+        prefill=rated.unit.prefill, decode=Group(with_knobs(option, max_running=cap), decode.count)
+    )
+    model_rate = rated.goodput / rated.copies / problem.speed
+    tuned = _verified(problem, meter, target, _Unit(unit, model_rate, model_rate))
+    if tuned is None or not better(tuned.goodput, rated.goodput, meter):
+        return None
+    return replace(tuned, estimate=rated.estimate, bottleneck=rated.bottleneck)
+
+
+def _colocated(problem: SizingProblem, target: float | None, capacities: Capacities) -> list[Rated]:
     out = []
     for option, measured in capacities.colocated.items():
         unit = Deployment(colocated=Group(option, 1))
-        copies = _copies(problem, measured.rate, unit)
+        copies = _copies(problem, target, measured.rate, unit)
         if not copies or measured.rate <= 0:
             continue
         above = measured.above
@@ -292,6 +337,7 @@ def _colocated(problem: SizingProblem, capacities: Capacities) -> list[Rated]:
                 at=measured.at,
                 bottleneck="TPOT" if tpot else "TTFT",
                 speed=problem.speed,
+                above=above,
             )
         )
     return out

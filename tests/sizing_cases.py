@@ -1,0 +1,29 @@
+"""Sizing questions the tests and `make bench-size` share: DistServe's Fig. 1 (Llama-2-13B on
+A100-80G, 512 input / 64 output tokens, Poisson arrivals, TTFT 400 ms and TPOT 40 ms for 90% of
+requests) on a number of GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kit.perf.workload import WorkloadSpec
+from kit.sizing.problem import SizingProblem, generic_base, make_problem
+from kit.topology.schema import SLO
+
+DISTSERVE_MODEL = "meta-llama/Llama-2-13b-hf"
+DISTSERVE_GPU = "A100-80G"
+DISTSERVE_SLO = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)
+
+
+def distserve(gpus: int, **changes: Any) -> SizingProblem:
+    """DistServe's question on `gpus` GPUs (generic 8-GPU hosts); `changes` override
+    `make_problem`'s arguments."""
+    options: dict[str, Any] = {
+        "base": generic_base("distserve", DISTSERVE_MODEL, DISTSERVE_GPU, gpus, 8),
+        "model_path": DISTSERVE_MODEL,
+        "gpu": DISTSERVE_GPU,
+        "slo": DISTSERVE_SLO,
+        "workload": WorkloadSpec(count=200),
+        **changes,
+    }
+    return make_problem(**options)
