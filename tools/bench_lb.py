@@ -3,7 +3,8 @@
 The same load goes to each target in one run, in front of the same fake PD workers
 (`tools.fake_worker`, the load balancer tests' fake: it checks the PD protocol as it serves):
 - `direct`: straight to one non-PD fake worker (the floor: no routing at all);
-- `pdkit`: `python -m kit.lb` (this repo), default policies;
+- `pdkit`: `python -m kit.lb` (this repo), default policies, access log on (its default);
+- `pdkit_nolog`: the same with `--no-access-log`, so the report can say what the log costs;
 - `mini_lb`: `python -m sglang_router.launch_router --pd-disaggregation --mini-lb` (0.3.2);
 - `smg`: `smg launch --pd-disaggregation` (1.13.0), default policies.
 

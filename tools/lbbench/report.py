@@ -64,7 +64,7 @@ def report(
         print("streaming" if stream else "non-streaming")
         lat = "ttft" if stream else "e2e"
         print(
-            f"  {'target':8} {'req/s':>8} {'x direct':>8} {lat + ' p50':>9} {lat + ' p99':>9} "
+            f"  {'target':11} {'req/s':>8} {'x direct':>8} {lat + ' p50':>9} {lat + ' p99':>9} "
             f"{'+ms p50':>8} {'+ms p99':>8} {'cpu ms/req':>10} {'cpu busy':>8} "
             f"{'req/cpu-s':>9} {'errors':>6}  policies"
         )
@@ -85,7 +85,7 @@ def report(
             errors = m.throughput.errors + m.latency.errors
             capacity = f"{1 / per_req:9.0f}" if per_req else f"{'-':>9}"
             print(
-                f"  {name:8} {rate:8.0f} {ratio:8.2f} {m.latency.pct(50, stream) * 1000:9.2f} "
+                f"  {name:11} {rate:8.0f} {ratio:8.2f} {m.latency.pct(50, stream) * 1000:9.2f} "
                 f"{m.latency.pct(99, stream) * 1000:9.2f} {add50 * 1000:8.2f} {add99 * 1000:8.2f} "
                 f"{cpu} {busy} {capacity} {errors:6d}  {policies[name]}"
             )
@@ -112,6 +112,64 @@ def report(
                 ours, theirs = added(p, base, 99, stream), added(o, base, 99, stream)
                 parts.append(f"added p99 {ratio_text(ours, theirs)}")
             print(f"  {kind:13} vs {other:7}: " + ", ".join(parts))
+    if "smg" in results:
+        against_smg(pdkit, results["smg"], direct)
+    if "pdkit_nolog" in results:
+        access_log_cost(pdkit, results["pdkit_nolog"])
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def against_smg(
+    pdkit: dict[bool, Measured], smg: dict[bool, Measured], direct: dict[bool, Measured] | None
+) -> None:
+    """The four ratios issue #15 sets targets for, pdkit over smg in this run: throughput on
+    one core (>= 1.0), added latency p50 and p99 (<= 1.0; time to first chunk for streams),
+    CPU per request (<= 1.2)."""
+    print()
+    print("targets against smg (pdkit / smg, same run; each router pinned alone to one core)")
+    for stream in (False, True):
+        kind = "streaming" if stream else "non-streaming"
+        p, o = pdkit[stream], smg[stream]
+        rate = p.throughput.rate / max(o.throughput.rate, 1e-9)
+        if p.cpu_per_request and o.cpu_per_request:
+            cpu = p.cpu_per_request / o.cpu_per_request
+            per_core = 1 / cpu
+        else:
+            cpu = per_core = float("nan")
+        lat = "ttft" if stream else "e2e"
+        print(f"  {kind}")
+        print(
+            f"    throughput      x{rate:.2f} req/s, x{per_core:.2f} per CPU-second "
+            f"(target >= 1.0: {_verdict(min(rate, per_core) >= 1.0)})"
+        )
+        if direct is not None:
+            base = direct[stream]
+            for q in (50, 99):
+                ours, theirs = added(p, base, q, stream), added(o, base, q, stream)
+                ok = ours <= theirs or (theirs < NOISE_FLOOR and ours < NOISE_FLOOR)
+                print(
+                    f"    added {lat} p{q:<3}{ratio_text(ours, theirs):>20} "
+                    f"({ours * 1000:.3f} vs {theirs * 1000:.3f} ms; target <= 1.0: {_verdict(ok)})"
+                )
+        print(f"    CPU per request x{cpu:.2f} (target <= 1.2: {_verdict(cpu <= 1.2)})")
+
+
+def access_log_cost(pdkit: dict[bool, Measured], quiet: dict[bool, Measured]) -> None:
+    """CPU per request with the access log (the default) against without it."""
+    parts = []
+    for stream in (False, True):
+        on, off = pdkit[stream].cpu_per_request, quiet[stream].cpu_per_request
+        if on and off:
+            kind = "streaming" if stream else "non-streaming"
+            parts.append(
+                f"{kind} {on * 1000:.3f} vs {off * 1000:.3f} ms/req ({(on / off - 1):+.0%})"
+            )
+    if parts:
+        print()
+        print("access log (pdkit against pdkit --no-access-log): CPU " + ", ".join(parts))
 
 
 def headroom(results: dict[str, dict[bool, Measured]], fakes: Summary) -> None:

@@ -2,6 +2,7 @@
 
 - `direct`: straight to one non-PD fake worker (the floor: no routing at all);
 - `pdkit`: `python -m kit.lb` (this repo), default policies;
+- `pdkit_nolog`: the same with `--no-access-log` (what the access log costs);
 - `mini_lb`: `python -m sglang_router.launch_router --pd-disaggregation --mini-lb` (0.3.2);
 - `smg`: `smg launch --pd-disaggregation` (1.13.0), default policies.
 """
@@ -25,7 +26,7 @@ from tools.sim_launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO / ".bench" / "lb"
-NAMES = ("direct", "pdkit", "mini_lb", "smg")
+NAMES = ("direct", "pdkit", "pdkit_nolog", "mini_lb", "smg")
 
 
 @dataclass
@@ -62,14 +63,16 @@ def targets(names: Sequence[str], fakes: FakeWorkerProcess) -> list[Target]:
         common = [*workers, "--host", "127.0.0.1", "--port", str(port)]
         if name == "direct":
             out.append(Target(name, [], _port(fakes.nulls[0]), "", "-"))
-        elif name == "pdkit":
+        elif name in ("pdkit", "pdkit_nolog"):
+            quiet = ["--no-access-log"] if name == "pdkit_nolog" else []
             out.append(
                 Target(
                     name,
-                    [sys.executable, "-m", "kit.lb", *common, "--log-level", "warning"],
+                    [sys.executable, "-m", "kit.lb", *common, "--log-level", "warning", *quiet],
                     port,
                     "/readiness",
-                    f"{DEFAULT_PREFILL_POLICY}/{DEFAULT_DECODE_POLICY}",
+                    f"{DEFAULT_PREFILL_POLICY}/{DEFAULT_DECODE_POLICY}"
+                    + (" (no access log)" if quiet else " (access log on)"),
                 )
             )
         elif name == "mini_lb":
