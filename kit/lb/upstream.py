@@ -320,6 +320,11 @@ class Connection(asyncio.Protocol):
         """Whether the whole answer was received."""
         return self._phase == _PHASE_DONE and self._error is None
 
+    @property
+    def reusable(self) -> bool:
+        """Whether the connection may carry another request (nothing came after the answer)."""
+        return self._keep_alive and self._error is None
+
     def pause_reading(self) -> None:
         """Stop reading from the worker until `resume_reading` (`relay` returns False)."""
         self._paused = True
@@ -431,7 +436,7 @@ class Origin:
             transport = conn.transport
             if transport is None or transport.is_closing():
                 continue
-            if now - conn.idle_since > self._upstream.keepalive:
+            if not conn.reusable or now - conn.idle_since > self._upstream.keepalive:
                 transport.close()
                 continue
             return conn
