@@ -54,6 +54,9 @@ class ProvisionOptions:
     skip: tuple[str, ...] = ()
     extra_vars: Mapping[str, Any] = field(default_factory=dict)
     verbose: bool = False
+    transfer_test: bool = False
+    """Then move KV-sized buffers with Mooncake between every pair of worker hosts on every
+    rail (kit.deploy.transfer_test)."""
 
 
 def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
@@ -106,6 +109,10 @@ def provision_vars(
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
         "pdkit_rdma_expected_devices": devices,
         "pdkit_rdma_required": plan.transfer_backend in RDMA_BACKENDS and bool(workers),
+        # GPU memory is registered with the NIC only by real workers.
+        "pdkit_rdma_require_gpudirect": plan.transfer_backend in RDMA_BACKENDS
+        and bool(workers)
+        and not sim,
         "pdkit_rdma_gid_index": "" if gid_index is None else str(gid_index),
         "pdkit_model_source": _model_source(plan) if workers else "none",
         "pdkit_model_path": plan.model.path,
@@ -190,8 +197,11 @@ def _wheelhouse_archive(wheelhouse: Path, work: Path) -> Path:
 
 
 @dataclass
-class _FactsCollector:
+class FactsCollector:
+    """An AnsibleView listener that also keeps the facts called `names` each host set."""
+
     view: AnsibleView
+    names: tuple[str, ...] = FACTS
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def listener(self, progress: Any, lines: list[str], event: Mapping[str, Any]) -> None:
@@ -200,7 +210,7 @@ class _FactsCollector:
         if event.get("event") != "runner_on_ok":
             return
         set_facts = (data.get("res") or {}).get("ansible_facts") or {}
-        for name in FACTS:
+        for name in self.names:
             value = set_facts.get(name)
             if isinstance(value, dict):
                 self.facts.setdefault(str(data.get("host")), {})[name] = value
@@ -234,7 +244,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         + (f", skipping {', '.join(skip)}" if skip else "")
     )
     with deployment_lock(ctx), AnsibleView(console) as view:
-        collector = _FactsCollector(view)
+        collector = FactsCollector(view)
         result = run_playbook(
             ctx.private_dir,
             inventory,
@@ -246,7 +256,28 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     if not result.ok:
         raise DeployError(failure_report(result))
     _report(ctx, console, result, collector.facts, check=options.check, work=work)
+    if options.transfer_test:
+        _transfer_test(ctx, console, collector.facts, check=options.check)
     return result
+
+
+def _transfer_test(
+    ctx: DeployContext, console: Console, facts: dict[str, dict[str, Any]], *, check: bool
+) -> None:
+    from kit.deploy import transfer_test  # noqa: PLC0415
+
+    if check:
+        console.print("Transfer test: skipped in check mode (it needs the provisioned venv).")
+        return
+    console.print(
+        "[bold]Transfer test[/]: Mooncake writes between every pair of worker hosts, every rail"
+    )
+    results = transfer_test.transfer_test(ctx, facts)
+    if not results:
+        console.print("  one worker host: nothing to test between hosts.", markup=False)
+    for line in (r.line() for r in results):
+        console.print(f"  {line}", markup=False, highlight=False)
+    transfer_test.check(results)
 
 
 def _report(

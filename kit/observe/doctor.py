@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kit.errors import ProbeError
+from kit.errors import PdkitError, ProbeError
 from kit.net import url_host
 from kit.observe.probe import Fetched, Prober
 from kit.observe.prom import parse_metrics
@@ -472,7 +472,7 @@ class _Logs:
         if process not in self.cache:
             try:
                 self.cache[process] = self.read(process)
-            except Exception as exc:  # a log we cannot read must not hide the matrix
+            except PdkitError as exc:  # a log we cannot read must not hide the matrix
                 self.cache[process] = f"{process}'s log could not be read: {exc}"
         return self.cache[process]
 

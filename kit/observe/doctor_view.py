@@ -4,7 +4,7 @@ cause and fix, and the KV cost of the topology's model against the TTFT objectiv
 The KV cost is the PD survey's arithmetic: bytes per token = 2 (K and V) x layers x KV heads x
 head dim x 2 bytes (16-bit KV), times the input length, over the measured per-rank bandwidth
 times the ranks that send in parallel (the prefill's attention-TP GPUs, one NIC each). OPT-175B
-(4.5 MB per token) at 2048 tokens over 8 x 64 GB/s takes about 17.6 ms.
+(4.5 MB per token) at 2048 tokens over 8 x 64 GB/s takes about 18 ms.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The multi-host story on three namespace hosts reached over real SSH: check mode on fresh
 hosts (nothing changed), provision from a pushed wheelhouse (the hosts have no route to any
-package index), provision again (no change) and in check mode (clean), `pdkit up` with prefill
-on a, decode on b and the router on c, a chat completion whose KV crosses hosts over Mooncake
-TCP, `pdkit status` seeing all three and then the killed decode, and `pdkit down` leaving
-nothing running.
+package index), provision again (no change, and Mooncake transfers between the worker hosts)
+and in check mode (clean), `pdkit up` with prefill on a, decode on b and the router on c (its
+KV transfer gate passing), a chat completion whose KV crosses hosts over Mooncake TCP,
+`pdkit status` seeing all three and then the killed decode, a decode whose transfers are
+refused failing `pdkit up` at the gate with the cause, and `pdkit down` leaving nothing
+running.
 
 The steps share one deployment and run in file order; a failed step fails the ones after it.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kit.deploy.context import load_context
 from tests.e2e.multihost.conftest import bed_topology, run_pdkit
@@ -103,9 +107,12 @@ def test_a_second_provision_changes_nothing_and_check_mode_is_clean(
 ):
     assert provisioned.returncode == 0
     common = ["--wheelhouse", str(wheelhouse), "-e", "pdkit_base_install_packages=false"]
-    again = run_pdkit(testbed, "provision", str(topology), *common)
+    again = run_pdkit(testbed, "provision", str(topology), *common, "--transfer-test")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "no change: already provisioned" in again.stdout
+    # The transfer engine itself between the worker hosts a and b, both ways (TCP: no RDMA).
+    assert re.search(r"a tcp -> b tcp: [\d.]+ GB/s", again.stdout), again.stdout
+    assert re.search(r"b tcp -> a tcp: [\d.]+ GB/s", again.stdout), again.stdout
     check = run_pdkit(testbed, "provision", str(topology), "--check", *common)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "nothing would change" in check.stdout
@@ -115,6 +122,7 @@ def test_up_serves_a_chat_completion_whose_kv_crosses_hosts(testbed, topology, p
     assert provisioned.returncode == 0
     up = run_pdkit(testbed, "up", str(topology))
     assert up.returncode == 0, up.stdout + up.stderr
+    assert "1 of 1 pair(s) moved KV (1 prefill x 1 decode)" in up.stdout  # the gate
     a, b, c = testbed.hosts
     deploy_hosts = load_context(topology).hosts_by_name
     # Each process runs in its own host's namespace, from that host's venv.
@@ -154,6 +162,23 @@ def test_status_shows_all_three_then_the_killed_decode(testbed, topology):
         time.sleep(0.5)
     assert states["decode-0"] == "down"
     assert states["prefill-0"] == "healthy"
+
+
+def test_a_decode_whose_transfers_are_refused_fails_up_at_the_gate(testbed, topology):
+    """The decode's Mooncake port refuses (PDKIT_SIM_FAULT=refuse): `pdkit up` restarts it,
+    then fails at the gate naming the pair and the cause, read from the prefill's log on a."""
+    data = yaml.safe_load(topology.read_text())
+    data["decode"]["env"] = {"PDKIT_SIM_FAULT": "refuse"}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    up = run_pdkit(testbed, "up", str(topology), "--gate-timeout", "10")
+    assert up.returncode == 1, up.stdout + up.stderr
+    b = testbed.host("b")
+    assert "The KV transfer gate failed: 1 of 1 prefill x decode pair(s)" in up.stderr
+    assert "prefill-0 x decode-0: failed:" in up.stderr
+    assert "cause (rpc_refused)" in up.stderr
+    assert "prefill-0: E" in up.stderr  # the transfer engine's own line, from host a's log
+    assert f"SocketHandShakePlugin: connect(){b.address}:1: Connection refused" in up.stderr
+    assert "--no-gate" in up.stderr
 
 
 def test_down_leaves_nothing_running_on_any_host(testbed, topology):

@@ -16,7 +16,7 @@ import yaml
 
 from tests.e2e.multihost.conftest import run_pdkit
 from tests.netns import NetnsHost, TestBed
-from tests.unit.deploy.test_deploy_provision_probes import fake_device
+from tests.unit.deploy.test_deploy_provision_probes import PROPRIETARY, fake_device, fake_proc
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 
@@ -78,8 +78,9 @@ def host_a(testbed: TestBed):
 def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path):
     topology = gpu_topology(host_a, testbed.ssh_key, tmp_path)
     sysfs = host_a.root / "sys-class-infiniband"
+    peermem = fake_proc(host_a.root / "proc", ["nvidia_peermem"], PROPRIETARY, "5.15.0")
     only = ["--skip", "base", "--skip", "python", "--skip", "model"]
-    only += ["-e", f"pdkit_rdma_sysfs={sysfs}"]
+    only += ["-e", f"pdkit_rdma_sysfs={sysfs}", "-e", f"pdkit_rdma_proc={peermem}"]
 
     no_driver = run_pdkit(testbed, "provision", str(topology), *only)
     assert no_driver.returncode == 1
@@ -103,6 +104,13 @@ def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path)
     again = run_pdkit(testbed, "provision", str(topology), *only)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "no change: already provisioned" in again.stdout
+
+    without = fake_proc(host_a.root / "proc-without", ["nvidia"], PROPRIETARY, "5.15.0")
+    no_gpudirect = run_pdkit(
+        testbed, "provision", str(topology), *only, "-e", f"pdkit_rdma_proc={without}"
+    )
+    assert no_gpudirect.returncode == 1
+    assert "no GPUDirect RDMA: the nvidia_peermem module is not loaded" in no_gpudirect.stderr
 
     (sysfs / "mlx5_0/ports/1/state").write_text("1: DOWN\n")
     down = run_pdkit(testbed, "provision", str(topology), *only)

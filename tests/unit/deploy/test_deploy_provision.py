@@ -50,6 +50,7 @@ def test_gpu_hosts_get_the_nics_gid_index_and_gpu_count_their_workers_use(gpu_to
     # Prefill on a: 2 instances x tp 2 on GPUs 0-3, one NIC per GPU.
     assert a["pdkit_rdma_expected_devices"] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
     assert a["pdkit_rdma_required"] is True
+    assert a["pdkit_rdma_require_gpudirect"] is True
     assert a["pdkit_rdma_gid_index"] == "3"
     assert a["pdkit_model_source"] == "hub"
     assert a["pdkit_model_path"] == "meta-llama/Llama-3.1-8B-Instruct"
@@ -64,6 +65,7 @@ def test_a_router_only_host_gets_no_gpu_rdma_or_model_work(gpu_topology):
     lb = host_vars(gpu_topology)["lb"]
     assert lb["pdkit_provision_gpu_roles"] is False
     assert lb["pdkit_rdma_required"] is False
+    assert lb["pdkit_rdma_require_gpudirect"] is False
     assert lb["pdkit_model_source"] == "none"
 
 
@@ -156,7 +158,7 @@ def test_facts_read_as_one_line_per_kind():
 def test_every_role_default_is_documented_and_prefixed():
     """Each setting follows a comment, directly or in a group of settings the comment heads."""
     roles = sorted((REPO / "playbooks" / "roles").glob("*/defaults/main.yml"))
-    assert len(roles) == 7
+    assert len(roles) == 8
     for defaults in roles:
         role = defaults.parent.parent.name
         lines = defaults.read_text().splitlines()

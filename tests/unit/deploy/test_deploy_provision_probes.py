@@ -72,12 +72,56 @@ def test_rdma_facts_list_devices_ports_and_real_gids(tmp_path):
 
 
 def test_a_host_without_rdma_has_no_devices(tmp_path):
-    assert rdma_facts(str(tmp_path / "none")) == {
+    facts = rdma_facts(str(tmp_path / "none"), "", str(tmp_path / "proc"))
+    assert facts == {
         "devices": [],
         "active_devices": [],
         "gid_index": None,
         "devices_with_gid_index": [],
+        "gpudirect": {"nvidia_peermem": False, "dmabuf": False, "driver": "", "kernel": ""},
     }
+
+
+def fake_proc(root: Path, modules: list[str], driver: str, kernel: str) -> Path:
+    write(root / "modules", "\n".join(f"{m} 16384 0 - Live 0x0" for m in modules))
+    write(root / "driver" / "nvidia" / "version", driver)
+    write(root / "sys" / "kernel" / "osrelease", kernel)
+    return root
+
+
+PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan 22 2025"
+OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build"
+
+
+def test_gpudirect_is_nvidia_peermem_or_dmabuf_with_open_modules(tmp_path):
+    def gpudirect(modules: list[str], driver: str, kernel: str) -> dict:
+        proc = fake_proc(
+            tmp_path / f"proc-{len(list(tmp_path.iterdir()))}", modules, driver, kernel
+        )
+        return rdma_facts(str(tmp_path / "none"), "", str(proc))["gpudirect"]
+
+    peermem = gpudirect(["nvidia_peermem", "nvidia"], PROPRIETARY, "5.15.0-91-generic")
+    assert (peermem["nvidia_peermem"], peermem["dmabuf"]) == (True, False)
+    dmabuf = gpudirect(["nvidia"], OPEN, "6.8.0-45-generic")
+    assert (dmabuf["nvidia_peermem"], dmabuf["dmabuf"]) == (False, True)
+    old_kernel = gpudirect(["nvidia"], OPEN, "5.4.0-150-generic")
+    assert (old_kernel["nvidia_peermem"], old_kernel["dmabuf"]) == (False, False)
+    assert gpudirect(["nvidia"], PROPRIETARY, "6.8.0")["dmabuf"] is False
+
+
+def test_a_nic_behind_a_pci_bridge_has_its_pci_path(tmp_path):
+    sys_root = tmp_path / "sys"
+    nic = sys_root / "devices" / "pci0000:17" / "0000:17:00.0" / "0000:18:00.0" / "0000:1b:00.0"
+    write(nic / "numa_node", "0")
+    fake_device(sys_root / "class" / "infiniband", "mlx5_0", "4: ACTIVE", {})
+    link = sys_root / "class" / "infiniband" / "mlx5_0" / "device"
+    for child in link.iterdir():
+        child.unlink()
+    link.rmdir()
+    link.symlink_to(nic)
+    (device,) = rdma_facts(str(sys_root / "class" / "infiniband"))["devices"]
+    assert device["pci_path"] == ["pci0000:17", "0000:17:00.0", "0000:18:00.0", "0000:1b:00.0"]
+    assert device["numa_node"] == 0
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh

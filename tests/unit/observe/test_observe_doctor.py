@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 
 from kit.observe.doctor import DoctorOptions, explain, run_matrix
-from kit.observe.doctor_view import failure_lines, kv_cost, matrix_to_json
+from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
 from kit.topology.resolve import resolve
 
 SLOW = 60.0
@@ -284,3 +284,13 @@ def test_json_names_every_pair_and_its_state(tmp_path):
     assert (pair["prefill"], pair["decode"], pair["state"]) == ("prefill-0", "decode-0", "failed")
     assert pair["causes"][0]["name"] == "transfer_failed"
     assert report["ok"] is False
+
+
+def test_the_kv_cost_is_the_pd_surveys_arithmetic():
+    """OPT-175B: 4.5 MB per token; 2048 tokens over 8 ranks at 64 GB/s each: about 18 ms."""
+    cost = KvCost("OPT-175B", 4.5e6, 2048, 64.0, 8, ttft_ms=400.0)
+    assert cost.transfer_ms == pytest.approx(18.0)
+    assert cost.line() == (
+        "KV cost: OPT-175B: 4.5 MB per token (16-bit KV); 2048 input tokens = 9.22 GB, at the "
+        "measured 64 GB/s per rank x 8 rank(s): 18.0 ms, 4% of the TTFT objective (400 ms)"
+    )

@@ -1,12 +1,18 @@
-"""Print the RDMA devices of this host as JSON (pdkit_rdma's probe), read from sysfs.
+"""Print the RDMA devices of this host as JSON (pdkit_rdma's probe), read from sysfs and /proc.
 
-Usage: rdma_facts.py [SYSFS_DIR [GID_INDEX]]   (default /sys/class/infiniband, no index)
+Usage: rdma_facts.py [SYSFS_DIR [GID_INDEX [PROC_DIR]]]
+       (default /sys/class/infiniband, no index, /proc)
 
-{"devices": [{"name", "node_type", "fw_ver", "numa_node", "active", "ports": [{"port", "state",
- "phys_state", "link_layer", "rate", "active", "gids": [{"index", "gid", "type", "netdev"}]}]}],
+{"devices": [{"name", "node_type", "fw_ver", "numa_node", "pci_path", "active", "ports": [{"port",
+ "state", "phys_state", "link_layer", "rate", "active", "gids": [{"index", "gid", "type",
+ "netdev"}]}]}],
  "active_devices": [names with an ACTIVE port],
- "gid_index": GID_INDEX or null, "devices_with_gid_index": [names with a GID at that index]}
+ "gid_index": GID_INDEX or null, "devices_with_gid_index": [names with a GID at that index],
+ "gpudirect": {"nvidia_peermem": bool, "dmabuf": bool, "driver": str, "kernel": str}}
 
+`pci_path` is the device's place in the PCI tree (root complex, bridges, device: the PCIe switch
+a NIC shares with a GPU shows as a common bridge). GPUDirect RDMA is there when the
+nvidia_peermem module is loaded, or with dma-buf: NVIDIA's open kernel modules on Linux 5.12+.
 Only non-zero GIDs are listed. Read-only; a host without RDMA prints {"devices": []}.
 """
 
@@ -56,9 +62,31 @@ def port_facts(port_dir, port):
     }
 
 
+def pci_path(device_link):
+    """The PCI path of a sysfs device link: ["pci0000:17", "0000:17:00.0", ...]; [] if none."""
+    parts = os.path.realpath(device_link).split(os.sep)
+    starts = [i for i, part in enumerate(parts) if part.startswith("pci")]
+    return parts[starts[0]:] if starts else []
+
+
+def gpudirect(proc):
+    modules = {line.split()[0] for line in read(os.path.join(proc, "modules")).splitlines() if line}
+    driver = read(os.path.join(proc, "driver", "nvidia", "version")).splitlines()
+    kernel = read(os.path.join(proc, "sys", "kernel", "osrelease"))
+    numbers = [int(n) for n in kernel.split("-")[0].split(".")[:2] if n.isdigit()]
+    open_modules = bool(driver) and "Open Kernel Module" in driver[0]
+    return {
+        "nvidia_peermem": "nvidia_peermem" in modules,
+        "dmabuf": open_modules and numbers >= [5, 12],
+        "driver": driver[0].strip() if driver else "",
+        "kernel": kernel,
+    }
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "/sys/class/infiniband"
     gid_index = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "" else None
+    proc = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "" else "/proc"
     devices = []
     for name in listdir(root):
         dev = os.path.join(root, name)
@@ -69,6 +97,7 @@ def main():
             "node_type": read(os.path.join(dev, "node_type")),
             "fw_ver": read(os.path.join(dev, "fw_ver")),
             "numa_node": int(read(os.path.join(dev, "device", "numa_node"), "-1") or -1),
+            "pci_path": pci_path(os.path.join(dev, "device")),
             "active": any(p["active"] for p in ports),
             "ports": ports,
         })
@@ -82,6 +111,7 @@ def main():
         "active_devices": [d["name"] for d in devices if d["active"]],
         "gid_index": gid_index,
         "devices_with_gid_index": with_gid,
+        "gpudirect": gpudirect(proc),
     }))
 
 
