@@ -56,9 +56,11 @@ def tail_lines(path: str, count: int) -> list[str]:
 
 def ssh_argv(host: DeployHost, remote: Sequence[str]) -> list[str]:
     """``ssh`` argv that runs `remote` on a host with its topology SSH settings (sudo -n when
-    the deployment needs become there)."""
+    the deployment needs become there), and the options Ansible gets in ANSIBLE_SSH_ARGS (a
+    known_hosts file, say), so that pdkit reaches hosts the way its playbooks do."""
     plan = host.plan
-    argv = ["ssh", "-o", "BatchMode=yes", "-p", str(plan.ssh_port)]
+    argv = ["ssh", *shlex.split(os.environ.get("ANSIBLE_SSH_ARGS", ""))]
+    argv += ["-o", "BatchMode=yes", "-p", str(plan.ssh_port)]
     if plan.ssh_key:
         argv += ["-i", plan.ssh_key]
     command = [*(["sudo", "-n"] if host.become else []), *remote]
