@@ -405,6 +405,13 @@ def provision(
     ] = None,
     state_dir: StateDirOpt = None,
     verbose: VerboseOpt = False,
+    transfer_test: Annotated[
+        bool,
+        typer.Option(
+            "--transfer-test",
+            help="Then test Mooncake transfers between every pair of worker hosts, every rail.",
+        ),
+    ] = False,
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
     from kit.deploy import DeployContext  # noqa: PLC0415
@@ -419,8 +426,54 @@ def provision(
         skip=tuple(skip or ()),
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
+        transfer_test=transfer_test,
     )
     run_provision(DeployContext.build(_resolve(topology), topology, state_dir), out, options)
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit discover topologies/qwen3-2p1d-nicmap.yaml\n\n"
+    "  pdkit discover lab.yaml --write lab-discovered.yaml\n\n"
+    "Runs playbooks/discover.yml (read-only) over the same inventory as `pdkit provision` and "
+    "reads each host's GPUs with their NUMA node and PCIe switch, and its RDMA devices with link "
+    "layer, state, rate, NUMA node and GID table. Proposes gpus, gpu_type, rdma_devices and a "
+    "gpu_nics map (each GPU's NIC: same PCIe switch, else same NUMA node), and a routable RoCE "
+    "v2 transfer.gid_index common to the chosen NICs; --write FILE writes the topology with "
+    "them, keeping its comments."
+)
+def discover(
+    topology: TopologyArg,
+    *,
+    write: Annotated[
+        Path | None,
+        typer.Option(
+            "--write",
+            help="Write the topology with the proposed fields to FILE.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    extra_vars: Annotated[
+        list[str] | None,
+        typer.Option("-e", "--extra-var", help="Set a role variable.", metavar="NAME=VALUE"),
+    ] = None,
+    state_dir: StateDirOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Read each host's GPUs, PCIe and NUMA layout and RDMA NICs; propose the NIC fields."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
+    from kit.deploy.discover import DiscoverOptions  # noqa: PLC0415
+    from kit.deploy.discover import discover as run_discover  # noqa: PLC0415
+    from kit.deploy.provision import parse_extra_vars  # noqa: PLC0415
+
+    options = DiscoverOptions(
+        write=write,
+        as_json=as_json,
+        extra_vars=parse_extra_vars(extra_vars or []),
+        verbose=verbose,
+    )
+    run_discover(DeployContext.build(_resolve(topology), topology, state_dir), out, options)
 
 
 @app.command(
@@ -485,13 +538,6 @@ def bench(
     ] = 0.0,
     prefix_groups: Annotated[
         int, typer.Option("--prefix-groups", help="Groups of prompts with a shared prefix.")
-    transfer_test: Annotated[
-        bool,
-        typer.Option(
-            "--transfer-test",
-            help="Then test Mooncake transfers between every pair of worker hosts, every rail.",
-        ),
-    ] = False,
     ] = 0,
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Replay a Mooncake-format JSONL trace.")
@@ -506,56 +552,10 @@ def bench(
         float | None, typer.Option("--ttft-ms", help="TTFT objective (default: topology slo).")
     ] = None,
     tpot_ms: Annotated[
-        transfer_test=transfer_test,
         float | None, typer.Option("--tpot-ms", help="TPOT objective (default: topology slo).")
     ] = None,
     attainment: Annotated[
         float | None, typer.Option("--attainment", help="Share that must meet both (0..1).")
-@app.command(
-    epilog="Examples:\n\n  pdkit discover topologies/qwen3-2p1d-nicmap.yaml\n\n"
-    "  pdkit discover lab.yaml --write lab-discovered.yaml\n\n"
-    "Runs playbooks/discover.yml (read-only) over the same inventory as `pdkit provision` and "
-    "reads each host's GPUs with their NUMA node and PCIe switch, and its RDMA devices with link "
-    "layer, state, rate, NUMA node and GID table. Proposes gpus, gpu_type, rdma_devices and a "
-    "gpu_nics map (each GPU's NIC: same PCIe switch, else same NUMA node), and a routable RoCE "
-    "v2 transfer.gid_index common to the chosen NICs; --write FILE writes the topology with "
-    "them, keeping its comments."
-)
-def discover(
-    topology: TopologyArg,
-    *,
-    write: Annotated[
-        Path | None,
-        typer.Option(
-            "--write",
-            help="Write the topology with the proposed fields to FILE.",
-            metavar="FILE",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: JsonOpt = False,
-    extra_vars: Annotated[
-        list[str] | None,
-        typer.Option("-e", "--extra-var", help="Set a role variable.", metavar="NAME=VALUE"),
-    ] = None,
-    state_dir: StateDirOpt = None,
-    verbose: VerboseOpt = False,
-) -> None:
-    """Read each host's GPUs, PCIe and NUMA layout and RDMA NICs; propose the NIC fields."""
-    from kit.deploy import DeployContext  # noqa: PLC0415
-    from kit.deploy.discover import DiscoverOptions  # noqa: PLC0415
-    from kit.deploy.discover import discover as run_discover  # noqa: PLC0415
-    from kit.deploy.provision import parse_extra_vars  # noqa: PLC0415
-
-    options = DiscoverOptions(
-        write=write,
-        as_json=as_json,
-        extra_vars=parse_extra_vars(extra_vars or []),
-        verbose=verbose,
-    )
-    run_discover(DeployContext.build(_resolve(topology), topology, state_dir), out, options)
-
-
     ] = None,
     start: Annotated[float, typer.Option("--start", help="--search: first rate.")] = 1.0,
     tolerance: Annotated[
@@ -808,7 +808,6 @@ def size(
         use_calibration=use_calibration,
     )
     run_size(args, err if as_json else out)
-
 
 
 def main() -> None:
