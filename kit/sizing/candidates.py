@@ -2,12 +2,13 @@
 (`RoleOption`), how many of each (`Group`), colocated or prefill + decode (`Deployment`).
 
 Role options are the parallelism SGLang can run the model with on these hosts: TP sizes that are
-powers of two up to a host's GPUs (whole hosts beyond, when the model needs them), that divide the
-model's attention heads, and whose weights leave room for KV; for MoE models also DP attention
-(dp = tp, attention TP 1) with the experts spread over the same GPUs (ep = tp). Decode options
-may cap `--max-running-requests`, colocated ones lower `--chunked-prefill-size`; both are found
-by the search (`kit.sizing.capacity`), not guessed here. Whether prefill and decode options go
-together, and whether a deployment fits on the hosts, is the validator's call
+powers of two up to a host's GPUs (whole hosts, only when the model fits on no single host),
+that divide the model's attention heads, and whose weights leave room for KV; for MoE models
+also DP attention (dp = tp, attention TP 1) with the experts spread over the same GPUs (ep =
+tp). Decode options may cap `--max-running-requests`, colocated ones lower
+`--chunked-prefill-size`; both are found by the search (`kit.sizing.capacity`,
+`kit.sizing.search`), not guessed here. Whether prefill and decode options go together, and
+whether a deployment fits on the hosts, is the validator's call
 (`kit.sizing.accept`).
 """
 
@@ -157,21 +158,22 @@ def instance_config(problem: SizingProblem, option: RoleOption, role: Role) -> I
     )
 
 
-def tp_sizes(problem: SizingProblem) -> list[int]:
-    """TP sizes the hosts can hold: powers of two up to the largest host, then whole hosts
-    (2, 4, ... of them) while there are that many hosts of that size."""
+def tp_sizes(problem: SizingProblem) -> tuple[list[int], list[int]]:
+    """TP sizes the hosts can hold: powers of two up to the largest host, and whole hosts (2,
+    4, ... of them, while there are that many hosts of that size)."""
     per_host = problem.gpus_per_host
-    sizes = []
+    one_host = []
     tp = 1
-    while tp <= per_host:
-        sizes.append(tp)
+    while tp <= min(per_host, problem.gpus):
+        one_host.append(tp)
         tp *= 2
     full = sum(1 for h in problem.base["hosts"] if int(h.get("gpus", 0)) == per_host)
+    spanning = []
     nodes = 2
     while nodes <= full:
-        sizes.append(per_host * nodes)
+        spanning.append(per_host * nodes)
         nodes *= 2
-    return sizes
+    return one_host, spanning
 
 
 def heads_allow(problem: SizingProblem, option: RoleOption) -> bool:
@@ -194,11 +196,16 @@ def fits(problem: SizingProblem, option: RoleOption, role: Role) -> bool:
 
 def base_options(problem: SizingProblem, role: Role) -> list[RoleOption]:
     """Every parallelism the model can run with in `role` on the hosts (see the module doc),
-    fewest GPUs first, before the search tunes any knob."""
+    fewest GPUs first, before the search tunes any knob. Instances span hosts only when the
+    model fits on no single host: across hosts TP pays the network on every layer."""
+    one_host, spanning = tp_sizes(problem)
+    options = _shapes(problem, role, one_host)
+    return options or _shapes(problem, role, spanning)
+
+
+def _shapes(problem: SizingProblem, role: Role, sizes: list[int]) -> list[RoleOption]:
     options = []
-    for tp in tp_sizes(problem):
-        if tp > problem.gpus:
-            break
+    for tp in sizes:
         shapes = [RoleOption(tp=tp)]
         if problem.model.is_moe and tp > 1:
             shapes.append(RoleOption(tp=tp, dp=tp, dp_attention=True, ep=tp))

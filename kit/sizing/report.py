@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kit.sizing.calibration import Calibration, Fit, Latencies
 from kit.sizing.candidates import Deployment, Group
+from kit.sizing.capacity import GroupRate
 from kit.sizing.problem import SizingProblem
 from kit.sizing.robustness import Variant
 from kit.sizing.search import Rated, SizingResult
@@ -69,9 +70,10 @@ def ranked_table(result: SizingResult, top: int) -> Table:
         header_style="bold",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
     for name in ("#", "deployment", "GPUs", "good/s", "/GPU", "TTFT p90", "TPOT p90", "bound"):
-        left = name == "deployment"
+        left = name in ("deployment", "bound")
         table.add_column(name, justify="left" if left else "right", no_wrap=not left)
     for r in shown:
         table.add_row(
@@ -283,7 +285,8 @@ def role_notes(result: SizingResult, chosen: Rated) -> dict[str, list[str]]:
     ):
         if group is None:
             continue
-        one = table.get(group.option)
+        found = table.get(group.option)
+        one = found.single if isinstance(found, GroupRate) else found
         rate = f"; one alone sustains about {one * speed:.2f} req/s" if one else ""
         notes[role] = [f"{group.count} x {group.option.describe()}{rate} in the model."]
     return notes
@@ -297,6 +300,7 @@ def calibration_table(fit: Fit) -> Table:
         header_style="bold",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
     for name in ("rate", "TTFT meas.", "before", "after", "TPOT meas.", "before", "after"):
         table.add_column(name, justify="right", no_wrap=True)

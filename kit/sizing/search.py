@@ -4,10 +4,10 @@ rate, which serves that rate on the fewest GPUs).
 1. Capacities (`kit.sizing.capacity`): the goodput of one instance of every role option, in
    virtual time.
 2. Estimates: a PD *unit* is `a` prefill and `b` decode instances of one option each (a + b <=
-   `MAX_UNIT_INSTANCES`, a and b coprime); its estimate is ``min(a x prefill, b x decode)``
-   (DistServe's and aiconfigurator's rate matching). A deployment is `copies` of a unit behind
-   the round-robin router: as many as the GPUs hold, or as the target rate needs. Every unit is
-   estimated (arithmetic, no simulation).
+   `MAX_UNIT_INSTANCES`, a and b coprime); its estimate is ``min(prefill(a), b x decode)``
+   (DistServe's and aiconfigurator's rate matching, with what `a` prefills sustain together).
+   A deployment is `copies` of a unit behind the round-robin router: as many as the GPUs hold,
+   or as the target rate needs. Every unit is estimated (arithmetic, no simulation).
 3. Verification: the best deployments by estimate that the validator accepts
    (`kit.sizing.accept`: placement on the hosts, SGLang's rules) have their unit served in
    virtual time with the workload's own arrivals and lengths and its goodput searched; a
@@ -235,7 +235,7 @@ def _order(gpus: int, goodput: float, by_gpus: bool) -> tuple[float, float]:
 def _units(problem: SizingProblem, capacities: Capacities) -> Iterator[_Unit]:
     for p_option, p_rate in capacities.prefill.items():
         for d_option, d_rate in capacities.decode.items():
-            if p_rate <= 0 or d_rate <= 0:
+            if p_rate.single <= 0 or d_rate <= 0:
                 continue
             for a in range(1, MAX_UNIT_INSTANCES):
                 for b in range(1, MAX_UNIT_INSTANCES - a + 1):
@@ -243,7 +243,7 @@ def _units(problem: SizingProblem, capacities: Capacities) -> Iterator[_Unit]:
                     if math.gcd(a, b) != 1 or gpus > problem.gpus:
                         continue
                     unit = Deployment(prefill=Group(p_option, a), decode=Group(d_option, b))
-                    yield _Unit(unit, a * p_rate, b * d_rate)
+                    yield _Unit(unit, p_rate.at(a), b * d_rate)
 
 
 def _copies(
