@@ -342,7 +342,7 @@ def _panels() -> tuple[tuple[str, tuple[Panel, ...]], ...]:
         Panel(
             "Admission model (pdkit router)",
             "What pdkit's admission predicts from: prompt tokens queued ahead on each prefill, "
-            "and how far observed TTFT was from its prediction (1 = exact).",
+            "and how far observed TTFT and TPOT were from its predictions (1 = exact).",
             "short",
             (
                 Query(
@@ -353,6 +353,10 @@ def _panels() -> tuple[tuple[str, tuple[Panel, ...]], ...]:
                     "TTFT observed/predicted",
                     lambda q: quantile(q, "pdkit_lb_admission_ttft_error_ratio"),
                 )[:2],
+                Query(
+                    quantile("0.9", "pdkit_lb_admission_tpot_error_ratio"),
+                    "TPOT observed/predicted p90",
+                ),
             ),
         ),
         Panel(
