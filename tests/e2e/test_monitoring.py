@@ -131,9 +131,16 @@ def test_prometheus_dashboard_trace_and_idle_status_on_one_deployment(deployment
     assert traced.returncode == 0, traced.stdout + traced.stderr
     text = traced.stdout
     assert "status 200" in text and "-> decode decode-0" in text
-    for step in ("received /v1/chat/completions", "bootstrap: found its prefill",
-                 "prefill: computed the prompt", "KV transfer: wrote the KV into the decode",
-                 "first token to the client", "decode: 15 more tokens", "answered 200"):  # fmt: skip
+    steps = (
+        "received /v1/chat/completions",
+        "bootstrap: found its prefill",
+        "prefill: computed the prompt",
+        "KV transfer: wrote the KV into the decode",
+        "first token to the client",
+        "decode: 15 more tokens",
+        "answered 200",
+    )
+    for step in steps:
         assert step in text, step
     assert "phases: " in text and "KV transfer " in text and "stopped" not in text
 

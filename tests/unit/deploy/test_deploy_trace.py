@@ -36,7 +36,7 @@ def test_a_bench_file_names_its_slowest_request_failed_ones_first(tmp_path):
 def test_a_file_without_request_ids_is_refused_with_the_fix(tmp_path):
     path = tmp_path / "requests.jsonl"
     path.write_text('{"index": 0}\n')
-    with pytest.raises(PdkitError, match="names no request id. To fix"):
+    with pytest.raises(PdkitError, match=r"names no request id\. To fix"):
         parse_wanted(str(path))
     path.write_text("not json\n")
     with pytest.raises(PdkitError, match=r"requests.jsonl:1: not JSON"):
