@@ -2,10 +2,12 @@
 
 For each attempt: choose a prefill and a decode, encode the body once with fresh bootstrap
 fields, send it to both on the same path, and answer with the decode's response. The legs are
-two tasks bound by a `_Pair`: a prefill that fails cancels the decode (which would otherwise
-wait for KV that never comes); a decode that fails cancels the prefill; a client that goes away
-cancels the handler and with it both legs (closing an upstream connection makes SGLang abort
-the request).
+bound by a `_Pair`: the prefill's answer is read by a task, the decode's by the handler itself
+(one task and one loop turn fewer per request); a prefill that fails ends the decode leg (which
+would otherwise wait for KV that never comes) with the prefill's error; a decode that fails
+cancels the prefill; a client that goes away cancels the handler and with it both legs
+(closing an upstream connection makes SGLang abort the request). On pooled connections both
+requests go out at once, the prefill's first.
 
 Only a leg whose connection could not be made (nothing sent) is retried, on other workers, with
 new rooms, up to `retries` times, and only before anything reached the client. For streams the
@@ -22,9 +24,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -106,40 +107,45 @@ class _Send:
 
 
 class _Leg:
-    """One leg's connection, for the watchdog to abort when the leg's time limit expires."""
+    """One leg's connection, and why it must end early: its time limit (the watchdog calls
+    `expire`) or, for a decode, its prefill's failure (`fail`); the pending read raises it."""
 
-    __slots__ = ("conn", "expired", "started")
+    __slots__ = ("conn", "error", "started")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None
-        self.expired = False
+        self.error: BaseException | None = None
         self.started = time.monotonic()
 
-    def expire(self) -> None:
-        self.expired = True
+    def attach(self, conn: Connection) -> Connection:
+        """The leg's request went out on `conn`."""
+        self.conn = conn
+        if self.error is not None:
+            conn.abort(self.error)
+        return conn
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
         if self.conn is not None:
-            self.conn.abort(TimeoutError())
+            self.conn.abort(self.error)
+
+    def expire(self) -> None:
+        self.fail(TimeoutError())
 
 
 class _Pair:
-    """The two legs of one attempt; a failed prefill cancels the decode (or ends its stream)."""
+    """The two legs of one attempt: the prefill runs as a task, the decode in the handler; a
+    failed prefill ends the decode leg (its pending read raises the prefill's error)."""
 
-    __slots__ = (
-        "decode_response",
-        "decode_task",
-        "guard",
-        "prefill_error",
-        "prefill_task",
-        "reported",
-    )
+    __slots__ = ("decode", "guard", "prefill_error", "prefill_task", "reported")
 
-    def __init__(self, prefill_task: asyncio.Task[bytes], decode_task: asyncio.Task[Any]) -> None:
+    def __init__(self, prefill_task: asyncio.Task[bytes], decode: _Leg) -> None:
         self.prefill_task = prefill_task
-        self.decode_task = decode_task
+        self.decode = decode
         self.prefill_error: LegError | None = None
         self.reported = False  # the prefill's error reached the client (or was raised)
         self.guard: Guard | None = None  # streams: the watchdog's view of this attempt
-        self.decode_response: Connection | None = None
         prefill_task.add_done_callback(self._prefill_done)
 
     def _prefill_done(self, task: asyncio.Task[bytes]) -> None:
@@ -155,17 +161,11 @@ class _Pair:
                 502, f"prefill leg failed: {exc!r}", "prefill_transport", role="prefill", worker=""
             )
         )
-        if not self.decode_task.done():
-            self.decode_task.cancel()
-        elif self.decode_response is not None:
-            self.decode_response.abort(self.prefill_error)
+        self.decode.fail(self.prefill_error)
 
     def expire(self) -> None:
-        """The watchdog's verdict: stop waiting for the decode (its read then fails)."""
-        if not self.decode_task.done():
-            self.decode_task.cancel()
-        elif self.decode_response is not None:
-            self.decode_response.abort(TimeoutError())
+        """The watchdog's verdict on a stream: stop waiting for the decode."""
+        self.decode.expire()
 
     def take_error(self) -> LegError:
         """The prefill's error, now reported to the client (not to be counted again)."""
@@ -175,15 +175,10 @@ class _Pair:
         return self.prefill_error
 
     def cancel(self) -> None:
-        for task in (self.prefill_task, self.decode_task):
-            if not task.done():
-                task.cancel()
-        response = self.decode_response
-        if response is None and self.decode_task.done() and not self.decode_task.cancelled():
-            result = self.decode_task.exception() or self.decode_task.result()
-            response = result if isinstance(result, Connection) else None
-        if response is not None:
-            response.close()
+        if not self.prefill_task.done():
+            self.prefill_task.cancel()
+        if self.decode.conn is not None:
+            self.decode.conn.close()
 
 
 def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
@@ -387,18 +382,32 @@ class Dispatcher:
 
     # -- legs --------------------------------------------------------------------------------
 
-    async def _open(self, role: Role, worker: Worker, send: _Send, leg: _Leg) -> Connection:
-        """Send one leg and wait for its response head; LegError on failure."""
-        worker.requests += 1
+    def _send_now(self, worker: Worker, send: _Send) -> Connection | None:
+        """Send a leg on an idle pooled connection at once (None: there is none)."""
         origin = self._upstream.origin(worker.url)
         try:
-            head = origin.request_head(b"POST", send.path) + send.headers
-            conn = await origin.send(head, send.body)
-        except UpstreamError as exc:
-            raise _leg_error(role, worker, exc) from exc
-        leg.conn = conn
-        if leg.expired:
-            conn.abort(TimeoutError())
+            return origin.send_now(
+                origin.request_head(b"POST", send.path) + send.headers, send.body
+            )
+        except UpstreamError:
+            return None  # the pooled connection was lost: `_open` connects anew
+
+    async def _open(
+        self, role: Role, worker: Worker, send: _Send, leg: _Leg, conn: Connection | None = None
+    ) -> Connection:
+        """Send one leg (unless `conn` already carries it) and wait for its response head;
+        LegError on failure (the prefill's own error, for a decode it failed)."""
+        worker.requests += 1
+        if conn is None:
+            conn = self._send_now(worker, send)
+        if conn is None:
+            origin = self._upstream.origin(worker.url)
+            try:
+                head = origin.request_head(b"POST", send.path) + send.headers
+                conn = await origin.send(head, send.body)
+            except UpstreamError as exc:
+                raise _leg_error(role, worker, exc) from exc
+        leg.attach(conn)
         try:
             await conn.head()
         except (UpstreamError, TimeoutError) as exc:
@@ -412,16 +421,22 @@ class Dispatcher:
         return conn
 
     async def _read_leg(
-        self, role: Role, worker: Worker, send: _Send, limit: float | None
+        self,
+        role: Role,
+        worker: Worker,
+        send: _Send,
+        limit: float | None,
+        *,
+        leg: _Leg,
+        conn: Connection | None = None,
     ) -> tuple[int, str, bytes]:
         """One whole non-streamed leg: (status, content type, body)."""
-        leg = _Leg()
         if not worker.inflight:
             worker.progress_at = leg.started  # a busy period begins
         worker.inflight += 1
         guard = self._watchdog.watch(leg.expire, total=limit)
         try:
-            conn = await self._open(role, worker, send, leg)
+            conn = await self._open(role, worker, send, leg, conn)
             try:
                 data = await conn.read()
             except (UpstreamError, TimeoutError) as exc:
@@ -434,15 +449,17 @@ class Dispatcher:
             worker.inflight -= 1
             worker.progress_at = time.monotonic()
 
-    async def _prefill_leg(self, ex: Exchange, worker: Worker, send: _Send, keep: bool) -> bytes:
-        started = time.monotonic()
+    async def _prefill_leg(
+        self, ex: Exchange, worker: Worker, send: _Send, keep: bool, conn: Connection | None
+    ) -> bytes:
+        leg = _Leg()
         try:
             status, content_type, data = await self._read_leg(
-                "prefill", worker, send, self._prefill_timeout
+                "prefill", worker, send, self._prefill_timeout, leg=leg, conn=conn
             )
         finally:
             ex.prefill_end = time.monotonic()
-            ex.prefill_s = ex.prefill_end - started
+            ex.prefill_s = ex.prefill_end - leg.started
         if status >= 300:
             snippet = data[:300].decode("utf-8", "replace")
             raise LegError(
@@ -456,32 +473,15 @@ class Dispatcher:
             )
         return data if keep else b""
 
-    async def _decode_unary(
-        self, ex: Exchange, worker: Worker, send: _Send
-    ) -> tuple[int, str, bytes]:
-        started = time.monotonic()
-        try:
-            return await self._read_leg("decode", worker, send, self._request_timeout)
-        finally:
-            ex.decode_s = time.monotonic() - started
-
-    async def _decode_open(self, worker: Worker, send: _Send) -> Connection:
-        return await self._open("decode", worker, send, _Leg())
-
-    def _start(
-        self,
-        ex: Exchange,
-        prefill: Worker,
-        send: _Send,
-        keep: bool,
-        decode_coro: Coroutine[Any, Any, Any],
-    ) -> _Pair:
-        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep))
+    def _start(self, ex: Exchange, prefill: Worker, send: _Send, keep: bool) -> _Pair:
+        """Send the prefill leg (at once when a pooled connection is idle, so it goes out
+        before the decode's) and let a task read its answer; the decode leg is the caller's."""
+        conn = self._send_now(prefill, send)
+        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep, conn))
         if ex.ticket is not None:
             prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
-        pair = _Pair(prefill_task, asyncio.create_task(decode_coro))
         ex.sent_at = time.monotonic()
-        return pair
+        return _Pair(prefill_task, _Leg())
 
     def _prefill_ended(self, ex: Exchange, task: asyncio.Task[bytes]) -> None:
         """Admission's accounting of a prefill leg (started when admitted): it left the queue,
@@ -513,19 +513,14 @@ class Dispatcher:
         self._metrics.error(error.cause)
         self._on_failure(error)
 
-    async def _await_decode(self, pair: _Pair, decode: Worker) -> Any:
-        """The decode task's result; a prefill failure that cancelled it is raised instead."""
-        try:
-            return await pair.decode_task
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise  # the client went away (or the drain ended): not the legs' doing
-            if pair.prefill_error is not None:
-                raise pair.take_error() from None
-            if pair.guard is not None and pair.guard.expired:
-                raise self._expired(pair.guard, decode) from None
-            raise
+    def _decode_failed(self, pair: _Pair, decode: Worker, error: LegError) -> ApiError:
+        """The error for a decode leg that failed before anything reached the client: the
+        prefill's own (reported now), a stream's limit, or the decode's."""
+        if error is pair.prefill_error:
+            return pair.take_error()
+        if pair.guard is not None and pair.guard.expired:
+            return self._expired(pair.guard, decode)
+        return error
 
     # -- non-streaming -----------------------------------------------------------------------
 
@@ -534,10 +529,18 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep, self._decode_unary(ex, decode, send))
+        pair = self._start(ex, prefill, send, keep)
         finished = False
         try:
-            status, content_type, data = await self._await_decode(pair, decode)
+            leg = pair.decode
+            try:
+                status, content_type, data = await self._read_leg(
+                    "decode", decode, send, self._request_timeout, leg=leg
+                )
+            except LegError as error:
+                raise self._decode_failed(pair, decode, error) from None
+            finally:
+                ex.decode_s = time.monotonic() - leg.started
             if status >= 300:
                 pair.cancel()
                 ex.causes.append("decode_status")
@@ -562,7 +565,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep, self._decode_open(decode, send))
+        pair = self._start(ex, prefill, send, keep)
         guard = pair.guard = self._watchdog.watch(
             pair.expire, total=self._request_timeout, idle=self._idle_timeout
         )
@@ -570,13 +573,12 @@ class Dispatcher:
             decode.progress_at = guard.last  # a busy period begins
         decode.inflight += 1
         finished = False
+        upstream: Connection | None = None
         try:
-            upstream = await self._await_decode(pair, decode)
-            if not isinstance(upstream, Connection):
-                raise TypeError("decode leg returned no response")
-            pair.decode_response = upstream
-            if pair.prefill_error is not None:
-                raise pair.take_error()
+            try:
+                upstream = await self._open("decode", decode, send, pair.decode)
+            except LegError as error:
+                raise self._decode_failed(pair, decode, error) from None
             if upstream.status >= 300:
                 data = await self._read_error(pair, decode, upstream)
                 pair.cancel()
@@ -592,7 +594,7 @@ class Dispatcher:
                 merger = StreamMerger(pd.merge, await pair.prefill_task)
             try:
                 first = await upstream.first()
-            except (UpstreamError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError, LegError) as exc:
                 raise self._stream_failure(pair, decode, exc) from None
             out = web.StreamResponse(
                 status=upstream.status,
@@ -620,13 +622,13 @@ class Dispatcher:
             except ClientGone:
                 ex.causes.append("client_disconnect")
                 return out
-            except (UpstreamError, TimeoutError) as exc:
-                error = self._stream_failure(pair, decode, exc)
-                ex.causes.append(error.cause)
-                ex.cause = error.cause
-                self._on_failure(error)
+            except (UpstreamError, TimeoutError, LegError) as exc:
+                failure = self._stream_failure(pair, decode, exc)
+                ex.causes.append(failure.cause)
+                ex.cause = failure.cause
+                self._on_failure(failure)
                 try:
-                    await relay.fail(error)
+                    await relay.fail(failure)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
             else:
@@ -638,11 +640,11 @@ class Dispatcher:
         finally:
             self._watchdog.release(guard)
             decode.inflight -= 1
-            ex.decode_s = time.monotonic() - (ex.sent_at or ex.started)
+            ex.decode_s = time.monotonic() - pair.decode.started
             if not finished:
                 pair.cancel()
-            elif pair.decode_response is not None:
-                pair.decode_response.release()
+            elif upstream is not None:
+                upstream.release()
 
     def _learn(
         self, ex: Exchange, ticket: Ticket, relay: StreamRelay, decode: Worker, batch: float
@@ -688,7 +690,7 @@ class Dispatcher:
     async def _read_error(self, pair: _Pair, decode: Worker, upstream: Connection) -> bytes:
         try:
             return await upstream.read()
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError, LegError) as exc:
             raise self._stream_failure(pair, decode, exc) from exc
 
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:

@@ -394,10 +394,23 @@ class Origin:
             self._heads[(method, path)] = line
         return line
 
+    def send_now(self, head: bytes, body: bytes) -> Connection | None:
+        """Send one request on an idle connection, at once; None when there is none (then
+        `send`)."""
+        conn = self._idle_connection()
+        if conn is None:
+            return None
+        self._upstream.acquired += 1
+        conn.in_use = True
+        return self._write(conn, head, body)
+
     async def send(self, head: bytes, body: bytes) -> Connection:
         """Send one request (`head` ends with the blank line); the connection then waits for
         its answer (`head()`, `read()`...). UpstreamError(unsent) when it cannot connect."""
-        conn = await self._connection()
+        return self._write(await self._connection(), head, body)
+
+    @staticmethod
+    def _write(conn: Connection, head: bytes, body: bytes) -> Connection:
         conn.begin()
         transport = conn.transport
         if transport is None or transport.is_closing():  # lost between the pool and here
