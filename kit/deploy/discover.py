@@ -230,9 +230,9 @@ def closest_nic(gpu: Gpu, nics: Sequence[Nic], load: Mapping[str, int]) -> NicPi
         return None
     (same_switch, same_numa, shared, _), nic = best
     if same_switch:
-        why = f"same PCIe switch ({gpu.pci_path[shared - 1]})"
+        why = f"same PCIe switch {gpu.pci_path[shared - 1]}"
     elif same_numa:
-        why = f"same NUMA node ({gpu.numa})"
+        why = f"same NUMA node {gpu.numa}"
     else:
         why = "no NIC on its PCIe switch or NUMA node: the nearest there is"
     return NicPick(gpu.index, nic.name, why)

@@ -220,6 +220,12 @@ def error_text(answer: Fetched) -> str:
     return answer.body.strip()[:500] or f"HTTP {answer.status}"
 
 
+def shorten(text: str, limit: int = 160) -> str:
+    """One line of at most `limit` characters (the rest elided)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def answered_ok(answer: Fetched) -> bool:
     """A decode answer that carries a generated token (an abort can come with status 200)."""
     data = answer.json()
@@ -343,7 +349,7 @@ def _failure(
             failed = failed or answer.failure != "timeout"
         elif not (answer.ok and answered_ok(answer)):
             text = error_text(answer)
-            parts.append(f"{instance.name} answered HTTP {answer.status}: {text}")
+            parts.append(f"{instance.name} answered HTTP {answer.status}: {shorten(text)}")
             messages.append(text)
             failed = True
     return ("failed" if failed else "timeout"), "; ".join(parts), tuple(messages)

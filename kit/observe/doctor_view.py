@@ -20,7 +20,15 @@ from rich.table import Table
 from rich.text import Text
 
 from kit.errors import PdkitError
-from kit.observe.doctor import DoctorOptions, LogReader, Matrix, PairResult, explain, run_matrix
+from kit.observe.doctor import (
+    DoctorOptions,
+    LogReader,
+    Matrix,
+    PairResult,
+    explain,
+    run_matrix,
+    shorten,
+)
 from kit.topology.plan import Plan
 
 DEFAULT_INPUT_TOKENS = 2048
@@ -139,7 +147,7 @@ def failure_lines(matrix: Matrix) -> list[str]:
         for match in pair.causes:
             s = match.signature
             lines.append(f"  cause ({s.name}): {s.cause}. To fix: {s.fix}.")
-            lines.append(f"    {match.where}: {match.line}")
+            lines.append(f"    {match.where}: {shorten(match.line, 240)}")
         if pair.causes or pair.state == "skipped":
             continue
         if pair.state == "timeout":
@@ -154,7 +162,7 @@ def failure_lines(matrix: Matrix) -> list[str]:
             lines.append("  cause: not a known log signature.")
         if pair.evidence:
             lines.append("  the log lines that matter:")
-            lines += [f"    {line}" for line in pair.evidence]
+            lines += [f"    {shorten(line, 240)}" for line in pair.evidence]
         else:
             lines.append(f"  no error lines in the logs of {pair.prefill} and {pair.decode}.")
     return lines

@@ -48,8 +48,10 @@ def test_discover_proposes_the_nic_map_and_a_common_gid_index(testbed, fake_host
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "a: 8 GPU(s) NVIDIA H100 80GB HBM3; 2 NUMA node(s)" in out
-    assert "  GPU 0: NUMA 0, PCIe switch 0000:01:00.0 -> mlx5_0 (same PCIe switch" in out
-    assert "  GPU 6: NUMA 1, PCIe switch 0000:91:00.0 -> mlx5_3 (same NUMA node (1))" in out
+    assert (
+        "  GPU 0: NUMA 0, PCIe switch 0000:01:00.0 -> mlx5_0 (same PCIe switch 0000:01:00.0)" in out
+    )
+    assert "  GPU 6: NUMA 1, PCIe switch 0000:91:00.0 -> mlx5_3 (same NUMA node 1)" in out
     assert "  mlx5_4: DOWN Ethernet" in out
     assert "c: no GPU read" in out
     assert "transfer.gid_index: 5 (RoCE v2, routable, present on all 8 chosen NIC(s))" in out

@@ -146,8 +146,8 @@ def test_each_gpu_gets_the_nic_on_its_switch_else_on_its_numa_node(tmp_path):
     assert host.rdma_devices == ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")  # mlx5_4 is down
     assert (host.gpus, host.gpu_type) == (8, "H100-SXM")
     why = {p.gpu: p.why for p in host.picks}
-    assert why[0] == "same PCIe switch (0000:01:00.0)"
-    assert why[6] == "same NUMA node (1)"
+    assert why[0] == "same PCIe switch 0000:01:00.0"
+    assert why[6] == "same NUMA node 1"
 
 
 def test_the_gid_index_is_routable_roce_v2_and_common_to_every_host(tmp_path):

@@ -107,12 +107,13 @@ async def cluster(
     tmp_path: Path, prefills: list[Fake], decodes: list[Fake], **roles: dict
 ) -> AsyncIterator[Path]:
     """A sim topology whose workers are the fakes, served on their Plan ports."""
-    p_port, d_port, b_port = free_block(8), free_block(8), free_block(8)
+    width = max(len(prefills), len(decodes))
+    p_port, d_port, b_port = free_block(width), free_block(width), free_block(width)
     data = {
         "name": "fake",
         "engine": "sim",
         "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
-        "hosts": [{"name": "h", "address": "127.0.0.1", "connection": "local", "gpus": 16}],
+        "hosts": [{"name": "h", "address": "127.0.0.1", "connection": "local", "gpus": 64}],
         "prefill": {"count": len(prefills), "port": p_port, "bootstrap_port": b_port},
         "decode": {"count": len(decodes), "port": d_port},
         "transfer": {"backend": "mooncake_tcp"},
