@@ -8,6 +8,9 @@ router    evaluate the router's answers -> RouterStatus (pure)
 report    one round -> Report: statuses, the router's view against the probes, problems
 view      Report -> rich tables (status) and lines (health)
 run       the `pdkit health` / `pdkit status` commands
+doctor    one real PD request per prefill x decode pair (`pdkit doctor`, `pdkit up`'s gate)
+signatures known log lines of SGLang, Mooncake and UCX/NIXL -> cause and fix (pure)
+doctor_view the matrix, each failure's cause, the KV cost against the TTFT objective
 """
 
 from __future__ import annotations
