@@ -6,6 +6,8 @@ inventory Plan -> Ansible inventory (pure); the router API key travels only in t
 runner    ansible-runner driver; events: its event stream -> progress and failure reports
 wait      readiness polling from the control machine; readiness: the pure verdicts
 services  supervisord's own view of local hosts (XML-RPC over its unix socket)
+gate      the KV transfer gate (`pdkit up`'s last stage) and `pdkit doctor`
+discover  `pdkit discover`; transfer_test (kvprobe on the hosts): `provision --transfer-test`
 rollout   `pdkit up` / `pdkit down`; logs: `pdkit logs`; view: rich presentation
 """
 
