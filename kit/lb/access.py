@@ -32,7 +32,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kit.lb.dispatch import Exchange
 
 ACCESS = logging.getLogger("kit.lb.access")
 
@@ -51,7 +54,7 @@ def _ms(seconds: float | None) -> str:
 
 
 class AccessLog:
-    """Formats and writes access lines (`enabled` false: nothing is done)."""
+    """Formats and writes access lines (`enabled` false: the server writes none)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -68,46 +71,73 @@ class AccessLog:
             quoted = self._quoted[url] = json.dumps(url)
         return quoted
 
-    def write(
+    def exchange(self, ex: Exchange, status: int, e2e: float) -> None:
+        """The line of a request that reached dispatch (`e2e` in seconds)."""
+        if not ACCESS.isEnabledFor(logging.INFO):
+            return
+        chosen = ex.path
+        relay = ex.relay
+        started = ex.started
+        first = relay.first_at if relay is not None else None
+        self._emit(
+            _LINE
+            % (
+                time.time() - e2e,
+                ex.request_id,
+                ex.pd.path,
+                status,
+                "true" if ex.pd.stream else "false",
+                self._quote(chosen.prefill) if chosen else '""',
+                self._quote(chosen.decode) if chosen else '""',
+                chosen.bootstrap_room if chosen else "null",
+                _ms(None if ex.sent_at is None else ex.sent_at - started),
+                _ms(ex.prefill_s),
+                _ms(ex.decode_s),
+                _ms(None if first is None else first - started),
+                e2e * 1000,
+                relay.events if relay is not None else "null",
+                ex.cause,
+                ex.admission,
+            )
+        )
+
+    def refused(
         self,
-        *,
         request_id: str,
         route: str,
+        *,
         status: int,
         stream: bool,
-        prefill: str,
-        decode: str,
-        room: int | None,
-        queued: float | None,
-        prefill_s: float | None,
-        decode_s: float | None,
-        ttft: float | None,
         e2e: float,
-        tokens: int | None,
         cause: str,
         admission: str,
     ) -> None:
-        """One request's line (durations in seconds)."""
-        if not self.enabled or not ACCESS.isEnabledFor(logging.INFO):
+        """The line of a request refused before dispatch (a bad body or key, a drain)."""
+        if not ACCESS.isEnabledFor(logging.INFO):
             return
-        line = _LINE % (
-            time.time() - e2e,
-            request_id,
-            route,
-            status,
-            "true" if stream else "false",
-            self._quote(prefill),
-            self._quote(decode),
-            "null" if room is None else room,
-            _ms(queued),
-            _ms(prefill_s),
-            _ms(decode_s),
-            _ms(ttft),
-            e2e * 1000,
-            "null" if tokens is None else tokens,
-            cause,
-            admission,
+        self._emit(
+            _LINE
+            % (
+                time.time() - e2e,
+                request_id,
+                route,
+                status,
+                "true" if stream else "false",
+                '""',
+                '""',
+                "null",
+                "null",
+                "null",
+                "null",
+                "null",
+                e2e * 1000,
+                "null",
+                cause,
+                admission,
+            )
         )
+
+    def _emit(self, line: str) -> None:
         if self._direct is not None:
             self._direct.add(line)
         else:

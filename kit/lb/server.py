@@ -449,69 +449,19 @@ class LoadBalancer:
             e2e = time.monotonic() - started
             self.metrics.request(path, status, e2e, stream)
             if self.access.enabled:
-                self._log_access(
-                    ex,
-                    request_id=request_id,
-                    path=path,
-                    status=status,
-                    stream=stream,
-                    started=started,
-                    e2e=e2e,
-                    cause=cause,
-                )
-
-    def _log_access(
-        self,
-        ex: Exchange | None,
-        *,
-        request_id: str,
-        path: str,
-        status: int,
-        stream: bool,
-        started: float,
-        e2e: float,
-        cause: str,
-    ) -> None:
-        """The request's access line (see kit.lb.access)."""
-        if ex is None:
-            self.access.write(
-                request_id=request_id,
-                route=path,
-                status=status,
-                stream=stream,
-                prefill="",
-                decode="",
-                room=None,
-                queued=None,
-                prefill_s=None,
-                decode_s=None,
-                ttft=None,
-                e2e=e2e,
-                tokens=None,
-                cause=cause,
-                admission="off" if self.admission is None else "skipped",
-            )
-            return
-        chosen = ex.path
-        relay = ex.relay
-        first = relay.first_at if relay is not None else None
-        self.access.write(
-            request_id=ex.request_id,
-            route=path,
-            status=status,
-            stream=stream,
-            prefill=chosen.prefill if chosen else "",
-            decode=chosen.decode if chosen else "",
-            room=chosen.bootstrap_room if chosen else None,
-            queued=None if ex.sent_at is None else ex.sent_at - started,
-            prefill_s=ex.prefill_s,
-            decode_s=ex.decode_s,
-            ttft=None if first is None else first - started,
-            e2e=e2e,
-            tokens=relay.events if relay is not None else None,
-            cause=ex.cause,
-            admission=ex.admission,
-        )
+                if ex is not None:
+                    self.access.exchange(ex, status, e2e)
+                else:
+                    admission = "off" if self.admission is None else "skipped"
+                    self.access.refused(
+                        request_id,
+                        path,
+                        status=status,
+                        stream=stream,
+                        e2e=e2e,
+                        cause=cause,
+                        admission=admission,
+                    )
 
     def _log_failure(self, error: ApiError) -> None:
         """Log worker trouble (5xx), at most once a second per cause: a dead worker under load
