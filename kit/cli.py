@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -54,7 +54,7 @@ StateDirOpt = Annotated[
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")]
 
 
-def _pair_timeout(flag: str) -> typer.models.OptionInfo:
+def _pair_timeout(flag: str) -> Any:  # typer.Option is typed Any
     return typer.Option(
         flag,
         min=0.1,
