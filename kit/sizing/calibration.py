@@ -5,11 +5,12 @@ A `pdkit bench` run leaves every request in `requests.jsonl`: when it was sent, 
 its TTFT and TPOT. Each load point is replayed in virtual time on the deployment's own
 instances (read from its Plan the way `pdkit bench`'s prediction reads them, at the sim's
 speed), with the very arrivals and lengths that were sent, and the model's P50 and P90 TTFT and
-TPOT are compared with the measured ones. The fit moves the two factors of
-`kit.perf.timing.Efficiency` (compute: prefill-bound work, memory: decode-bound work) to
-minimise the mean squared log error of those percentiles over the points (golden-section
-search on each factor in turn). Points where fewer than half the requests met the SLO are left
-out: an overloaded queue says more about the run's length than about the GPUs.
+TPOT are compared with the measured ones. The fit moves each factor of
+`kit.perf.timing.Efficiency` to minimise the mean squared log error, over the points, of the
+latencies it governs: compute (the prefills) those of TTFT, memory (the decode steps) those of
+TPOT (golden-section search on each factor in turn). Points where fewer than half the requests
+met the SLO are left out: an overloaded queue says more about the run's length than about the
+GPUs.
 
 The fit is stored per (model shape, GPU) in a JSON file (`store_path`), which `pdkit size` reads.
 """
@@ -262,9 +263,15 @@ def usable(run: BenchRun) -> list[tuple[RunPoint, Latencies]]:
     return out
 
 
-def log_error(predicted: Latencies, measured: Latencies) -> float:
-    """Mean squared log ratio of the four percentiles (0: a perfect match)."""
-    pairs = [(p, m) for p, m in zip(predicted.values(), measured.values(), strict=True) if m > 0]
+FITS = {"compute": ("p50_ttft_ms", "p90_ttft_ms"), "memory": ("p50_tpot_ms", "p90_tpot_ms")}
+"""Each factor and the latencies it is fitted to: compute times the prefills behind TTFT,
+memory the decode steps behind TPOT."""
+
+
+def log_error(predicted: Latencies, measured: Latencies, metrics: Sequence[str]) -> float:
+    """Mean squared log ratio of the `metrics` percentiles (0: a perfect match)."""
+    pairs = [(getattr(predicted, k), getattr(measured, k)) for k in metrics]
+    pairs = [(p, m) for p, m in pairs if m > 0]
     return sum(math.log(max(p, 1e-9) / m) ** 2 for p, m in pairs) / max(len(pairs), 1)
 
 
@@ -334,22 +341,27 @@ def fit(
             "nothing the model should match. To fix: bench at lower rates (--rates) or with "
             "--search."
         )
-    cache: dict[tuple[float, float], float] = {}
+    cache: dict[tuple[float, float], list[Latencies]] = {}
 
-    def loss(efficiency: Efficiency) -> float:
+    def predicted(efficiency: Efficiency) -> list[Latencies]:
         key = (round(efficiency.compute, 4), round(efficiency.memory, 4))
         if key not in cache:
             timed = with_efficiency(cluster, efficiency)
-            cache[key] = sum(log_error(replay(timed, speed, p), m) for p, m in points)
+            cache[key] = [replay(timed, speed, p) for p, _ in points]
         return cache[key]
 
     def along(fixed: Efficiency, factor: str) -> Callable[[float], float]:
-        return lambda value: loss(replace(fixed, **{factor: value}))
+        def loss(value: float) -> float:
+            replayed = predicted(replace(fixed, **{factor: value}))
+            return sum(
+                log_error(r, m, FITS[factor]) for r, (_, m) in zip(replayed, points, strict=True)
+            )
+
+        return loss
 
     current = start
-    for _ in range(rounds):
-        # Compute mostly moves TTFT (prefill), memory TPOT (decode): one factor at a time.
-        for factor in ("compute", "memory"):
+    for _ in range(rounds):  # the factors barely interact: a second round settles them
+        for factor in FITS:
             best = _golden(along(current, factor), *BOUNDS, 0.02)
             current = replace(current, **{factor: best})
     before, after = with_efficiency(cluster, start), with_efficiency(cluster, current)
