@@ -15,9 +15,11 @@ buffer drains.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from kit.lb.errors import ApiError
 from kit.lb.logprobs import StreamMerger
@@ -63,6 +65,8 @@ class StreamRelay:
         self._merger = merger
         self._pending = b""
         self._upstream: Connection | None = None
+        self._transport: asyncio.Transport | None = None
+        self._protocol: RequestHandler | None = None
         self.first_at: float | None = None
         self._last_event_at: float | None = None  # None until the first event went out
         self._done_sent = False
@@ -78,8 +82,8 @@ class StreamRelay:
         self._guard.touch()
         await self._first(first)
         self._upstream = upstream
-        transport = self._request.transport
-        protocol = self._request.protocol
+        transport = self._transport = self._request.transport
+        protocol = self._protocol = self._request.protocol
         while not await upstream.relay(self.on_data):
             # The client's buffer is full: wait until it drains, then read on.
             if transport is None or transport.is_closing():
@@ -139,14 +143,15 @@ class StreamRelay:
         return data
 
     def _write(self, data: bytes) -> None:
-        transport = self._request.transport
+        transport = self._transport  # the client's, kept from `run` (a property lookup less)
         if transport is None or transport.is_closing():
             if self._upstream is not None:
                 self._upstream.abort(ClientGone("the client went away"))
             return
         transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        if self._request.protocol.writing_paused and self._upstream is not None:
-            self._upstream.pause_reading()
+        protocol, upstream = self._protocol, self._upstream
+        if protocol is not None and protocol.writing_paused and upstream is not None:
+            upstream.pause_reading()
 
     def flush(self) -> None:
         """Forward whatever is left (a stream that did not end with a blank line)."""

@@ -101,6 +101,24 @@ def test_a_streaming_client_that_goes_away_cancels_the_decode():
     run(scenario())
 
 
+def test_a_client_that_reads_slowly_still_gets_the_whole_stream_in_order():
+    async def scenario():
+        async with running_cluster(1, 1) as c:
+            tokens = 1500  # /generate events carry the text so far: megabytes in all
+            resp = await c.session.post(
+                c.url + "/generate",
+                json={"text": "x", "stream": True, "sampling_params": {"max_new_tokens": tokens}},
+            )
+            await asyncio.sleep(0.3)  # not reading: the router's buffers to this client fill up
+            raw = await resp.read()
+            events = sse_events(raw)
+            assert len(events) == tokens + 1 and events[-1] == b"[DONE]"
+            assert events[-2]["text"].endswith(f" t{tokens - 1}")
+            assert [e["text"].count(" t") for e in events[:-1]] == list(range(1, tokens + 1))
+
+    run(scenario())
+
+
 def test_an_unreachable_prefill_is_retried_on_another_and_ejected():
     async def scenario():
         async with running_cluster(
