@@ -84,8 +84,9 @@ class Meter:
     workload: SteadyWorkload
     slo: SLO
     tolerance: float = 0.03
-    growth: float = 1.25
-    """Step (x or /) while the search brackets the goodput: small when estimates are good."""
+    growth: float = 1.1
+    """First step (x or /) while the search brackets the goodput: small when estimates are
+    good; each further step in the same direction is the square of the last."""
     points: int = 0
     _cache: dict[tuple[Cluster, float, SLO], Summary] = field(default_factory=dict)
 
@@ -102,14 +103,16 @@ class Meter:
 
     def goodput(self, cluster: Cluster, estimate: float, slo: SLO | None = None) -> Goodput:
         """Highest rate meeting the SLO, to within `tolerance` (relative), searched from
-        `estimate` (requests/s): up by `growth` while it holds, down while it misses, then
-        bisected geometrically."""
+        `estimate` (requests/s): up while it holds, down while it misses, by `growth` and then
+        by the square of the last step (a good estimate is bracketed in two points, a poor one
+        in few more), then bisected geometrically."""
         target = (slo or self.slo).attainment
 
         def meets(rate: float) -> bool:
             return self.point(cluster, rate, slo).attainment >= target
 
         rate = min(max(estimate, FLOOR), CEILING)
+        step = self.growth
         low: float | None = None
         high: float | None = None
         if meets(rate):
@@ -117,21 +120,21 @@ class Meter:
             while high is None:
                 if low >= CEILING:
                     return Goodput(low, self.point(cluster, low, slo), None)
-                up = min(low * self.growth, CEILING)
+                up = min(low * step, CEILING)
                 if meets(up):
-                    low = up
+                    low, step = up, step * step
                 else:
                     high = up
         else:
             high = rate
             while low is None:
-                down = high / self.growth
+                down = high / step
                 if down < FLOOR:
                     return Goodput(0.0, None, self.point(cluster, high, slo))
                 if meets(down):
                     low = down
                 else:
-                    high = down
+                    high, step = down, step * step
         while high / low > 1 + self.tolerance:
             mid = math.sqrt(low * high)
             if meets(mid):

@@ -1,8 +1,9 @@
 """The search: which deployment serves the most within the SLO on the hosts (or, with a target
 rate, which serves that rate on the fewest GPUs).
 
-1. Capacities (`kit.sizing.capacity`): the goodput of one instance of every role option, in
-   virtual time.
+1. Capacities (`kit.sizing.capacity`): what prefill instances of each role option sustain
+   (one, and two behind round-robin, served in virtual time), what a decode instance sustains
+   (its steady batch within the TPOT, worked out), and each colocated option's goodput.
 2. Estimates: a PD *unit* is `a` prefill and `b` decode instances of one option each (a + b <=
    `MAX_UNIT_INSTANCES`, a and b coprime); its estimate is ``min(prefill(a), b x decode)``
    (DistServe's and aiconfigurator's rate matching, with what `a` prefills sustain together).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from kit.perf.sweep import Summary
 from kit.sizing.accept import accepted
@@ -95,7 +96,6 @@ class SizingResult:
     points: int = 0
     seconds: float = 0.0
     reaches_target: bool = True
-    meter: Meter | None = field(default=None, repr=False)
 
     @property
     def best(self) -> Rated | None:
@@ -127,11 +127,11 @@ class _Unit:
         return "prefill" if self.prefill_rate < self.decode_rate else "decode"
 
 
-ROUGH = (1.5, 0.08, 1.5)
+ROUGH = (1.5, 0.08, 1.3)
 """Lifetimes of arrivals per point, bisection tolerance and bracketing step of the capacities
 that only rank candidates (their roofline estimates are rough); `FINE` for the goodputs the
 result reports (started from measured capacities)."""
-FINE = (2.0, 0.03, 1.25)
+FINE = (2.0, 0.03, 1.1)
 
 
 def meters(problem: SizingProblem) -> tuple[Meter, Meter]:
@@ -223,7 +223,6 @@ def _search(
         enumerated=len(plans) + len(capacities.colocated),
         refused=len(refused),
         verified=len(chosen),
-        meter=meter,
     )
 
 
