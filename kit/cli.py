@@ -52,6 +52,25 @@ StateDirOpt = Annotated[
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")]
+ParallelOpt = Annotated[
+    int,
+    typer.Option(
+        "--parallel",
+        min=1,
+        help="Instances replaced at a time in a live change (one of each role keeps serving).",
+    ),
+]
+DrainTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--drain-timeout",
+        min=0,
+        help="Seconds an instance leaving the router may take to finish its requests "
+        "(default: 60).",
+        metavar="SECONDS",
+        show_default=False,
+    ),
+]
 
 
 def _pair_timeout(flag: str) -> Any:  # typer.Option is typed Any
@@ -261,6 +280,14 @@ def up(
         ),
     ] = False,
     gate_timeout: Annotated[float | None, _pair_timeout("--gate-timeout")] = None,
+    diff: Annotated[
+        bool,
+        typer.Option(
+            "--diff", help="Print what would change in the running deployment; change nothing."
+        ),
+    ] = False,
+    parallel: ParallelOpt = 1,
+    drain_timeout: DrainTimeoutOpt = None,
 ) -> None:
     """Install and start every process of a topology, in order, and wait until it serves."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
@@ -274,8 +301,61 @@ def up(
         verbose,
         gate=not no_gate,
         gate_options=DoctorOptions(timeout_s=gate_timeout or DEFAULT_TIMEOUT_S),
+        parallel=parallel,
+        drain_timeout=drain_timeout,
+        diff_only=diff,
     )
     deploy_up(context, out, options)
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit restart topologies/local.yaml decode\n\n"
+    "  pdkit restart topologies/local.yaml prefill-1\n\n"
+    "  pdkit restart topologies/local.yaml router\n\n"
+    "Rolling: one instance at a time (--parallel N: N, keeping one of each role serving) is "
+    "taken out of the router and drained, stopped, started, waited for (/health), checked by "
+    "the KV transfer gate and put back. All node ranks of a multi-node instance restart "
+    "together. `router` restarts the router, which drains its in-flight requests first. Refuses "
+    "when the topology differs from what runs (`pdkit up` applies that)."
+)
+def restart(
+    topology: TopologyArg,
+    selector: Annotated[
+        str | None,
+        typer.Argument(
+            help="prefill, decode, router or a process name (default: every worker).",
+            show_default=False,
+        ),
+    ] = None,
+    *,
+    state_dir: StateDirOpt = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds for each restarted worker to become ready (default: 120 for engine "
+            "sim, 1800 for sglang).",
+            metavar="SECONDS",
+            show_default=False,
+        ),
+    ] = None,
+    parallel: ParallelOpt = 1,
+    drain_timeout: DrainTimeoutOpt = None,
+    no_gate: Annotated[
+        bool,
+        typer.Option("--no-gate", help="Skip the KV transfer check before each instance rejoins."),
+    ] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Restart processes one instance at a time, without dropping requests."""
+    from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
+    from kit.deploy import restart as deploy_restart  # noqa: PLC0415
+
+    context = DeployContext.build(_resolve(topology), topology, state_dir)
+    options = UpOptions(
+        timeout, None, verbose, gate=not no_gate, parallel=parallel, drain_timeout=drain_timeout
+    )
+    deploy_restart(context, out, options, selector)
 
 
 @app.command(

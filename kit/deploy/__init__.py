@@ -8,10 +8,12 @@ wait      readiness polling from the control machine; readiness: the pure verdic
 services  supervisord's own view of local hosts (XML-RPC over its unix socket)
 gate      the KV transfer gate (`pdkit up`'s last stage) and `pdkit doctor`
 discover  `pdkit discover`; transfer_test (kvprobe on the hosts): `provision --transfer-test`
-rollout   `pdkit up` / `pdkit down`; logs: `pdkit logs`; view: rich presentation
+rollout   `pdkit up` / `pdkit down` / `pdkit restart`; logs: `pdkit logs`; view: rich presentation
+state     what runs, recorded per deployment; changes: record -> topology as steps (pure)
+live      the steps applied to a running deployment; routing: the router's worker API
 """
 
 from kit.deploy.context import DeployContext, load_context
-from kit.deploy.rollout import UpOptions, down, up
+from kit.deploy.rollout import UpOptions, down, restart, up
 
-__all__ = ["DeployContext", "UpOptions", "down", "load_context", "up"]
+__all__ = ["DeployContext", "UpOptions", "down", "load_context", "restart", "up"]

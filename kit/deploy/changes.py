@@ -33,9 +33,10 @@ from kit.errors import DeployError
 StepKind = Literal["add", "replace", "remove"]
 KIND_ORDER: dict[StepKind, int] = {"add": 0, "replace": 1, "remove": 2}
 ROLE_ORDER = {"prefill": 0, "decode": 1}
+NIXL_PREFIX = "reconnect to the replaced "
 NIXL_RECONNECT = (
-    "reconnect to the replaced {prefills}: SGLang 0.5.23's NIXL keeps the old prefill's peer "
-    "state (sgl-project/sglang#33789)"
+    NIXL_PREFIX + "{prefills}: SGLang 0.5.23's NIXL keeps the old prefill's peer state "
+    "(sgl-project/sglang#33789)"
 )
 
 Resource = tuple[str, str, int]
@@ -101,6 +102,21 @@ class Changes:
     @property
     def nothing(self) -> bool:
         return not (self.first or self.steps or self.router or self.monitoring)
+
+    def other_than_restarts(self) -> list[str]:
+        """What `pdkit restart` would change beyond the restarts it was asked for (and the
+        decodes reconnected after them under nixl): a topology change, which is `up`'s job."""
+        other = [
+            s.describe()
+            for s in self.steps
+            if s.kind != "replace"
+            or not all(r == "restart" or r.startswith(NIXL_PREFIX) for r in s.reasons)
+        ]
+        if self.router and self.router != ("restart",):
+            other.append(f"router ({'; '.join(self.router)})")
+        if self.monitoring and self.monitoring != ("restart",):
+            other.append(f"Prometheus ({'; '.join(self.monitoring)})")
+        return other
 
     def lines(self) -> list[str]:
         """The plan as printed by `pdkit up` and `pdkit up --diff`."""

@@ -16,6 +16,8 @@ restarts it) and `directories` (path, mode): Prometheus' configuration and data 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -35,6 +37,14 @@ Stage = Literal["workers", "router", "monitoring"]
 
 CONTROL_ROUTER_KEY_ENV = "PDKIT_DEPLOY_ROUTER_API_KEY"
 """Variable of the ansible-playbook process that carries the router's client API key."""
+
+CONTROL_ROUTER_ADMIN_KEY_ENV = "PDKIT_DEPLOY_ROUTER_ADMIN_KEY"
+"""Variable of the ansible-playbook process that carries the router's admin key (pdkit's load
+balancer: its /workers API, through which `pdkit up` changes the worker list live)."""
+
+ROUTER_ADMIN_KEY_ENV = {"pdkit": "PDKIT_LB_ADMIN_KEY"}
+"""Variable the router reads its admin key from, per router kind (smg 1.13's worker API takes
+none unless control-plane keys are configured)."""
 
 ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
 """Variable the router reads its client API key from, per router kind (env file, 0600)."""
@@ -121,16 +131,24 @@ def worker_record(
 
 
 def router_record(router: RouterProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:
-    """The process record of the router; its API key (if any) arrives through `secret_env`."""
+    """The process record of the router; its API key (if any) and its admin key arrive through
+    `secret_env`. Its `restart_key` covers its settings but not its worker list: the playbook
+    rewrites its launch script when workers change, and restarts it only when the key does."""
     env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
     has_key = bool(router.api_key_env or router.api_key_file)
+    secret_env = {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {}
+    if router.kind in ROUTER_ADMIN_KEY_ENV:
+        secret_env[ROUTER_ADMIN_KEY_ENV[router.kind]] = CONTROL_ROUTER_ADMIN_KEY_ENV
+    command = router.command
+    settings = [command.module, command.executable, router.settings_args, command.secret_args]
     return {
-        **_process_record(router, layout, router.command),
+        **_process_record(router, layout, command),
         "role": "router",
         "stage": "router",
         "env": dict(sorted(env.items())),
-        "secret_env": {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {},
+        "secret_env": secret_env,
         "url": router.url,
+        "restart_key": hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16],
     }
 
 

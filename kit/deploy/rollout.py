@@ -22,17 +22,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from kit.deploy.changes import diff
 from kit.deploy.context import DeployContext
 from kit.deploy.gate import transfer_gate
-from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
+from kit.deploy.inventory import CONTROL_ROUTER_ADMIN_KEY_ENV, CONTROL_ROUTER_KEY_ENV
 from kit.deploy.layout import display_path
 from kit.deploy.logs import tail
-from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
+from kit.deploy.runner import PlaybookResult, failure_report, playbooks_dir, run_playbook
 from kit.deploy.services import can_probe, host_processes
+from kit.deploy.state import build_record, forget_record, load_record, save_record, templates_digest
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
 from kit.deploy.wait import (
     ProcessStatus,
@@ -51,6 +54,7 @@ WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
 """Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
 ROUTER_TIMEOUT_S = 60.0
 MONITORING_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 25
 
 
@@ -62,6 +66,12 @@ class UpOptions:
     gate: bool = True
     """Run the KV transfer gate last (kit.deploy.gate); `pdkit up --no-gate`: False."""
     gate_options: DoctorOptions = field(default_factory=DoctorOptions)
+    parallel: int = 1
+    """Instances replaced (or added, removed) at a time in a live change (`--parallel`)."""
+    drain_timeout: float | None = None
+    """Seconds an instance leaving the router may take to finish its requests (None: 60)."""
+    diff_only: bool = False
+    """`pdkit up --diff`: print what would change, change nothing."""
 
 
 @contextmanager
@@ -93,11 +103,14 @@ def _run(
     tags: str | None,
     secret_env: dict[str, str],
     verbose: bool,
+    inventory: dict[str, Any] | None = None,
 ) -> PlaybookResult:
+    """Run `playbook` over the deployment's inventory (or `inventory`, the same with extra
+    host variables); a failed run raises `DeployError` with what still runs."""
     with AnsibleView(console) as view:
         result = run_playbook(
             ctx.private_dir,
-            ctx.inventory(),
+            inventory if inventory is not None else ctx.inventory(),
             playbook,
             tags=tags,
             secret_env=secret_env,
@@ -131,23 +144,100 @@ def _wait(
 
 
 def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
-    """Deploy and start the whole topology; return once the router is ready."""
+    """Deploy the topology: everything on a first run; on a running deployment only the
+    difference to what the record says runs, live (kit.deploy.live). Returns once it serves."""
+    from kit.deploy.live import LiveChange, print_changes  # noqa: PLC0415 (live imports this)
+
     with deployment_lock(ctx):
-        _up(ctx, console, options)
+        recorded = load_record(ctx.state_dir)
+        target = build_record(ctx.plan, ctx.hosts, templates_digest(playbooks_dir(ctx.private_dir)))
+        changes = diff(recorded, target)
+        if options.diff_only:
+            _header(ctx, console, "pdkit up --diff")
+            print_changes(console, changes)
+            console.print("Nothing was changed (--diff).")
+            return
+        secret_env = _secret_env(ctx)
+        if recorded is None:
+            _up(ctx, console, options, secret_env)
+        else:
+            _header(ctx, console, "pdkit up")
+            print_changes(console, changes)
+            LiveChange(ctx, console, options, secret_env, target).apply(changes, recorded)
+        save_record(ctx.state_dir, target)
 
 
-def _up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
-    plan = ctx.plan
+def restart(ctx: DeployContext, console: Console, options: UpOptions, selector: str | None) -> None:
+    """Replace the selected processes' instances one at a time (drain, restart, readiness,
+    gate, rejoin) without a topology change; `router` restarts the router (draining first)."""
+    from kit.deploy.live import LiveChange, print_changes  # noqa: PLC0415 (live imports this)
+
+    with deployment_lock(ctx):
+        recorded = load_record(ctx.state_dir)
+        topology = shlex.quote(str(ctx.topology_file))
+        if recorded is None:
+            raise DeployError(
+                f"nothing of deployment {ctx.plan.name} is recorded as running, so there is "
+                f"nothing to restart. To fix: `pdkit up {topology}`."
+            )
+        names = ctx.select_processes(selector)
+        if selector is None:
+            names = [w.name for w in ctx.plan.workers]
+        instances = [_instance_of(ctx, name) for name in names]
+        target = build_record(ctx.plan, ctx.hosts, templates_digest(playbooks_dir(ctx.private_dir)))
+        changes = diff(recorded, target, restart=instances)
+        other = changes.other_than_restarts()
+        if other:
+            raise DeployError(
+                "the topology differs from what runs, so a restart would change more than "
+                f"{selector or 'the workers'}: {'; '.join(other)}. Nothing was changed. To fix: "
+                f"`pdkit up {topology}` applies the topology (rolling); `pdkit up {topology} "
+                "--diff` shows the difference."
+            )
+        _header(ctx, console, "pdkit restart")
+        print_changes(console, changes)
+        LiveChange(ctx, console, options, _secret_env(ctx), target, mode="restart").apply(
+            changes, recorded
+        )
+        save_record(ctx.state_dir, target)
+
+
+def _instance_of(ctx: DeployContext, process: str) -> str:
+    found = ctx.plan.process(process)
+    return getattr(found, "instance_name", found.name)
+
+
+def _secret_env(ctx: DeployContext) -> dict[str, str]:
+    """What the playbooks write into the router's environment file: its client key (read on
+    this machine) and the deployment's admin key for its worker API."""
+    from kit.deploy.live import router_key  # noqa: PLC0415
+
     try:
-        key = plan.router.api_key(os.environ)
+        key = ctx.plan.router.api_key(os.environ)
     except SecretError as exc:
         raise DeployError(f"{exc} Nothing was deployed.") from exc
     secret_env = {CONTROL_ROUTER_KEY_ENV: key} if key else {}
+    admin = router_key(ctx)
+    if admin:
+        secret_env[CONTROL_ROUTER_ADMIN_KEY_ENV] = admin
+    return secret_env
+
+
+def _header(ctx: DeployContext, console: Console, command: str) -> None:
+    plan = ctx.plan
     console.print(
-        f"[bold]pdkit up {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
+        f"[bold]{command} {plan.name}[/]: engine {plan.engine}, {len(plan.role('prefill'))} "
         f"prefill + {len(plan.role('decode'))} decode, router {plan.router.kind} on "
         f"{plan.router.host} (state: {escape(display_path(ctx.state_dir))})"
     )
+
+
+def _up(
+    ctx: DeployContext, console: Console, options: UpOptions, secret_env: dict[str, str]
+) -> None:
+    plan = ctx.plan
+    key = secret_env.get(CONTROL_ROUTER_KEY_ENV)
+    _header(ctx, console, "pdkit up")
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
     result = _run(
         ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose
@@ -233,6 +323,7 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
         return
     with deployment_lock(ctx):
         result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
+        forget_record(ctx.state_dir)
     logs = sorted({h.layout.log_dir for h in ctx.hosts})
     if result.progress.changed:
         hosts = sorted({c.host for c in result.progress.changes})
@@ -276,6 +367,8 @@ def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage
         )
     if stage == "workers":
         lines.append("The router was not started by this run.")
+    if stage == "joining":
+        lines.append("It was not added to the router; everything else serves as before.")
     if stage == "monitoring":
         lines.append("The workers and the router serve; only Prometheus failed.")
     lines.append(_running_now(ctx))

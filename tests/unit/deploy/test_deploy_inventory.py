@@ -8,6 +8,7 @@ import re
 import pytest
 
 from kit.deploy.inventory import (
+    CONTROL_ROUTER_ADMIN_KEY_ENV,
     CONTROL_ROUTER_KEY_ENV,
     build_inventory,
     deploy_hosts,
@@ -56,7 +57,7 @@ def test_each_process_gets_a_record_with_its_command_and_identity():
     assert decode["env"]["PDKIT_PROCESS"] == "decode-0"
     assert list(decode["env"]) == sorted(decode["env"])
     assert records[3]["module"] == "kit.lb"
-    assert records[3]["secret_env"] == {}
+    assert records[3]["secret_env"] == {"PDKIT_LB_ADMIN_KEY": CONTROL_ROUTER_ADMIN_KEY_ENV}
 
 
 def test_records_carry_every_name_and_path_the_playbooks_use():
@@ -162,7 +163,10 @@ def test_pdkit_router_key_goes_to_its_own_variable(write_topology):
     plan = resolve(path)
     inventory = build_inventory(plan, deploy_hosts(plan, PYTHON))
     router = inventory["all"]["children"]["pdkit_hosts"]["hosts"]["h"]["pdkit_processes"][-1]
-    assert router["secret_env"] == {"PDKIT_LB_API_KEY": CONTROL_ROUTER_KEY_ENV}
+    assert router["secret_env"] == {
+        "PDKIT_LB_API_KEY": CONTROL_ROUTER_KEY_ENV,
+        "PDKIT_LB_ADMIN_KEY": CONTROL_ROUTER_ADMIN_KEY_ENV,
+    }
 
 
 def test_sglang_workers_look_for_weights_where_provisioning_put_them(write_topology):

@@ -1,0 +1,271 @@
+"""`pdkit up` on a running deployment, and `pdkit restart`: the steps of `kit.deploy.changes`,
+applied while the deployment serves.
+
+Per wave of steps (`--parallel`, one by default):
+    leaving (replace, remove)  out of the router and drained (its in-flight requests finish, up
+                               to the drain timeout), then stopped (playbooks/stop.yml)
+    joining (add, replace)     deployed (deploy.yml --tags workers, those processes only),
+                               /health, the KV transfer gate against the serving instances of
+                               the other role, into the router, routed to
+The record (`kit.deploy.state`) is saved after each wave, so a failed run leaves it saying what
+runs; an instance that failed to join is left out of it and joins on the next `pdkit up`.
+
+Then the router: restarted when its own settings changed (pdkit's load balancer and smg drain on
+SIGTERM), else only its files rewritten (the new worker list, for its next start); Prometheus
+(`monitoring:`); the service definitions of removed processes deleted; and the router's worker
+list checked against the topology (missing workers added, stray ones drained away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from rich.console import Console
+from rich.markup import escape
+
+from kit.deploy import rollout
+from kit.deploy.changes import Changes, Step, waves
+from kit.deploy.context import DeployContext
+from kit.deploy.gate import transfer_gate
+from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
+from kit.deploy.routing import Drained, RouterAdmin, admin_key
+from kit.deploy.state import DeploymentRecord, ProcessRecord, save_record
+from kit.deploy.wait import router_targets, worker_targets
+from kit.errors import DeployError
+
+if TYPE_CHECKING:
+    from kit.deploy.rollout import UpOptions
+
+Mode = Literal["up", "restart"]
+ROUTED_TIMEOUT_S = 60.0
+"""Seconds for the router to route to a worker that answers /health (its probes pass)."""
+
+
+def print_changes(console: Console, changes: Changes) -> None:
+    """The plan of a live change, as `pdkit up` and `pdkit up --diff` print it."""
+    console.print("[bold]Changes[/]:")
+    for line in changes.lines():
+        console.print(f"  {line}", markup=False, highlight=False)
+    for note in changes.notes:
+        console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
+
+
+def router_key(ctx: DeployContext) -> str | None:
+    """The key of the router's worker API: the deployment's admin key (pdkit's router)."""
+    return admin_key(ctx.state_dir) if ctx.plan.router.kind == "pdkit" else None
+
+
+def _drained_line(drained: Drained) -> str:
+    if drained.clean:
+        return f"{drained.url}: out of the router, drained in {drained.seconds:.1f} s"
+    left = f" with {drained.left} request(s) still in flight" if drained.left else ""
+    return (
+        f"{drained.url}: out of the router; the drain timeout passed{left} "
+        f"({drained.seconds:.1f} s): those requests fail"
+    )
+
+
+@dataclasses.dataclass
+class LiveChange:
+    """One `pdkit up` (mode up) or `pdkit restart` (mode restart) of a running deployment."""
+
+    ctx: DeployContext
+    console: Console
+    options: UpOptions
+    secret_env: dict[str, str]
+    target: DeploymentRecord
+    mode: Mode = "up"
+
+    @property
+    def worker_timeout(self) -> float:
+        return self.options.worker_timeout or rollout.WORKER_TIMEOUT_S[self.ctx.plan.engine]
+
+    def _admin(self) -> RouterAdmin:
+        router = self.ctx.plan.router
+        drain = self.options.drain_timeout
+        timeout = rollout.DRAIN_TIMEOUT_S if drain is None else drain
+        return RouterAdmin(router.kind, router.url, router_key(self.ctx), timeout)
+
+    def _inventory(
+        self,
+        *,
+        only: Sequence[str] | None = None,
+        stop: Sequence[ProcessRecord] = (),
+        remove_others: bool = False,
+    ) -> dict[str, Any]:
+        """The inventory with this run's selection per host: the workers to deploy (`only`),
+        the processes to stop, and whether processes no longer in the topology go."""
+        inventory = self.ctx.inventory()
+        for name, host_vars in inventory["all"]["children"]["pdkit_hosts"]["hosts"].items():
+            if only is not None:
+                host_vars["pdkit_process_only"] = list(only)
+            host_vars["pdkit_process_remove_others"] = remove_others
+            host_vars["pdkit_process_stop"] = [
+                {"name": p.name, "unit": p.unit} for p in stop if p.host == name
+            ]
+        return inventory
+
+    def _run(self, playbook: str, tags: str | None, inventory: dict[str, Any] | None) -> None:
+        result = rollout._run(
+            self.ctx,
+            self.console,
+            playbook,
+            tags=tags,
+            secret_env=self.secret_env,
+            verbose=self.options.verbose,
+            inventory=inventory,
+        )
+        self.console.print(f"  {result.progress.summary()}", style="dim", markup=False)
+
+    def _wait_workers(self, names: Iterable[str], stage: str) -> None:
+        wanted = set(names)
+        targets = [t for t in worker_targets(self.ctx.plan) if t.name in wanted]
+        statuses = rollout._wait(self.ctx, self.console, targets, self.worker_timeout, None)
+        rollout._raise_unless_ready(self.ctx, statuses, stage=stage)
+
+    def apply(self, changes: Changes, recorded: DeploymentRecord) -> None:
+        """Apply `changes` (from `recorded` to the target record); see the module doc."""
+        ctx, console = self.ctx, self.console
+        if self.mode == "up" and changes.unchanged:
+            names = [p.name for p in self.target.processes if p.instance in changes.unchanged]
+            console.print(
+                "[bold]Workers[/]: ensuring the unchanged ones run "
+                f"({', '.join(changes.unchanged)})"
+            )
+            self._run("deploy.yml", "workers", self._inventory(only=names))
+            self._wait_workers(names, "serving")
+        record = recorded
+        for wave in waves(changes, self.options.parallel):
+            record = self._wave(wave, record)
+        if self.mode == "up" or changes.router:
+            self._router(changes)
+        if self.mode == "up":
+            rollout._up_monitoring(ctx, console, self.secret_env, self.options.verbose)
+            if any(s.kind == "remove" for s in changes.steps):
+                console.print("[bold]Workers[/]: deleting the service definitions of removed ones")
+                self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
+        asyncio.run(self._reconcile())
+        save_record(ctx.state_dir, self.target)
+        if self.options.gate and not changes.steps and self.mode == "up":
+            transfer_gate(ctx, console, self.options.gate_options)
+        statuses = rollout._wait(ctx, console, worker_targets(ctx.plan), self.worker_timeout, None)
+        key = self.secret_env.get(CONTROL_ROUTER_KEY_ENV)
+        router = rollout._wait(
+            ctx,
+            console,
+            router_targets(ctx.plan),
+            self.options.router_timeout or rollout.ROUTER_TIMEOUT_S,
+            {"Authorization": f"Bearer {key}"} if key else None,
+        )
+        rollout._raise_unless_ready(ctx, router, stage="router")
+        rollout._print_serving(ctx, console, statuses + router)
+
+    def _wave(self, wave: list[Step], record: DeploymentRecord) -> DeploymentRecord:
+        """One wave of steps; returns the record as it stands after it."""
+        self.console.print(f"[bold]{escape('; '.join(s.describe() for s in wave))}[/]")
+        leaving = [s for s in wave if s.kind != "add"]
+        joining = [s for s in wave if s.kind != "remove"]
+        if leaving:
+            urls = [s.old_url for s in leaving if s.old_url]
+            for drained in asyncio.run(self._take_out(urls)):
+                self.console.print(f"  {_drained_line(drained)}", markup=False, highlight=False)
+            stopping = [p for s in leaving for p in s.old]
+            self.console.print(f"  stopping {', '.join(p.name for p in stopping)}", markup=False)
+            self._run("stop.yml", None, self._inventory(stop=stopping))
+            record = record.without(p.name for p in stopping)
+            save_record(self.ctx.state_dir, record)
+        if not joining:
+            return record
+        names = [p.name for s in joining for p in s.new]
+        self._run("deploy.yml", "workers", self._inventory(only=names))
+        self._wait_workers(names, "joining")
+        if self.options.gate:
+            self._gate(joining, record)
+        asyncio.run(self._join(joining))
+        order = [p.name for p in self.target.processes]
+        record = record.with_processes((p for s in joining for p in s.new), order)
+        save_record(self.ctx.state_dir, record)
+        return record
+
+    async def _take_out(self, urls: list[str]) -> list[Drained]:
+        async with self._admin() as admin:
+            return list(await asyncio.gather(*(admin.remove(url) for url in urls)))
+
+    async def _join(self, joining: list[Step]) -> None:
+        async with self._admin() as admin:
+            for step in joining:
+                rank0 = next(p for p in step.new if p.url)
+                assert rank0.url is not None
+                await admin.add(rank0.url, step.role, rank0.bootstrap_port)
+            for step in joining:
+                url = step.new_url
+                assert url is not None
+                await admin.wait_routed(url, ROUTED_TIMEOUT_S)
+                self.console.print(f"  {step.instance}: in the router ({url})", markup=False)
+
+    def _gate(self, joining: list[Step], record: DeploymentRecord) -> None:
+        """The transfer gate for the joining instances: each against every instance of the
+        other role that already runs with the topology's settings, and the other joining ones."""
+        before, after = record.instances(), self.target.instances()
+        serving = {name for name, procs in before.items() if procs == after.get(name)}
+        candidates = serving | {s.instance for s in joining}
+        for role in ("prefill", "decode"):
+            mine = {s.instance for s in joining if s.role == role}
+            if not mine:
+                continue
+            keep = mine | {n for n in candidates if after[n][0].role != role}
+            workers = tuple(w for w in self.ctx.plan.workers if w.instance_name in keep)
+            if not any(w.role != role for w in workers):
+                continue
+            sub = self.ctx.plan.model_copy(update={"workers": workers})
+            try:
+                transfer_gate(
+                    dataclasses.replace(self.ctx, plan=sub), self.console, self.options.gate_options
+                )
+            except DeployError as exc:
+                raise DeployError(
+                    f"{exc}\n{', '.join(sorted(mine))} did not join the router; everything else "
+                    "serves as before."
+                ) from exc
+
+    def _router(self, changes: Changes) -> None:
+        """Restart the router (its settings changed, or `pdkit restart ... router`), or rewrite
+        its files only. A restart stops it with SIGTERM first, on which it drains."""
+        if not changes.router:
+            self.console.print(
+                "[bold]Router[/]: keeps running; its files get the worker list for its next start"
+            )
+        else:
+            self.console.print(
+                f"[bold]Router[/]: restarting ({escape('; '.join(changes.router))}); it drains "
+                "its in-flight requests first and refuses new ones meanwhile"
+            )
+            router = self.target.process(self.ctx.plan.router.name)
+            if changes.router == ("restart",) and router is not None:
+                # Its files are the same: stop it here, the deploy below starts it again.
+                self._run("stop.yml", None, self._inventory(stop=[router]))
+        self._run("deploy.yml", "router", None)
+
+    async def _reconcile(self) -> None:
+        """The router's worker list against the topology: add the missing, drain away strays."""
+        wanted = {w.url: w for w in self.ctx.plan.workers if w.serves_http}
+        async with self._admin() as admin:
+            listed = await admin.workers()
+            for url, worker in wanted.items():
+                if url in listed:
+                    continue
+                self.console.print(
+                    f"  {worker.instance_name} was not in the router: adding it", markup=False
+                )
+                await admin.add(url, worker.role, worker.bootstrap_port)
+                await admin.wait_routed(url, ROUTED_TIMEOUT_S)
+            for url in sorted(set(listed) - set(wanted)):
+                drained = await admin.remove(url)
+                self.console.print(
+                    f"  not in the topology: {_drained_line(drained)}",
+                    markup=False,
+                    highlight=False,
+                )

@@ -1,0 +1,122 @@
+"""Live operations on the local deployment under steady load: `pdkit up` from 2P1D to 3P2D,
+`pdkit restart ... decode`, and `pdkit up` back to 2P1D while `pdkit bench` sends requests.
+No request fails; the router and the instances the plan leaves alone keep their PIDs.
+
+One host: the placement puts decodes after the prefills, so decode-0 moves to another GPU when
+a prefill is added (and back) and is replaced each way, while another decode serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.deploy.services import supervisor_processes
+from tests.conftest import REPO
+from tests.e2e.test_up_local import layout, pdkit, pids
+from tests.local_deploy import API_KEY, API_KEY_ENV, write_topology
+
+pytestmark = pytest.mark.e2e
+
+BENCH_RATE = 4.0
+BENCH_S = 75.0
+
+
+def _counts(topology: Path, data: dict, prefill: int, decode: int) -> None:
+    data["prefill"]["count"], data["decode"]["count"] = prefill, decode
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _bench(topology: Path, out: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env[API_KEY_ENV] = API_KEY
+    args = ["bench", str(topology), "--rate", str(BENCH_RATE), "--duration", str(BENCH_S)]
+    args += ["--requests", str(int(BENCH_RATE * BENCH_S)), "--output-len", "32"]
+    args += ["--no-predict", "--json", "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):
+    name = f"live-{uuid.uuid4().hex[:8]}"
+    topology, data = write_topology(tmp_path, name)
+    data["hosts"][0]["gpus"] = 5
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        first = pdkit("up", str(topology))
+        assert first.returncode == 0, first.stdout + first.stderr
+        before = pids(topology, name)
+
+        _counts(topology, data, 3, 2)
+        diff = pdkit("up", str(topology), "--diff", timeout=60)
+        assert diff.returncode == 0, diff.stdout + diff.stderr
+        assert "1. add decode-1\n  2. replace decode-0 (GPUs 2 -> 3)\n  3. add prefill-2" in (
+            diff.stdout
+        )
+        assert pids(topology, name) == before  # --diff changed nothing
+
+        bench = _bench(topology, tmp_path / "bench")
+        started = time.monotonic()
+        try:
+            up = pdkit("up", str(topology))
+            assert up.returncode == 0, up.stdout + up.stderr
+            grown = pids(topology, name)
+            restart = pdkit("restart", str(topology), "decode")
+            assert restart.returncode == 0, restart.stdout + restart.stderr
+            restarted = pids(topology, name)
+            _counts(topology, data, 2, 1)
+            down = pdkit("up", str(topology))
+            assert down.returncode == 0, down.stdout + down.stderr
+            ops_s = time.monotonic() - started
+            output, _ = bench.communicate(timeout=BENCH_S + 120)
+        finally:
+            if bench.poll() is None:
+                bench.kill()
+        assert bench.returncode == 0, output
+
+        # The router and the instances nobody touched kept running throughout.
+        for after in (grown, restarted, pids(topology, name)):
+            assert after["router"] == before["router"]
+            assert after["prefill-0"] == before["prefill-0"]
+            assert after["prefill-1"] == before["prefill-1"]
+        assert set(grown) == {
+            "prefill-0",
+            "prefill-1",
+            "prefill-2",
+            "decode-0",
+            "decode-1",
+            "router",
+        }
+        assert grown["decode-0"] != before["decode-0"]  # moved to GPU 3 (replaced)
+        assert restarted["decode-0"] != grown["decode-0"]
+        assert restarted["decode-1"] != grown["decode-1"]
+        assert restarted["prefill-2"] == grown["prefill-2"]
+        assert set(pids(topology, name)) == {"prefill-0", "prefill-1", "decode-0", "router"}
+        assert "out of the router, drained" in restart.stdout
+        assert "Router: keeps running" in up.stdout + down.stdout
+
+        records = [
+            json.loads(line)
+            for line in (tmp_path / "bench" / "requests.jsonl").read_text().splitlines()
+        ]
+        failed = [r for r in records if not r["ok"]]
+        assert records and not failed, failed[:5]
+        # The load covered the operations (the bench stops sending after BENCH_S seconds).
+        assert ops_s > 20 and max(r["sent_s"] for r in records) > min(ops_s, BENCH_S) - 10
+    finally:
+        if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
+            pdkit("down", str(topology))
