@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -220,10 +221,18 @@ def error_text(answer: Fetched) -> str:
     return answer.body.strip()[:500] or f"HTTP {answer.status}"
 
 
+_REQUEST_IDS = re.compile(r"(decode_req\.)?req\.(rid|bootstrap_room)=\S+ ?")
+
+
 def shorten(text: str, limit: int = 160) -> str:
     """One line of at most `limit` characters (the rest elided)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def gist(message: str) -> str:
+    """A worker's error without the request's id and room (the pair already names them)."""
+    return shorten(_REQUEST_IDS.sub("", message), 200)
 
 
 def answered_ok(answer: Fetched) -> bool:
@@ -349,10 +358,17 @@ def _failure(
             failed = failed or answer.failure != "timeout"
         elif not (answer.ok and answered_ok(answer)):
             text = error_text(answer)
-            parts.append(f"{instance.name} answered HTTP {answer.status}: {shorten(text)}")
+            said = f"{instance.name} answered HTTP {answer.status}"
+            same = messages and _cause(messages[0]) == _cause(text)
+            parts.append(f"{said} with the same exception" if same else f"{said}: {gist(text)}")
             messages.append(text)
             failed = True
     return ("failed" if failed else "timeout"), "; ".join(parts), tuple(messages)
+
+
+def _cause(message: str) -> str:
+    """What SGLang's "... failed for request ... with exception X" says after "exception"."""
+    return message.rpartition(" with exception ")[2]
 
 
 # -- the matrix ---------------------------------------------------------------------------

@@ -193,14 +193,21 @@ class Match:
     where: str
 
 
+LONG_LINE = 400
+"""Longer lines (a request dumped as JSON) explain a match only when no shorter one does."""
+
+
 def diagnose(lines: Iterable[tuple[str, str]]) -> list[Match]:
     """The signatures found in `(where, line)` pairs, in table order (best explanation first),
-    one match per signature (its last line: the most recent)."""
+    one match per signature: its last line (the most recent), a short one before a long one."""
     found: dict[str, Match] = {}
     for where, line in lines:
         for signature in SIGNATURES:
             if signature.pattern.search(line):
-                found[signature.name] = Match(signature, line.strip(), where)
+                old = found.get(signature.name)
+                text = line.strip()
+                if old is None or len(text) <= LONG_LINE or len(old.line) > LONG_LINE:
+                    found[signature.name] = Match(signature, text, where)
                 break
     order = {s.name: i for i, s in enumerate(SIGNATURES)}
     return sorted(found.values(), key=lambda m: order[m.signature.name])

@@ -109,3 +109,12 @@ def test_unknown_failures_show_the_lines_that_look_like_errors():
     ]
     assert diagnose(("p", line) for line in lines) == []
     assert notable(lines) == [lines[1], lines[2]]
+
+
+def test_a_short_line_explains_before_a_request_dumped_as_json():
+    short = REAL_LINES["transfer_failed"]
+    dumped = '{"event":"request.finished","message":"' + short + '"' + ', "x": 1' * 80 + "}"
+    (match,) = diagnose([("decode-0", short), ("decode-0", dumped)])
+    assert match.line == short
+    (only,) = diagnose([("decode-0", dumped)])
+    assert only.line == dumped
