@@ -517,13 +517,19 @@ class Engine:
             observer(record)
 
     def _layout_mismatch(self, info: dict[str, Any]) -> str | None:
-        ours = (self.args.page_size, self.args.kv_cache_dtype)
-        theirs = (info.get("page_size"), info.get("kv_cache_dtype"))
-        if ours != theirs:
+        # SGLang's checks and words (disaggregation/common/conn.py).
+        page_size, kv_dtype = info.get("page_size"), info.get("kv_cache_dtype")
+        if page_size is not None and page_size != self.args.page_size:
             return (
-                f"KV layout mismatch: prefill page_size={theirs[0]} kv_cache_dtype="
-                f"{theirs[1]}, decode page_size={ours[0]} kv_cache_dtype={ours[1]}. To fix: "
-                "give both roles the same --page-size and --kv-cache-dtype"
+                f"Page size mismatch: prefill server has page_size={page_size}, but decode "
+                f"server has page_size={self.args.page_size}. Both servers must use the same "
+                "--page-size value."
+            )
+        if kv_dtype is not None and kv_dtype != self.args.kv_cache_dtype:
+            return (
+                f"KV cache dtype mismatch: prefill server has kv_cache_dtype={kv_dtype}, but "
+                f"decode server has kv_cache_dtype={self.args.kv_cache_dtype}. Both servers "
+                "must use the same --kv-cache-dtype value."
             )
         return None
 
