@@ -74,6 +74,9 @@ def _with_router_view(
             *problems,
             cause,
         ]
+    if worker.healthy and view.state == "pending":
+        cause = "joining: the router routes to it after its first good health probe"
+        return dataclasses.replace(worker, state="joining", cause=worker.cause or cause), problems
     if worker.healthy and not view.healthy:
         reason = f": {view.reason}" if view.reason else ""
         problems.append(f"healthy, but the router does not route to it ({view.state}{reason})")
@@ -119,13 +122,12 @@ def build_report(
         planned = {url_key(a.target.url) for a in now.workers}
         for key, view in sorted(seen.items()):
             if key not in planned:
-                warnings.append(
-                    Finding(
-                        "router",
-                        where,
-                        f"routes to {view.url} ({view.role}), which is not in the topology",
-                    )
+                what = (
+                    f"drains {view.url} ({view.role}), which leaves: it is not in the topology"
+                    if view.state == "draining"
+                    else f"routes to {view.url} ({view.role}), which is not in the topology"
                 )
+                warnings.append(Finding("router", where, what))
     if router.slo_met is False:
         warnings.append(Finding("router", where, _slo_miss(router)))
     return Report(

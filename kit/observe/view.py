@@ -20,6 +20,7 @@ STATE_STYLE = {
     "healthy": "green",
     "starting": "yellow",
     "draining": "cyan",
+    "joining": "cyan",
     "unhealthy": "bold red",
     "down": "bold red",
 }

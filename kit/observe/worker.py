@@ -6,6 +6,8 @@ State, from `/health` first:
     starting   /health says 503 and nothing runs (SGLang loads the model and warms up)
     draining   /health says 503 while requests still run (SGLang is shutting down), or the
                router stopped sending it new requests (set in kit.observe.report)
+    joining    healthy, and the router has just been given it (`pdkit up` adding or replacing
+               it): routed to after its first good health probe (set in kit.observe.report)
     unhealthy  connected but no answer in time, any other status, or a server that is not
                what the topology expects at that port (model, disaggregation mode, engine,
                SGLang version, bootstrap port, TP size)
@@ -26,7 +28,7 @@ from kit.observe.probe import Fetched, WorkerAnswers
 from kit.observe.prom import Histogram, MetricSet, parse_metrics
 from kit.observe.targets import Expected, WorkerTarget
 
-State = Literal["down", "starting", "healthy", "unhealthy", "draining"]
+State = Literal["down", "starting", "healthy", "unhealthy", "draining", "joining"]
 
 KV_LATENCY = "sglang:kv_transfer_latency_ms"
 KV_SPEED = "sglang:kv_transfer_speed_gb_s"

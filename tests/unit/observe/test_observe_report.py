@@ -75,6 +75,16 @@ def test_a_worker_the_router_drains_is_draining():
     assert "draining" in report.problems[0].cause
 
 
+def test_a_healthy_worker_the_router_was_just_given_is_joining_not_a_problem():
+    metrics = pdkit_metrics(healthy={P0: 1, P1: 0, D0: 1}).replace(
+        'reason="health_check"', 'reason="pending"'
+    )
+    report = report_of(router=pdkit_answers(metrics=metrics))
+    assert report.workers[1].state == "joining"
+    assert "routes to it after its first good health probe" in report.workers[1].cause
+    assert report.problems == ()
+
+
 def test_no_healthy_decode_fails_both_the_decode_and_the_router():
     starting = worker_answers(
         "decode",
