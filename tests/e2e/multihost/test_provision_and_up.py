@@ -2,8 +2,9 @@
 hosts (nothing changed), provision from a pushed wheelhouse (the hosts have no route to any
 package index), provision again (no change, and Mooncake transfers between the worker hosts)
 and in check mode (clean), `pdkit up` with prefill on a, decode on b and the router on c (its
-KV transfer gate passing), a chat completion whose KV crosses hosts over Mooncake TCP,
-`pdkit status` seeing all three and then the killed decode, a decode whose transfers are
+KV transfer gate passing), a chat completion whose KV crosses hosts over Mooncake TCP, a live
+scale-up to two decodes and a rolling restart of them under `pdkit bench` load (no request
+fails), `pdkit status` seeing all three and then the killed decode, a decode whose transfers are
 refused failing `pdkit up` at the gate with the cause, and `pdkit down` leaving nothing
 running.
 
@@ -17,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -145,6 +147,56 @@ def test_up_serves_a_chat_completion_whose_kv_crosses_hosts(testbed, topology, p
     # namespaces, to the transfer engine's RPC ports.
     connections = testbed.ssh(b, f"ss -tn state established dst {a.address}").stdout
     assert a.address in connections, connections
+
+
+def _workers_pids(host) -> set[int]:
+    return {pid for pid, cmd in host.processes().items() if "-m kit." in cmd}
+
+
+def test_scale_up_and_rolling_restart_under_load_fail_no_request(testbed, topology, tmp_path):
+    """`pdkit up` from 1P1D to 1P2D (decode-1 on b), then `pdkit restart ... decode` (one
+    decode at a time) while `pdkit bench` sends requests: none fails, and the prefill on a and
+    the router on c keep their PIDs. Then back to 1P1D (decode-1 drained and stopped)."""
+    a, b, c = testbed.hosts
+    kept = {host.name: _workers_pids(host) for host in (a, c)}
+    original = topology.read_text()
+    data = yaml.safe_load(original)
+    data["hosts"][1]["gpus"] = 2
+    data["decode"]["count"] = 2
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    bench_args = ["bench", str(topology), "--rate", "3", "--duration", "60", "--requests", "180"]
+    bench_args += ["--output-len", "16", "--no-predict", "--json", "--out", str(tmp_path)]
+    bench = subprocess.Popen(
+        [sys.executable, "-c", "from kit.cli import main; main()", *bench_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        up = run_pdkit(testbed, "up", str(topology))
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "1. add decode-1" in up.stdout and "Router: keeps running" in up.stdout
+        restart = run_pdkit(testbed, "restart", str(topology), "decode")
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        assert "1. replace decode-0 (restart)\n  2. replace decode-1 (restart)" in restart.stdout
+        output, _ = bench.communicate(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 0, output
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert records and not [r for r in records if not r["ok"]]
+    assert {r["decode"] for r in records} == {
+        f"http://{b.address}:30100",
+        f"http://{b.address}:30101",
+    }
+    assert {host.name: _workers_pids(host) for host in (a, c)} == kept
+
+    topology.write_text(original)
+    back = run_pdkit(testbed, "up", str(topology))
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "1. remove decode-1" in back.stdout
+    assert len(_workers_pids(b)) == 1
 
 
 def test_status_shows_all_three_then_the_killed_decode(testbed, topology):
