@@ -114,22 +114,22 @@ def loop(speed: float, requests: int, out: Path) -> int:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     os.environ[CALIBRATION_ENV] = str(folder / "calibration.json")
-    base = base_topology(folder, speed)
     emitted = folder / "sized.yaml"
+    run = folder / "run"
     print(
         f"\nPart 2: the loop on 3 emulated A100-80Gs at PDKIT_SIM_SPEED {speed:g} (SLO "
         f"stretched {1 / speed:g}x), {requests} requests per point",
         flush=True,
     )
-    sized = pdkit("size", str(base), "--emit", str(emitted), "--out", str(folder / "size"))
-    if sized.returncode != 0:
-        return sized.returncode
-    answer = json.loads((folder / "size" / "size.json").read_text())
-    chosen = answer["best_pd"]
-    predicted = chosen["goodput"]
-    run = folder / "run"
+    # Ports are picked once the lock is held: another deployment may take them while we wait.
     with e2e_lock():
-        up = pdkit("up", str(emitted), "--no-gate")
+        base = base_topology(folder, speed)
+        sized = pdkit("size", str(base), "--emit", str(emitted), "--out", str(folder / "size"))
+        if sized.returncode != 0:
+            return sized.returncode
+        chosen = json.loads((folder / "size" / "size.json").read_text())["best_pd"]
+        predicted = chosen["goodput"]
+        up = pdkit("up", str(emitted))
         try:
             if up.returncode != 0:
                 return up.returncode

@@ -30,7 +30,7 @@ from kit.bench.records import RequestRecord, read_records
 from kit.perf.cluster import Cluster, Instances
 from kit.perf.sweep import goodput, percentile
 from kit.perf.timing import Efficiency
-from kit.perf.workload import Request, TraceEntry, WorkloadSpec
+from kit.perf.workload import Request
 from kit.sizing.problem import SizingError
 from kit.topology.schema import SLO
 
@@ -378,17 +378,24 @@ def fit(
 def predicted_goodput(
     cluster: Cluster, speed: float, run: BenchRun, efficiency: Efficiency
 ) -> float:
-    """The model's goodput (wall requests/s) for the run's own requests (the first point's
-    lengths and arrival pattern, scaled to each rate) at `efficiency`."""
-    first = run.points[0].records
-    trace = tuple(TraceEntry(r.scheduled_s * 1000, r.input_tokens, r.output_tokens) for r in first)
-    spec = WorkloadSpec(count=len(trace), trace=trace)
+    """The model's goodput (wall requests/s) for the run's own requests at `efficiency`: the
+    first point's lengths and schedule, its gaps scaled to each rate as `pdkit bench` scales
+    them (by the offered rate, not by the rate the sample happened to realise)."""
+    first = run.points[0]
+    schedule = [(r.scheduled_s, r.input_tokens, r.output_tokens) for r in first.records]
+
+    def at(model_rate: float) -> list[Request]:
+        # The point ran at first.rate wall requests/s, that is first.rate / speed in model
+        # time, with model arrivals scheduled_s x speed.
+        stretch = first.rate / model_rate
+        return [Request(t * stretch, prompt, output) for t, prompt, output in schedule]
+
     slo = SLO(
         ttft_ms=run.slo.ttft_ms * speed,
         tpot_ms=run.slo.tpot_ms * speed,
         attainment=run.slo.attainment,
     )
-    return goodput(with_efficiency(cluster, efficiency), spec.requests, slo=slo) * speed
+    return goodput(with_efficiency(cluster, efficiency), at, slo=slo) * speed
 
 
 def stamp() -> str:
