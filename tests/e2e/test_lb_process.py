@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -116,6 +117,10 @@ def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0():
             log = await lb.output()
             assert code == 0, log
             assert "draining: 1 requests in flight" in log and "stopped" in log
+            # the access line of the stream, written (in its batch) before the process ended
+            (line,) = [x for x in log.splitlines() if x.startswith("access {")]
+            entry = json.loads(line.removeprefix("access "))
+            assert (entry["status"], entry["stream"], entry["tokens"]) == (200, True, 20)
 
     run(scenario(), timeout=40)
 
