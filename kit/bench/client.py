@@ -101,7 +101,8 @@ class Client:
             kind, detail = classify_failure(exc, sent, self.timeout)
             _fail(record, kind, detail)
         record.e2e_ms = (time.perf_counter() - started) * 1000
-        if not record.ok and not record.decode and self.saw_pd_paths:
+        # Only a request that got no answer at all needs asking (an answer names its path).
+        if not record.ok and record.status == 0 and self.saw_pd_paths:
             await self._ask_router(record)
 
     def _path(self, record: RequestRecord, response: aiohttp.ClientResponse) -> None:
