@@ -52,6 +52,19 @@ StateDirOpt = Annotated[
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show Ansible's output.")]
+# The workload and SLO options `pdkit bench` and `pdkit size` share.
+InputLenOpt = Annotated[str, typer.Option("--input-len", help="Prompt tokens.")]
+OutputLenOpt = Annotated[str, typer.Option("--output-len", help="Output tokens.")]
+ArrivalsOpt = Annotated[str, typer.Option("--arrivals", help="Arrival process.")]
+TtftOpt = Annotated[
+    float | None, typer.Option("--ttft-ms", help="TTFT objective (default: topology slo).")
+]
+TpotOpt = Annotated[
+    float | None, typer.Option("--tpot-ms", help="TPOT objective (default: topology slo).")
+]
+AttainmentOpt = Annotated[
+    float | None, typer.Option("--attainment", help="Share that must meet both (0..1).")
+]
 ParallelOpt = Annotated[
     int,
     typer.Option(
@@ -610,9 +623,9 @@ def bench(
             "--warmup", help="First requests of each point left out (default 10%, <= 20)."
         ),
     ] = None,
-    input_len: Annotated[str, typer.Option("--input-len", help="Prompt tokens.")] = "512",
-    output_len: Annotated[str, typer.Option("--output-len", help="Output tokens.")] = "64",
-    arrivals: Annotated[str, typer.Option("--arrivals", help="Arrival process.")] = "poisson",
+    input_len: InputLenOpt = "512",
+    output_len: OutputLenOpt = "64",
+    arrivals: ArrivalsOpt = "poisson",
     prefix_share: Annotated[
         float, typer.Option("--prefix-share", help="Share of each prompt its group shares.")
     ] = 0.0,
@@ -628,15 +641,9 @@ def bench(
         bool, typer.Option("--stream/--no-stream", help="Stream the answers.")
     ] = True,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 60.0,
-    ttft_ms: Annotated[
-        float | None, typer.Option("--ttft-ms", help="TTFT objective (default: topology slo).")
-    ] = None,
-    tpot_ms: Annotated[
-        float | None, typer.Option("--tpot-ms", help="TPOT objective (default: topology slo).")
-    ] = None,
-    attainment: Annotated[
-        float | None, typer.Option("--attainment", help="Share that must meet both (0..1).")
-    ] = None,
+    ttft_ms: TtftOpt = None,
+    tpot_ms: TpotOpt = None,
+    attainment: AttainmentOpt = None,
     start: Annotated[float, typer.Option("--start", help="--search: first rate.")] = 1.0,
     tolerance: Annotated[
         float, typer.Option("--tolerance", help="--search: relative precision.")
@@ -772,7 +779,8 @@ def trace(
     epilog="Examples:\n\n"
     "  pdkit size --model meta-llama/Llama-2-13b-hf --gpu A100-80G --gpus 3 --input-len 512 "
     "--output-len 64 --ttft-ms 400 --tpot-ms 40 --emit out.yaml\n\n"
-    "  pdkit size topologies/qwen3-2p1d-nicmap.yaml --input-len lognormal:2048,0.6 --out runs/size\n\n"
+    "  pdkit size topologies/qwen3-2p1d-nicmap.yaml --input-len lognormal:2048,0.6 "
+    "--out runs/size\n\n"
     "  pdkit size --model Qwen/Qwen3-32B --gpu H100-SXM --gpus 64 --target-rate 100\n\n"
     "  pdkit size deployed.yaml --calibrate runs/search\n\n"
     "Searches colocated and PD deployments (prefill and decode counts, TP per role, DP "
@@ -805,18 +813,12 @@ def size(
     gpus_per_host: Annotated[
         int, typer.Option("--gpus-per-host", min=1, help="GPUs per generic host.")
     ] = 8,
-    ttft_ms: Annotated[
-        float | None, typer.Option("--ttft-ms", help="TTFT objective (default: topology slo).")
-    ] = None,
-    tpot_ms: Annotated[
-        float | None, typer.Option("--tpot-ms", help="TPOT objective (default: topology slo).")
-    ] = None,
-    attainment: Annotated[
-        float | None, typer.Option("--attainment", help="Share that must meet both (0..1).")
-    ] = None,
-    input_len: Annotated[str, typer.Option("--input-len", help="Prompt tokens.")] = "512",
-    output_len: Annotated[str, typer.Option("--output-len", help="Output tokens.")] = "64",
-    arrivals: Annotated[str, typer.Option("--arrivals", help="Arrival process.")] = "poisson",
+    ttft_ms: TtftOpt = None,
+    tpot_ms: TpotOpt = None,
+    attainment: AttainmentOpt = None,
+    input_len: InputLenOpt = "512",
+    output_len: OutputLenOpt = "64",
+    arrivals: ArrivalsOpt = "poisson",
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Size for a Mooncake-format JSONL trace.")
     ] = None,

@@ -12,7 +12,7 @@ from kit.bench.run import BenchOptions
 from kit.bench.runner import LoadSpec
 from kit.bench.search import SearchSpec
 from kit.errors import PdkitError
-from kit.perf.workload import Arrivals, Lengths, WorkloadSpec, read_trace
+from kit.perf.workload import WorkloadSpec
 from kit.secrets import SecretSource, read_secret
 from kit.topology.plan import Plan
 from kit.topology.schema import SLO
@@ -123,14 +123,13 @@ def options(args: BenchArgs, plan: Plan | None) -> BenchOptions:
     warmup = args.warmup if args.warmup is not None else min(args.requests // 10, 20)
     if warmup >= args.requests:
         raise PdkitError(f"--warmup {warmup} leaves no request of --requests {args.requests}.")
-    trace = tuple(read_trace(args.trace)) if args.trace else ()
-    workload = WorkloadSpec(
-        input=Lengths.parse(args.input_len, "--input-len"),
-        output=Lengths.parse(args.output_len, "--output-len"),
-        arrivals=Arrivals.parse(args.arrivals),
+    workload = WorkloadSpec.from_options(
+        input_len=args.input_len,
+        output_len=args.output_len,
+        arrivals=args.arrivals,
+        trace=args.trace,
         count=args.requests,
         seed=args.seed,
-        trace=trace,
     )
     base = plan.slo if plan is not None else SLO()
     slo = SLO(

@@ -293,6 +293,29 @@ class WorkloadSpec:
     seed: int = 0
     trace: tuple[TraceEntry, ...] = ()
 
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        input_len: str,
+        output_len: str,
+        arrivals: str,
+        trace: Path | None,
+        count: int,
+        seed: int,
+    ) -> WorkloadSpec:
+        """The workload `pdkit bench` and `pdkit size` take as `--input-len`, `--output-len`,
+        `--arrivals`, `--trace`, `--requests` and `--seed`; `WorkloadError` naming the option
+        that is wrong."""
+        return cls(
+            input=Lengths.parse(input_len, "--input-len"),
+            output=Lengths.parse(output_len, "--output-len"),
+            arrivals=Arrivals.parse(arrivals),
+            count=count,
+            seed=seed,
+            trace=tuple(read_trace(trace)) if trace else (),
+        )
+
     @property
     def native_rate(self) -> float | None:
         """A trace's own mean rate (requests/s), None without a trace (or a zero-length one)."""

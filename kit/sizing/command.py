@@ -15,7 +15,7 @@ from rich.console import Console
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.timing import Efficiency
-from kit.perf.workload import Arrivals, Lengths, WorkloadSpec, read_trace
+from kit.perf.workload import WorkloadSpec
 from kit.sizing import calibration, emit, report
 from kit.sizing.plot import pareto_figure
 from kit.sizing.problem import (
@@ -142,13 +142,13 @@ def build_problem(args: SizeArgs) -> tuple[SizingProblem, str]:
         tpot_ms=args.tpot_ms or base_slo.tpot_ms,
         attainment=args.attainment or base_slo.attainment,
     )
-    workload = WorkloadSpec(
-        input=Lengths.parse(args.input_len, "--input-len"),
-        output=Lengths.parse(args.output_len, "--output-len"),
-        arrivals=Arrivals.parse(args.arrivals),
+    workload = WorkloadSpec.from_options(
+        input_len=args.input_len,
+        output_len=args.output_len,
+        arrivals=args.arrivals,
+        trace=args.trace,
         count=args.requests,
         seed=args.seed,
-        trace=tuple(read_trace(args.trace)) if args.trace else (),
     )
     efficiency, note = _efficiency(model_path, gpu, args.use_calibration)
     problem = make_problem(

@@ -20,6 +20,18 @@ from kit.sizing.robustness import Variant
 from kit.sizing.search import Rated, SizingResult
 
 
+def _table(title: str) -> Table:
+    """A table in the style of `pdkit bench`'s, one space between columns to fit 80."""
+    return Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+
+
 def _ms(value: float | None) -> str:
     if value is None:
         return "-"
@@ -64,14 +76,7 @@ def ranked_table(result: SizingResult, top: int) -> Table:
     colocated = result.best_colocated
     if colocated is not None and colocated not in shown:
         shown.append(colocated)
-    table = Table(
-        title="Deployments, best first (goodput in req/s; latencies at that rate, ms)",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _table("Deployments, best first (goodput in req/s; latencies at that rate, ms)")
     for name in ("#", "deployment", "GPUs", "good/s", "/GPU", "TTFT p90", "TPOT p90", "bound"):
         left = name in ("deployment", "bound")
         table.add_column(name, justify="left" if left else "right", no_wrap=not left)
@@ -294,14 +299,7 @@ def role_notes(result: SizingResult, chosen: Rated) -> dict[str, list[str]]:
 
 def calibration_table(fit: Fit) -> Table:
     """Per load point: measured P50/P90 TTFT and TPOT, predicted before and after the fit."""
-    table = Table(
-        title="Latencies per load point (ms, P50/P90): measured, model before, model after",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _table("Latencies per load point (ms, P50/P90): measured, model before, model after")
     for name in ("rate", "TTFT meas.", "before", "after", "TPOT meas.", "before", "after"):
         table.add_column(name, justify="right", no_wrap=True)
 
