@@ -1,6 +1,6 @@
 """The Grafana dashboard: a model Grafana imports, panels laid out on its 24-column grid, every
 query valid PromQL scoped to the chosen deployment. (That every query returns data from a real
-deployment is tests/e2e/test_monitoring.py.)"""
+deployment is tests/e2e/test_monitoring_deployment.py.)"""
 
 from __future__ import annotations
 
