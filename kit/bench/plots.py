@@ -4,6 +4,8 @@
   goodput rate marked (the figure of DistServe and the PD literature);
 - ttft_cdf.png, tpot_cdf.png: the distribution of TTFT and TPOT at each rate, the SLO marked;
 - latency_throughput.png: P50/P90 TTFT and TPOT against the achieved throughput;
+- timeline.png: SLO attainment and failed requests per few seconds over each point (what a
+  rolling restart or a scale-up under load did);
 - compare.png (`pdkit bench compare`): several runs' attainment against rate in one figure,
   per GPU when every run knows its GPU count.
 """
@@ -14,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kit.bench.records import RequestRecord
 from kit.errors import PdkitError
 
+TIMELINE_WINDOW_S = 5.0
 PLOTS_EXTRA = "pip install 'sglang-pdkit[bench]'"
 
 
@@ -82,6 +86,69 @@ def attainment_figure(
     ax.set_title(title)
     fig.tight_layout()
     path = out / "attainment.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def timeline_figure(
+    out: Path,
+    records: Sequence[RequestRecord],
+    slo: dict[str, float],
+    title: str,
+    window_s: float = TIMELINE_WINDOW_S,
+) -> Path:
+    """SLO attainment (%) and failed requests per `window_s` seconds of send time, one line per
+    rate point: what a run looked like while something changed under it (a rolling restart, a
+    scale-up). Warm-up requests count too; a failed request misses the SLO."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    most_failed = 0
+    points: dict[float | None, list[RequestRecord]] = {}
+    for record in records:
+        points.setdefault(record.rate, []).append(record)
+    for rate, mine in points.items():
+        windows: dict[int, list[RequestRecord]] = {}
+        for record in mine:
+            windows.setdefault(int(record.sent_s // window_s), []).append(record)
+        keys = sorted(windows)
+        xs = [(k + 0.5) * window_s for k in keys]
+        met = [
+            sum(
+                r.ok
+                and r.ttft_ms is not None
+                and r.ttft_ms <= slo["ttft_ms"]
+                and (r.tpot_ms or 0.0) <= slo["tpot_ms"]
+                for r in windows[k]
+            )
+            / len(windows[k])
+            * 100
+            for k in keys
+        ]
+        label = f"{rate:g} req/s" if rate is not None else "closed loop"
+        top.plot(xs, met, "o-", markersize=3, label=label)
+        failed = [sum(not r.ok for r in windows[k]) for k in keys]
+        most_failed = max([most_failed, *failed])
+        bottom.bar(xs, failed, width=window_s * 0.8)
+    target = slo["attainment"] * 100
+    top.axhline(target, color="tab:red", linestyle=":", label=f"target {target:.0f}%")
+    top.set_ylabel(
+        f"SLO attainment (%) per {window_s:g} s\nTTFT <= {slo['ttft_ms']:g} ms, "
+        f"TPOT <= {slo['tpot_ms']:g} ms"
+    )
+    top.set_ylim(-2, 102)
+    top.grid(alpha=0.3)
+    top.legend(loc="lower left", fontsize="small")
+    top.set_title(f"{title}: over the run")
+    bottom.set_ylabel("failed")
+    bottom.set_ylim(0, max(most_failed, 1) * 1.15)
+    bottom.yaxis.get_major_locator().set_params(integer=True)
+    bottom.set_xlabel("time since the point started (s, by send time)")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "timeline.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

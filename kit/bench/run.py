@@ -25,6 +25,7 @@ from kit.bench.plots import (
     attainment_figure,
     cdf_figures,
     latency_throughput_figure,
+    timeline_figure,
 )
 from kit.bench.predict import Prediction, predict, predicted_attainment
 from kit.bench.records import RequestRecord, write_records
@@ -284,6 +285,7 @@ def write_results(report: BenchReport, out: Path) -> list[Path]:
             values["tpot"].append(record.tpot_ms)
     files += cdf_figures(out, by_point, slo, title)
     files.append(latency_throughput_figure(out, summary["points"], slo, title))
+    files.append(timeline_figure(out, report.records, slo, title))
     return files
 
 

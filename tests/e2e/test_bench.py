@@ -56,7 +56,7 @@ def test_two_rates_leave_every_record_a_summary_and_the_figures(cluster, tmp_pat
     assert all(p["requests"] == 10 and p["ok"] == 10 for p in summary["points"])  # 2 warm-up
     assert 0 <= summary["points"][0]["attainment"] <= 1
     assert summary["points"][0]["decode"] == {cluster.decode.url: {"requests": 10, "failed": 0}}
-    for name in ("attainment", "ttft_cdf", "tpot_cdf", "latency_throughput"):
+    for name in ("attainment", "ttft_cdf", "tpot_cdf", "latency_throughput", "timeline"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG, name
     assert "16 req/s" in result.stdout and "attain" in result.stdout
 
