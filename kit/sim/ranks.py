@@ -18,6 +18,8 @@ instead of dying (no TCP reset) stalls the step: `/health` then answers 503 afte
 The sim's link: rank 0 listens on ``--dist-init-addr``; each follower connects and sends one
 line ``{"node_rank": R, "nnodes": N}``; rank 0 answers ``{"ok": true}`` or ``{"error": ...}``
 and both keep the connection open. Its end (EOF, reset) on either side is the loss of a rank.
+A rank 0 that is stopped (SIGTERM) first sends ``{"shutdown": true}``, on which its followers
+exit cleanly: SGLang's followers ignore SIGTERM and wait for rank 0's ShutdownReq.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ JOIN_RETRY_S = 0.5
 JOIN_LOG_EVERY_S = 10.0
 HELLO_TIMEOUT_S = 5.0
 MAX_LINE = 4096
+SHUTDOWN = b'{"shutdown": true}\n'
+"""What rank 0 sends its followers when it is stopped (SGLang's ShutdownReq broadcast)."""
 RETRY_PREFIX = "retry: "
 """Refusals that a later attempt may not get (rank 0 still holds the rank, or is going away)."""
 
@@ -95,10 +99,15 @@ class RankServer:
         """Until a joined rank is lost; what happened, in SGLang's words."""
         return await asyncio.shield(self._lost)
 
-    async def close(self) -> None:
-        """Stop listening and drop every connection (each follower sees its rank 0 go)."""
+    async def close(self, shutdown: bool = False) -> None:
+        """Stop listening and drop every connection. `shutdown` (a deliberate stop) first tells
+        the joined ranks to exit, as SGLang's rank 0 broadcasts its ShutdownReq; without it
+        each follower sees its rank 0 lost."""
         if self._server is not None:
             self._server.close()
+        for writer in self._joined.values() if shutdown else ():
+            with contextlib.suppress(OSError):
+                writer.write(SHUTDOWN)
         for writer in self._writers:
             writer.close()
         # Each connection's task ends on its closed transport.
@@ -181,12 +190,14 @@ class RankLink:
         self._reader = reader
         self._writer = writer
 
-    async def wait_lost(self) -> str:
-        """Until rank 0 goes away; what happened, in SGLang's words."""
+    async def wait_lost(self) -> str | None:
+        """Until rank 0 goes away: what happened, in SGLang's words; None when rank 0 stopped
+        the instance deliberately (its shutdown), on which this rank exits too."""
         try:
-            while await self._reader.read(MAX_LINE):
-                pass
-        except (ConnectionError, OSError) as exc:
+            while line := await self._reader.readline():
+                if line == SHUTDOWN:
+                    return None
+        except (ConnectionError, OSError, ValueError) as exc:
             return f"node rank 0 at {self.addr} is gone: {exc}"
         return f"node rank 0 at {self.addr} is gone: Connection closed by peer"
 

@@ -106,8 +106,9 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
-async def _until_stop_or(stop: asyncio.Event, lost: asyncio.Future[str]) -> str | None:
-    """Wait for `stop` or the loss of a rank: what was lost, or None when stopped."""
+async def _until_stop_or(stop: asyncio.Event, lost: asyncio.Future[str | None]) -> str | None:
+    """Wait for `stop` or the end of the link to another rank: what was lost, or None when
+    stopped (here, or by rank 0's shutdown)."""
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((stopped, lost), return_when=asyncio.FIRST_COMPLETED)
@@ -194,7 +195,7 @@ async def run_worker(
         return await _run_rank0(args, settings, stop, ranks, on_lost)
     finally:
         if ranks is not None:
-            await ranks.close()
+            await ranks.close(shutdown=stop.is_set())
 
 
 async def _run_rank0(
@@ -273,7 +274,7 @@ async def _run_rank0(
         if ranks is None:
             await stop.wait()
             return 0
-        lost = asyncio.ensure_future(ranks.wait_lost())
+        lost: asyncio.Future[str | None] = asyncio.ensure_future(ranks.wait_lost())
         try:
             what = await _until_stop_or(stop, lost)
         finally:

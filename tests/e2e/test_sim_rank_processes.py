@@ -121,6 +121,10 @@ async def _route_kill_and_recover(
             await asyncio.to_thread(restarted[0].wait_ready, 30)
             await _until(lambda: decode.routable, 10, "the instance routed to again")
             assert await _generate(session, url, 8) == 200
+            # Stopped deliberately, rank 0 tells rank 1 to exit (SGLang's ShutdownReq): exit 0,
+            # which a service manager does not restart.
+            assert restarted[0].stop() == 0
+            assert await asyncio.to_thread(restarted[1].proc.wait, 10) == 0
     finally:
         await runner.cleanup()
         await lb.close()

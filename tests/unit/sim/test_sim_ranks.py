@@ -113,3 +113,19 @@ def test_rank0_reports_the_flag_when_its_port_is_taken():
         await holder.close()
 
     run(main())
+
+
+def test_a_stopped_rank0_tells_its_followers_to_exit_and_a_killed_one_does_not():
+    async def main():
+        for shutdown, expected in ((True, None), (False, "Connection closed by peer")):
+            addr = f"127.0.0.1:{free_port()}"
+            server = RankServer(addr, nnodes=2)
+            await server.start()
+            link = await join_rank0(addr, 1, 2, asyncio.Event())
+            await server.wait_all()
+            await server.close(shutdown=shutdown)
+            what = await link.wait_lost()
+            assert what == expected or (expected and expected in what)
+            await link.close()
+
+    run(main())
