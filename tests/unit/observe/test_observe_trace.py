@@ -204,25 +204,23 @@ def test_lines_of_other_requests_and_other_formats_are_not_taken():
 
 def test_the_routers_own_access_line_is_read_back(caplog):
     from kit.lb.access import AccessLog  # noqa: PLC0415
+    from kit.lb.dispatch import Exchange  # noqa: PLC0415
+    from kit.lb.protocol import parse_request  # noqa: PLC0415
+    from kit.lb.recent import PathRecord  # noqa: PLC0415
 
     caplog.set_level(logging.INFO, logger="kit.lb.access")
-    AccessLog(enabled=True).write(
+    started = 100.0
+    ex = Exchange(
+        request=None,  # type: ignore[arg-type]  # the access line reads no request field
+        pd=parse_request("/generate", b'{"text": "hi"}'),
+        started=started,
         request_id="r-9",
-        route="/generate",
-        status=503,
-        stream=False,
-        prefill="http://[fd00::1]:30000",
-        decode="",
-        room=ROOM,
-        queued=0.002,
+        path=PathRecord("r-9", "/generate", "http://[fd00::1]:30000", "", ROOM, started),
+        sent_at=started + 0.002,
         prefill_s=0.5,
-        decode_s=None,
-        ttft=None,
-        e2e=0.75,
-        tokens=None,
         cause="decode_unavailable",
-        admission="off",
     )
+    AccessLog(enabled=True).exchange(ex, 503, 0.75)
     (record,) = caplog.records
     access = parse_access(f"2026-11-30 20:00:00 INFO kit.lb.access: {record.getMessage()}")
     assert access is not None
