@@ -31,7 +31,7 @@ from kit.bench.predict import Prediction, predict, predicted_attainment
 from kit.bench.records import RequestRecord, write_records
 from kit.bench.runner import LoadSpec, run_point
 from kit.bench.search import SearchResult, SearchSpec, search_goodput
-from kit.bench.view import PointLine, notes_lines, point_line, points_table
+from kit.bench.view import PointLine, more_table, notes_lines, point_line, points_table
 from kit.errors import PdkitError
 from kit.perf.workload import WorkloadSpec
 from kit.topology.plan import Plan
@@ -213,6 +213,7 @@ def _add_prediction(report: BenchReport, plan: Plan) -> None:
 def _print(report: BenchReport, console: Console) -> None:
     options = report.options
     console.print(points_table(report.points, "Load points (latencies in ms)"))
+    console.print(more_table(report.points))
     for line in notes_lines(report.points):
         console.print(f"  note: {line}", markup=False, highlight=False)
     if report.search is not None:

@@ -91,6 +91,25 @@ def points_table(summaries: Sequence[PointSummary], title: str) -> Table:
     return table
 
 
+def more_table(summaries: Sequence[PointSummary]) -> Table:
+    """The rest of each point in 80 columns: throughput, output tokens/s, inter-token and
+    end-to-end latency percentiles (ms), and errors."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("load", "thru/s", "tok/s", "ITL p50/90/99", "E2E p50/90/99", "errors"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for s in summaries:
+        errors = s.requests - s.ok
+        table.add_row(
+            s.label,
+            f"{s.throughput:.2f}",
+            f"{s.output_tokens_per_s:.0f}",
+            _triple(s.itl_ms),
+            _triple(s.e2e_ms),
+            Text(str(errors), style="red" if errors else ""),
+        )
+    return table
+
+
 def notes_lines(summaries: Sequence[PointSummary]) -> list[str]:
     """Every point's findings (errors, workers that failed, client or host bottleneck)."""
     lines = []
