@@ -5,12 +5,12 @@ pdkit's load balancer (kit/lb/admin.py), with the deployment's admin key:
     POST   /workers {"url", "role", "bootstrap_port"}    pending until its first good probe
     DELETE /workers?url=URL&wait=true        no new requests; answers once its in-flight
                                              requests finished or the lb's --drain-grace ran out
-smg 1.13 (no drain of its own; pdkit then waits until the worker reports no request running or
-waiting on its /v1/loads):
+smg 1.13:
     GET    /workers                          {"workers": [{"id", "url", "worker_type",
                                                            "is_healthy", "status"}]}
     POST   /workers {"url", "worker_type", "bootstrap_port"}   202, added in the background
-    DELETE /workers/{id}
+    DELETE /workers/{id}                     no new requests; listed as "draining" until its
+                                             requests finished, then no longer listed
 
 The admin key is made once per deployment on the control machine (`admin_key`) and reaches the
 router's environment file like the client key: through a variable of the ansible-playbook
@@ -35,7 +35,6 @@ from kit.net import classify_failure
 ADMIN_KEY_FILE = "router-admin.key"
 REQUEST_TIMEOUT_S = 10.0
 POLL_S = 0.25
-LOAD_FIELDS = ("num_running_reqs", "num_waiting_reqs")
 
 
 def admin_key(state_dir: Path) -> str:
@@ -91,19 +90,6 @@ def parse_workers(kind: str, body: Any) -> dict[str, Routed]:
                 inflight if isinstance(inflight, int) else None,
             )
     return found
-
-
-def worker_idle(loads: Any) -> bool | None:
-    """Whether a worker's `/v1/loads` says no request is running or waiting (None: unreadable)."""
-    ranks = loads.get("loads") if isinstance(loads, dict) else None
-    if not isinstance(ranks, list) or not ranks:
-        return None
-    total = 0
-    for rank in ranks:
-        if not isinstance(rank, dict):
-            return None
-        total += sum(int(rank.get(f) or 0) for f in LOAD_FIELDS)
-    return total == 0
 
 
 @dataclass(frozen=True)
@@ -244,25 +230,13 @@ class RouterAdmin:
     async def _remove_smg(self, listed: Routed, began: float) -> Drained:
         if listed.ident is None:
             raise DeployError(f"smg lists {listed.url} without a worker id; cannot remove it")
-        status, data = await self._call("DELETE", f"/workers/{listed.ident}")
+        path = f"/workers/{listed.ident}"
+        status, data = await self._call("DELETE", path)
         if status not in (200, 202, 204, 404):
-            raise self._refused("DELETE", f"/workers/{listed.ident}", status, data)
+            raise self._refused("DELETE", path, status, data)
         deadline = began + self.drain_timeout
         while time.monotonic() < deadline:
-            idle = await self._worker_idle(listed.url)
-            if idle is not False:
-                return Drained(listed.url, idle is True, time.monotonic() - began)
+            if listed.url not in await self.workers():
+                return Drained(listed.url, True, time.monotonic() - began)
             await asyncio.sleep(POLL_S)
         return Drained(listed.url, False, time.monotonic() - began)
-
-    async def _worker_idle(self, worker: str) -> bool | None:
-        assert self._session is not None
-        try:
-            async with self._session.get(
-                worker + "/v1/loads", timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-            ) as resp:
-                return (
-                    worker_idle(await resp.json(content_type=None)) if resp.status == 200 else None
-                )
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None

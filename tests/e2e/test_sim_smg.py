@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from kit.deploy.routing import RouterAdmin
 from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
@@ -125,3 +127,45 @@ def test_generate_through_smg(gateway):
         url + "/generate", {"text": "native API", "sampling_params": {"max_new_tokens": 4}}
     )
     assert status == 200 and out["meta_info"]["completion_tokens"] == 4
+
+
+def test_pdkit_up_moves_smg_to_a_new_decode_without_failing_a_request(gateway):
+    """What `pdkit up` does to smg's worker list live (kit.deploy.routing): a new decode joins
+    and is routed to; the old one leaves while requests run on it, and they finish first."""
+    url, decode = gateway
+    spare = SimProcess(worker_argv(port=free_port(), mode="decode"), env=FAST).start()
+
+    async def scenario() -> list[int]:
+        async with RouterAdmin("smg", url, None, drain_timeout=60) as admin:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            running = [
+                asyncio.ensure_future(
+                    client.completions.create(
+                        model="llama",
+                        prompt="long",
+                        max_tokens=400,
+                        extra_body={"ignore_eos": True},
+                    )
+                )
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.5)
+            await admin.add(spare.url, "decode", None)
+            assert (await admin.wait_routed(spare.url, 30)).routed
+            # smg lists it as draining until its requests finished: remove() waits for that.
+            drained = await admin.remove(decode.url)
+            assert drained.clean and all(r.done() for r in running)
+            assert decode.url not in await admin.workers()
+            done = await asyncio.gather(*running)
+            # Back as it was, for any test after this one.
+            await admin.add(decode.url, "decode", None)
+            await admin.wait_routed(decode.url, 30)
+            await admin.remove(spare.url)
+            await client.close()
+            return [c.usage.completion_tokens for c in done]
+
+    try:
+        spare.wait_ready()
+        assert asyncio.run(asyncio.wait_for(scenario(), 120)) == [400, 400, 400]
+    finally:
+        spare.stop()

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from kit.deploy.routing import RouterAdmin, admin_key, parse_workers, worker_idle
+from kit.deploy.routing import RouterAdmin, admin_key, parse_workers
 from kit.errors import DeployError
 from tests.lb_cluster import run, running_cluster
 from tools.fake_worker import FakeWorker
@@ -74,19 +74,14 @@ def test_smg_workers_are_read_by_url_with_their_id():
         "workers": [
             {"id": "u1", "url": "http://a:1/", "worker_type": "prefill", "is_healthy": True},
             {"id": "u2", "url": "http://b:2", "worker_type": "decode", "is_healthy": False},
+            {"id": "u3", "url": "http://c:3", "worker_type": "decode", "status": "draining"},
         ]
     }
     workers = parse_workers("smg", body)
     assert workers["http://a:1"].routed and workers["http://a:1"].ident == "u1"
     assert workers["http://b:2"].state == "pending" and not workers["http://b:2"].routed
+    assert workers["http://c:3"].state == "draining"  # removed, its requests still running
     assert parse_workers("smg", {"error": "x"}) == {}
-
-
-def test_a_worker_is_idle_when_no_request_runs_or_waits_on_any_rank():
-    busy = {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}, {"num_running_reqs": 2}]}
-    assert worker_idle({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}) is True
-    assert worker_idle(busy) is False
-    assert worker_idle({"detail": "Not Found"}) is None
 
 
 def test_the_admin_key_is_made_once_and_kept_private(tmp_path):
