@@ -126,6 +126,20 @@ class LiveChange:
         statuses = rollout._wait(self.ctx, self.console, targets, self.worker_timeout, None)
         rollout._raise_unless_ready(self.ctx, statuses, stage=stage)
 
+    def router_down(self) -> str | None:
+        """Why the router's worker API does not answer, or None when it does: a live change
+        needs it (a router that is down is deployed again as on a first run)."""
+
+        async def ask() -> None:
+            async with self._admin() as admin:
+                await admin.workers()
+
+        try:
+            asyncio.run(ask())
+        except DeployError as exc:
+            return str(exc)
+        return None
+
     def apply(self, changes: Changes, recorded: DeploymentRecord) -> None:
         """Apply `changes` (from `recorded` to the target record); see the module doc."""
         ctx, console = self.ctx, self.console
@@ -142,11 +156,14 @@ class LiveChange:
             record = self._wave(wave, record)
         if self.mode == "up" or changes.router:
             self._router(changes)
-        if self.mode == "up":
+        monitoring = self.target.process(ctx.plan.monitoring.name) if ctx.plan.monitoring else None
+        if self.mode == "restart" and changes.monitoring and monitoring is not None:
+            self._run("stop.yml", None, self._inventory(stop=[monitoring]))
+        if self.mode == "up" or changes.monitoring:
             rollout._up_monitoring(ctx, console, self.secret_env, self.options.verbose)
-            if any(s.kind == "remove" for s in changes.steps):
-                console.print("[bold]Workers[/]: deleting the service definitions of removed ones")
-                self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
+        if self.mode == "up" and any(s.kind == "remove" for s in changes.steps):
+            console.print("[bold]Workers[/]: deleting the service definitions of removed ones")
+            self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
         asyncio.run(self._reconcile())
         save_record(ctx.state_dir, self.target)
         if self.options.gate and not changes.steps and self.mode == "up":

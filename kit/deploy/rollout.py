@@ -158,12 +158,21 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
             console.print("Nothing was changed (--diff).")
             return
         secret_env = _secret_env(ctx)
-        if recorded is None:
+        live = LiveChange(ctx, console, options, secret_env, target)
+        down = live.router_down() if recorded is not None else None
+        if recorded is None or down:
+            if down:
+                console.print(
+                    f"The router does not answer ({down}): deploying every process as on a "
+                    "first run (processes whose files change restart at once).",
+                    style="yellow",
+                    markup=False,
+                )
             _up(ctx, console, options, secret_env)
         else:
             _header(ctx, console, "pdkit up")
             print_changes(console, changes)
-            LiveChange(ctx, console, options, secret_env, target).apply(changes, recorded)
+            live.apply(changes, recorded)
         save_record(ctx.state_dir, target)
 
 
