@@ -1,0 +1,57 @@
+"""`pdkit restart` refuses, changing nothing, when nothing runs or the topology changed."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import yaml
+from rich.console import Console
+
+from kit.deploy import DeployContext, UpOptions, restart
+from kit.deploy.runner import playbooks_dir
+from kit.deploy.state import build_record, save_record, templates_digest
+from kit.errors import DeployError
+from kit.topology.resolve import resolve
+from tests.conftest import REPO
+
+
+def context(tmp_path, edit=None) -> DeployContext:
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    if edit:
+        edit(data)
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return DeployContext.build(resolve(path), path, tmp_path / "state", "/venv/bin/python")
+
+
+def record(ctx: DeployContext) -> None:
+    digest = templates_digest(playbooks_dir(ctx.private_dir))
+    save_record(ctx.state_dir, build_record(ctx.plan, ctx.hosts, digest))
+
+
+def test_restart_needs_a_running_deployment(tmp_path):
+    ctx = context(tmp_path)
+    with pytest.raises(DeployError, match=r"nothing to restart\. To fix: `pdkit up "):
+        restart(ctx, Console(file=io.StringIO()), UpOptions(), "decode")
+
+
+def test_restart_refuses_a_changed_topology_and_says_what_differs(tmp_path):
+    record(context(tmp_path))
+
+    def more(data):
+        data["decode"]["args"]["max-running-requests"] = 64
+
+    ctx = context(tmp_path, edit=more)
+    with pytest.raises(DeployError) as refused:
+        restart(ctx, Console(file=io.StringIO()), UpOptions(), "prefill")
+    message = str(refused.value)
+    assert "replace decode-0 (--max-running-requests 256 -> 64)" in message
+    assert "Nothing was changed" in message and "--diff" in message
+
+
+def test_an_unknown_process_is_named_with_the_closest_one(tmp_path):
+    ctx = context(tmp_path)
+    record(ctx)
+    with pytest.raises(DeployError, match="Did you mean 'decode-0'"):
+        restart(ctx, Console(file=io.StringIO()), UpOptions(), "decode-9")
