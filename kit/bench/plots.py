@@ -18,6 +18,7 @@ from typing import Any
 
 from kit.bench.records import RequestRecord
 from kit.errors import PdkitError
+from kit.topology.schema import SLO
 
 TIMELINE_WINDOW_S = 5.0
 PLOTS_EXTRA = "pip install 'sglang-pdkit[bench]'"
@@ -102,6 +103,7 @@ def timeline_figure(
     rate point: what a run looked like while something changed under it (a rolling restart, a
     scale-up). Warm-up requests count too; a failed request misses the SLO."""
     plt = _pyplot()
+    objective = SLO(**slo)
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(8, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
@@ -115,18 +117,7 @@ def timeline_figure(
             windows.setdefault(int(record.sent_s // window_s), []).append(record)
         keys = sorted(windows)
         xs = [(k + 0.5) * window_s for k in keys]
-        met = [
-            sum(
-                r.ok
-                and r.ttft_ms is not None
-                and r.ttft_ms <= slo["ttft_ms"]
-                and (r.tpot_ms or 0.0) <= slo["tpot_ms"]
-                for r in windows[k]
-            )
-            / len(windows[k])
-            * 100
-            for k in keys
-        ]
+        met = [sum(r.meets(objective) for r in windows[k]) / len(windows[k]) * 100 for k in keys]
         label = f"{rate:g} req/s" if rate is not None else "closed loop"
         top.plot(xs, met, "o-", markersize=3, label=label)
         failed = [sum(not r.ok for r in windows[k]) for k in keys]
