@@ -3,8 +3,10 @@
 pdkit's load balancer (kit/lb/admin.py), with the deployment's admin key:
     GET    /workers                          {"workers": [{"url", "role", "state", "inflight"}]}
     POST   /workers {"url", "role", "bootstrap_port"}    pending until its first good probe
-    DELETE /workers?url=URL&wait=true        no new requests; answers once its in-flight
-                                             requests finished or the lb's --drain-grace ran out
+    DELETE /workers?url=URL&wait=true&grace=S
+                                             no new requests; answers once its in-flight
+                                             requests finished or after S s (pdkit's drain
+                                             timeout; those left are cut off)
 smg 1.13:
     GET    /workers                          {"workers": [{"id", "url", "worker_type",
                                                            "is_healthy", "status"}]}
@@ -216,7 +218,7 @@ class RouterAdmin:
         status, data = await self._call(
             "DELETE",
             "/workers",
-            params={"url": url, "wait": "true"},
+            params={"url": url, "wait": "true", "grace": f"{self.drain_timeout:g}"},
             timeout=self.drain_timeout + 30,
         )
         if status not in (200, 202, 404):

@@ -3,9 +3,10 @@
 GET    /workers                       {"workers": [...]} with state, reason, in-flight
 POST   /workers  {"url", "role", "bootstrap_port"?}   201, the new worker (pending until
                                       its first good health probe)
-DELETE /workers?url=URL[&wait=true]   202 draining (200 once removed when wait=true): no new
+DELETE /workers?url=URL[&wait=true][&grace=S]
+                                      202 draining (200 once removed when wait=true): no new
                                       requests; removed when its in-flight requests finish
-                                      or after the drain grace period
+                                      or after `grace` s (default: the lb's --drain-grace)
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ log = logging.getLogger("kit.lb.admin")
 # How often a draining worker's in-flight count is checked (s).
 DRAIN_POLL = 0.05
 
+# The longest drain one DELETE may ask for (s): a day.
+MAX_GRACE = 86400.0
+
 
 def _worker_url(raw: str) -> str:
     """A worker URL from a request, normalized as on the command line; 400 when unusable."""
@@ -35,6 +39,25 @@ def _worker_url(raw: str) -> str:
         return normalize_url(raw)
     except LbConfigError as exc:
         raise ApiError(400, str(exc), "bad_request", param="url") from None
+
+
+def _grace(raw: str | None, default: float) -> float:
+    """The drain grace of one DELETE (s): `?grace=` when given, else the lb's default."""
+    if raw is None:
+        return default
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace <= MAX_GRACE:
+        raise ApiError(
+            400,
+            f"'grace' is the seconds to let in-flight requests finish, 0 to {MAX_GRACE:g} "
+            f"(got {raw!r})",
+            "bad_request",
+            param="grace",
+        )
+    return grace
 
 
 class AdminRoutes:
@@ -51,7 +74,7 @@ class AdminRoutes:
         self._drain_grace = drain_grace
         self._on_added = on_added
         self._on_removed = on_removed
-        self._drains: dict[str, asyncio.Task[bool]] = {}
+        self._drains: dict[str, asyncio.Task[int]] = {}
 
     async def close(self) -> None:
         for task in list(self._drains.values()):
@@ -111,34 +134,42 @@ class AdminRoutes:
         worker = self._pool.get(url)
         if worker is None:
             raise ApiError(404, f"no worker {url} is registered", "not_found")
+        grace = _grace(request.query.get("grace"), self._drain_grace)
         if worker.state is not State.DRAINING:
             self._pool.drain(worker, time.monotonic())
-            log.info("draining %s worker %s (%d in flight)", worker.role, url, worker.inflight)
-            self._drains[url] = asyncio.create_task(self._drain(worker))
+            log.info(
+                "draining %s worker %s (%d in flight, grace %g s)",
+                worker.role,
+                url,
+                worker.inflight,
+                grace,
+            )
+            self._drains[url] = asyncio.create_task(self._drain(worker, grace))
         wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
         if not wait:
             return web.json_response({"worker": worker.describe(time.monotonic())}, status=202)
         task = self._drains.get(url)
-        clean = await asyncio.shield(task) if task is not None else worker.inflight == 0
+        left = await asyncio.shield(task) if task is not None else worker.inflight
         return web.json_response(
-            {"removed": worker.url, "drained": clean, "inflight_left": worker.inflight}
+            {"removed": worker.url, "drained": left == 0, "inflight_left": left}
         )
 
-    async def _drain(self, worker: Worker) -> bool:
-        """Wait for the worker's in-flight requests, then remove it; True if none were left."""
-        deadline = time.monotonic() + self._drain_grace
+    async def _drain(self, worker: Worker, grace: float) -> int:
+        """Wait up to `grace` s for the worker's in-flight requests, then remove it; the number
+        still in flight when it was removed (those are cut off)."""
+        deadline = time.monotonic() + grace
         try:
             while worker.inflight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(DRAIN_POLL)
-            clean = worker.inflight == 0
+            left = worker.inflight
             self._pool.remove(worker.url)
             await self._on_removed(worker)
             log.info(
                 "removed %s worker %s%s",
                 worker.role,
                 worker.url,
-                "" if clean else f" with {worker.inflight} requests still in flight",
+                f" with {left} requests still in flight" if left else "",
             )
-            return clean
+            return left
         finally:
             self._drains.pop(worker.url, None)

@@ -148,6 +148,44 @@ def test_workers_list_add_and_remove_with_drain():
     run(scenario())
 
 
+def test_a_removal_drains_for_its_own_grace_not_the_lbs():
+    """`pdkit up --drain-timeout` reaches the lb as ?grace=: a drain shorter than the request
+    on the worker removes it with the request counted as left; a bad grace is a 400."""
+
+    async def scenario():
+        async with running_cluster(1, 2, args=["--drain-grace", "60"], env=KEYS) as c:
+            old = c.decode[0]
+            old.latency = 3.0
+            c.lb.policies["decode"] = _Always(old.url)
+            inflight = asyncio.create_task(c.post("/generate", {"text": "x"}, key="client-key"))
+            await c.wait_for(lambda: c.lb.pool.get(old.url).inflight == 1, what="in flight")
+            admin = {"Authorization": "Bearer admin-key"}
+            for bad in ("-1", "soon", "1e9"):
+                async with c.session.delete(
+                    f"{c.url}/workers", params={"url": old.url, "grace": bad}, headers=admin
+                ) as resp:
+                    body = await resp.json()
+                assert resp.status == 400 and body["error"]["param"] == "grace", body
+            assert c.lb.pool.get(old.url).routable
+            began = asyncio.get_running_loop().time()
+            async with c.session.delete(
+                f"{c.url}/workers",
+                params={"url": old.url, "wait": "true", "grace": "0.2"},
+                headers=admin,
+            ) as resp:
+                removed = await resp.json()
+            assert resp.status == 200 and removed == {
+                "removed": old.url,
+                "drained": False,
+                "inflight_left": 1,
+            }
+            assert asyncio.get_running_loop().time() - began < 2.5  # not the lb's 60 s
+            assert c.lb.pool.get(old.url) is None
+            inflight.cancel()
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -46,6 +46,25 @@ def test_a_worker_joins_is_routed_to_and_leaves_after_its_request_finished():
     run(scenario())
 
 
+def test_the_drain_timeout_is_pdkits_not_the_lbs_drain_grace():
+    """`--drain-timeout` 0.3 s against an lb started with `--drain-grace 60`: the worker leaves
+    after 0.3 s, and pdkit is told one request was still on it."""
+
+    async def scenario():
+        async with running_cluster(1, 1, args=["--drain-grace", "60"], env=KEYS) as c:
+            old = c.decode[0]
+            old.latency = 2.0
+            busy = [asyncio.ensure_future(c.post("/generate", {"text": "x"}, key="client-key"))]
+            await c.wait_for(lambda: c.lb.pool.get(old.url).inflight >= 1, what="busy")
+            async with RouterAdmin("pdkit", c.url, "admin-key", drain_timeout=0.3) as admin:
+                drained = await admin.remove(old.url)
+            assert not drained.clean and drained.left == 1 and drained.seconds < 1.5
+            for task in busy:
+                task.cancel()
+
+    run(scenario())
+
+
 def test_a_wrong_admin_key_says_how_to_fix_it():
     async def scenario():
         async with running_cluster(1, 1, env=KEYS) as c:
