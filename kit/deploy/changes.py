@@ -10,10 +10,12 @@ Each worker instance (all its node ranks together) is one of:
 
 Order: adds first (more capacity), then replacements, then removals (capacity goes last), prefill
 before decode, by name. A step whose new processes take GPUs or ports that another step's old
-processes hold waits until that step has stopped them (scaling a shared host moves instances: the
-first-fit placement puts decodes after the prefills). Under `transfer.backend: nixl` a replaced
-prefill has every decode replaced after it: SGLang 0.5.23's decodes keep the old prefill's NIXL
-peer state and stall on it (sgl-project/sglang#33789; the fix, PR #34289, is not in 0.5.23).
+processes hold waits until that step has stopped them (a GPU changing roles: 2P2D to 3P1D on 4
+GPUs starts prefill-2 once decode-1 has left GPU 2; scaling alone moves nothing, as a shared
+host's prefills take GPUs from the bottom and its decodes from the top). Under
+`transfer.backend: nixl` a replaced prefill has every decode replaced after it: SGLang 0.5.23's
+decodes keep the old prefill's NIXL peer state and stall on it (sgl-project/sglang#33789; the
+fix, PR #34289, is not in 0.5.23).
 
 The router is restarted only when its own settings change (its worker list changes live, through
 its worker API); Prometheus when its configuration does.

@@ -2,9 +2,12 @@
 
 Rules (documented in docs/topology.md):
 - Prefill instances are placed first, then decode, each in index order.
-- An instance that fits on one host takes the lowest free GPUs of the first host (in `hosts:`
-  order, or in the role's `hosts:` pin order, starting at instance index mod len(pins)) with
-  enough free GPUs.
+- An instance that fits on one host takes GPUs of the first host (in `hosts:` order, or in the
+  role's `hosts:` pin order, starting at instance index mod len(pins)) with enough free GPUs:
+  a prefill the lowest free ones; a decode the highest on a host prefills may use too (not
+  pinned away from it), the lowest otherwise. On a shared host the prefills grow from GPU 0
+  up and the decodes from the last GPU down, so adding an instance of one role moves no
+  instance of the other (a live change starts the new one and touches nothing else).
 - An instance larger than its hosts spans `nnodes = gpus_per_instance / gpus_per_host` whole,
   unused hosts of equal GPU count; every node gets the same ports, rank 0 serves HTTP.
 - Per host, instance k of a role gets port base + k (HTTP, bootstrap) and
@@ -50,13 +53,32 @@ class InstancePlacement:
 
 @dataclass
 class _HostState:
+    """A host's free GPUs are always one range, [low, high): prefills take from its bottom,
+    decodes from its top."""
+
     host: Host
-    next_gpu: int = 0
+    low: int = 0
+    high: int = -1
     next_port: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.high < 0:
+            self.high = self.host.gpus
 
     @property
     def free(self) -> int:
-        return self.host.gpus - self.next_gpu
+        return self.high - self.low
+
+    @property
+    def untouched(self) -> bool:
+        return self.low == 0 and self.high == self.host.gpus
+
+    def take(self, need: int, *, top: bool) -> tuple[int, ...]:
+        if top:
+            self.high -= need
+            return tuple(range(self.high, self.high + need))
+        self.low += need
+        return tuple(range(self.low - need, self.low))
 
 
 def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
@@ -75,6 +97,8 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     states = {h.name: _HostState(h) for h in topology.hosts}
     placements: list[InstancePlacement] = []
     problems: list[Problem] = []
+    prefill_pins = [name for name in topology.prefill.hosts if name in states]
+    shared = set(prefill_pins or states)
     for role in ROLE_NAMES:
         spec: Role = getattr(topology, role)
         pins = [name for name in spec.hosts if name in states]
@@ -84,7 +108,8 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
         for index in range(spec.count):
             start = index % len(candidates) if pins else 0
             order = candidates[start:] + candidates[:start]
-            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order])
+            top = shared if role == "decode" else set()
+            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order], top)
             if nodes is None:
                 problems.append(_no_fit(topology, role, index, spec, [states[n] for n in order]))
                 continue
@@ -92,25 +117,23 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     return placements, problems
 
 
-def _fit(need: int, hosts: list[_HostState]) -> tuple[Node, ...] | None:
+def _fit(need: int, hosts: list[_HostState], top: set[str]) -> tuple[Node, ...] | None:
+    """The nodes for one instance; on a host in `top` it takes the highest free GPUs."""
     for state in hosts:
         if state.free >= need:
-            gpus = tuple(range(state.next_gpu, state.next_gpu + need))
-            state.next_gpu += need
+            gpus = state.take(need, top=state.host.name in top)
             return (Node(state.host.name, 0, gpus),)
     # Larger than any single host: span whole, untouched hosts of one GPU count.
     sizes = {s.host.gpus for s in hosts if s.host.gpus > 0}
     for size in sorted(sizes, reverse=True):
         if need <= size or need % size:
             continue
-        empty = [s for s in hosts if s.host.gpus == size and s.next_gpu == 0]
+        empty = [s for s in hosts if s.host.gpus == size and s.untouched]
         nnodes = need // size
         if len(empty) >= nnodes:
-            chosen = empty[:nnodes]
-            for state in chosen:
-                state.next_gpu = size
             return tuple(
-                Node(s.host.name, rank, tuple(range(size))) for rank, s in enumerate(chosen)
+                Node(s.host.name, rank, s.take(size, top=s.host.name in top))
+                for rank, s in enumerate(empty[:nnodes])
             )
     return None
 

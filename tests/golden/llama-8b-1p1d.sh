@@ -12,7 +12,7 @@ SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --disaggregation-ib-device mlx5_roce0 \
   --tp-size 1 \
   --enable-metrics
-# decode-0 (decode): GPUs 1, HTTP :30001
+# decode-0 (decode): GPUs 7, HTTP :30001
 SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --host 10.0.0.1 \
@@ -21,7 +21,7 @@ SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device mlx5_roce0 \
   --tp-size 1 \
-  --base-gpu-id 1 \
+  --base-gpu-id 7 \
   --enable-metrics
 # router (pdkit): :8000, policies prefill=prefix_affinity decode=least_inflight
 python -m kit.lb \

@@ -43,7 +43,7 @@ def test_docs_one_host_1p1d_flags():
     assert "--port 30000 --disaggregation-mode prefill" in prefill
     assert "--disaggregation-ib-device mlx5_roce0" in prefill
     assert "--port 30001 --disaggregation-mode decode" in decode
-    assert "--base-gpu-id 1" in decode
+    assert "--base-gpu-id 7" in decode  # decodes fill a shared host from its top (place.py)
     router = plan.router.command.args
     assert " ".join(router).startswith(
         "--prefill http://10.0.0.1:30000 8998 --decode "

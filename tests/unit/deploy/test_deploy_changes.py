@@ -27,12 +27,12 @@ TEMPLATES = "t1"
 
 @pytest.fixture
 def record_of(tmp_path):
-    """A function: changes to local.yaml (5 GPUs) -> the record of its Plan."""
+    """A function: changes to local.yaml (5 GPUs unless told) -> the record of its Plan."""
     base = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
-    base["hosts"][0]["gpus"] = 5
 
-    def build(prefill=2, decode=1, templates=TEMPLATES, edit=None):
+    def build(prefill=2, decode=1, templates=TEMPLATES, edit=None, gpus=5):
         data = yaml.safe_load(yaml.safe_dump(base))
+        data["hosts"][0]["gpus"] = gpus
         data["prefill"]["count"], data["decode"]["count"] = prefill, decode
         if edit:
             edit(data)
@@ -63,33 +63,36 @@ def test_the_same_topology_changes_nothing(record_of):
     ]
 
 
-def test_scaling_up_on_one_host_adds_first_and_moves_the_decode_the_placement_shifts(record_of):
+def test_scaling_up_on_one_host_adds_and_moves_no_running_instance(record_of):
     changes = diff(record_of(2, 1), record_of(3, 2))
-    # decode-1 takes a free GPU at once; decode-0 moves from GPU 2 to 3 (the prefills come first
-    # in the placement) while decode-1 serves; prefill-2 waits for GPU 2.
-    assert kinds(changes) == [("add", "decode-1"), ("replace", "decode-0"), ("add", "prefill-2")]
-    assert changes.steps[1].reasons == ("GPUs 2 -> 3",)
-    assert changes.steps[2].after == ("decode-0",)
-    assert changes.unchanged == ("prefill-0", "prefill-1")
+    # Prefills grow from GPU 0 up, decodes from GPU 4 down: prefill-2 takes GPU 2 and decode-1
+    # GPU 3, and every running instance keeps its GPUs.
+    assert kinds(changes) == [("add", "prefill-2"), ("add", "decode-1")]
+    assert all(step.after == () for step in changes.steps)
+    assert changes.unchanged == ("prefill-0", "prefill-1", "decode-0")
     assert changes.router == ()  # its worker list changes live: no restart
-    assert changes.notes == ()  # decode-1 serves while decode-0 moves
-    assert changes.lines()[:3] == [
-        "1. add decode-1",
-        "2. replace decode-0 (GPUs 2 -> 3)",
-        "3. add prefill-2",
-    ]
-
-
-def test_scaling_down_frees_the_gpu_before_the_decode_moves_back_and_removes_last(record_of):
-    changes = diff(record_of(3, 2), record_of(2, 1))
-    assert kinds(changes) == [
-        ("remove", "prefill-2"),
-        ("replace", "decode-0"),
-        ("remove", "decode-1"),
-    ]
-    assert changes.steps[0].old_url.endswith(":30002")
-    assert changes.steps[1].after == ("prefill-2",)
     assert changes.notes == ()
+    assert changes.lines() == [
+        "1. add prefill-2",
+        "2. add decode-1",
+        "unchanged: prefill-0, prefill-1, decode-0",
+    ]
+
+
+def test_scaling_down_removes_and_moves_nothing(record_of):
+    changes = diff(record_of(3, 2), record_of(2, 1))
+    assert kinds(changes) == [("remove", "prefill-2"), ("remove", "decode-1")]
+    assert changes.steps[0].old_url.endswith(":30002")
+    assert changes.unchanged == ("prefill-0", "prefill-1", "decode-0")
+    assert changes.notes == ()
+
+
+def test_a_gpu_changing_roles_waits_for_the_instance_that_holds_it(record_of):
+    # 4 GPUs, 2P2D -> 3P1D: the new prefill-2 needs GPU 2, which decode-1 holds until it goes.
+    changes = diff(record_of(2, 2, gpus=4), record_of(3, 1, gpus=4))
+    assert kinds(changes) == [("remove", "decode-1"), ("add", "prefill-2")]
+    assert changes.steps[1].after == ("decode-1",)
+    assert changes.unchanged == ("prefill-0", "prefill-1", "decode-0")
 
 
 def test_a_changed_flag_replaces_only_that_instance_and_says_which_flag(record_of):
