@@ -12,7 +12,10 @@ Definitions (DistServe, Zhong et al. OSDI'24; vLLM and SGLang's bench_serving):
   share, which a steady deployment completes at; a point's tail (the last answers) does not
   dilute them. Output tokens/s are over the point's whole wall time.
 - Goodput of a deployment (`pdkit bench --search`): the highest offered rate whose attainment
-  is >= `slo.attainment`.
+  is >= `slo.attainment` with a steady queue: a point whose TTFT climbs through it (its last
+  third's p50 at least twice its first third's, and higher by a tenth of the TTFT objective or
+  more) is not sustained however many of its requests attained the SLO (`kit.perf.sweep`, the
+  rule the model's goodput uses).
 - Rejected: requests a router refused at the door with 429 (pdkit's admission). They count as
   misses in the attainment above; `admitted_attainment` leaves them out (good / not rejected).
 """
@@ -28,6 +31,7 @@ from typing import Any
 from kit.bench.machine import Bottleneck, verdict
 from kit.bench.records import RequestRecord
 from kit.bench.runner import PointResult
+from kit.perf import sweep
 from kit.topology.schema import SLO
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -105,11 +109,19 @@ class PointSummary:
     """Requests answered 429 (refused by the router's admission)."""
     notes: list[str] = field(default_factory=list)
     attainment_met: bool | None = None
-    """Set by a search: whether this point met the SLO's attainment target."""
+    """Set by a search: whether this point met the SLO's attainment target with a steady queue
+    (`meets`)."""
     bottlenecks: set[Bottleneck] = field(default_factory=set)
     """What besides the deployment set this point's pace: the client, this machine."""
     ttft_trend_ms: tuple[float, float] | None = None
     """TTFT p50 of the first and the last third of the point (ms): a queue that grows shows."""
+    queue_growing: bool = False
+    """The trend marks a growing queue (`kit.perf.sweep.queue_growing`): the deployment does
+    not sustain this rate, whatever the attainment of this finite point."""
+
+    def meets(self, slo: SLO) -> bool:
+        """Attainment at least the target, with a steady queue (the model's rule too)."""
+        return self.attainment >= slo.attainment and not self.queue_growing
 
     @property
     def admitted_attainment(self) -> float:
@@ -170,20 +182,11 @@ def _shares(records: Sequence[RequestRecord], attr: str) -> dict[str, WorkerShar
     return {w: WorkerShare(total[w], failed[w]) for w in sorted(total)}
 
 
-QUEUE_GROWTH = 2.0
-"""TTFT p50 growth from the first to the last third of a point that marks a growing queue."""
-
-
 def ttft_trend(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
     """TTFT p50 (ms) of the first and of the last third of the answered requests, in send
-    order; None for fewer than 9."""
+    order; None for fewer than 9 (`kit.perf.sweep.ttft_trend`, the model's rule)."""
     ordered = sorted((r for r in records if r.ok and r.ttft_ms is not None), key=lambda r: r.sent_s)
-    if len(ordered) < 9:
-        return None
-    third = len(ordered) // 3
-    first = quantile([r.ttft_ms or 0.0 for r in ordered[:third]], 0.5) or 0.0
-    last = quantile([r.ttft_ms or 0.0 for r in ordered[-third:]], 0.5) or 0.0
-    return first, last
+    return sweep.ttft_trend([r.ttft_ms or 0.0 for r in ordered])
 
 
 def summarize(point: PointResult, slo: SLO) -> PointSummary:
@@ -209,6 +212,7 @@ def summarize(point: PointResult, slo: SLO) -> PointSummary:
             examples[r.error_kind or "error"] = f"{r.error}{where}"
     drifts = [r.prompt_tokens / r.input_tokens - 1 for r in ok if r.prompt_tokens]
     send_lag = quantile([r.send_lag_ms for r in measured], 0.9) or 0.0
+    trend = ttft_trend(measured)
     summary = PointSummary(
         rate=point.rate,
         concurrency=point.concurrency,
@@ -232,7 +236,8 @@ def summarize(point: PointResult, slo: SLO) -> PointSummary:
         prompt_token_drift=sum(drifts) / len(drifts) if drifts else None,
         send_lag_p90_ms=send_lag,
         machine=point.load.to_json(),
-        ttft_trend_ms=ttft_trend(measured),
+        ttft_trend_ms=trend,
+        queue_growing=sweep.queue_growing(trend, slo),
         rejected=sum(1 for r in measured if r.status == 429),
     )
     for kind, note in verdict(point.load, send_lag):
@@ -275,12 +280,12 @@ def suspects(summary: PointSummary) -> list[tuple[str, str, WorkerShare]]:
 
 def _queue_note(summary: PointSummary) -> list[str]:
     trend = summary.ttft_trend_ms
-    if trend is None or trend[1] < QUEUE_GROWTH * max(trend[0], 1.0):
+    if not summary.queue_growing or trend is None:
         return []
     return [
         f"queue still growing: TTFT p50 rose from {trend[0]:.0f} ms (first third) to "
-        f"{trend[1]:.0f} ms (last third); the deployment does not sustain this rate, and a "
-        "longer point would attain less"
+        f"{trend[1]:.0f} ms (last third); the deployment does not sustain this rate, a "
+        "longer point would attain less, and --search counts it as missed"
     ]
 
 

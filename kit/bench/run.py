@@ -10,6 +10,7 @@ Plan, and kit/perf's model of the same instances predicts the goodput next to th
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from kit.bench.runner import LoadSpec, run_point
 from kit.bench.search import SearchResult, SearchSpec, search_goodput
 from kit.bench.view import PointLine, more_table, notes_lines, point_line, points_table
 from kit.errors import PdkitError
-from kit.perf.workload import WorkloadSpec
+from kit.perf.workload import STEADY_LIFETIMES, WorkloadSpec
 from kit.topology.plan import Plan
 from kit.topology.schema import SLO
 
@@ -210,6 +211,28 @@ def _add_prediction(report: BenchReport, plan: Plan) -> None:
         report.prediction_error = str(exc)
 
 
+def short_points(search: SearchResult, workload: WorkloadSpec, slo: SLO) -> str:
+    """A warning when the points at the goodput rate sent requests for fewer than
+    `STEADY_LIFETIMES` request lifetimes: such a point ends before the deployment's batch and
+    queues reach their steady size, and the goodput is higher than the rate it sustains. Empty
+    otherwise, and for a trace (it is as long as it is)."""
+    if search.goodput <= 0 or workload.trace or not search.boundary:
+        return ""
+    life = workload.lifetime_s(slo)
+    spans = [p.requests / p.sent_rate for p in search.boundary if p.sent_rate > 0]
+    if not spans or min(spans) >= STEADY_LIFETIMES * life:
+        return ""
+    span = min(spans)
+    enough = math.ceil(STEADY_LIFETIMES * life * search.goodput)
+    return (
+        f"the points at {search.goodput:g} req/s sent for {span:.1f} s, {span / life:.1f} request "
+        f"lifetimes (TTFT objective + mean output x TPOT objective = {life:.1f} s): a point that "
+        "short ends before the queues reach their steady size, so this goodput can be higher "
+        f"than the deployment sustains. --requests {enough} (or more) gives "
+        f"{STEADY_LIFETIMES:g} lifetimes."
+    )
+
+
 def _print(report: BenchReport, console: Console) -> None:
     options = report.options
     console.print(points_table(report.points, "Load points (latencies in ms)"))
@@ -223,6 +246,9 @@ def _print(report: BenchReport, console: Console) -> None:
             for p in report.points
             if p.rate is not None and p.rate >= (report.search.met_below or 0.0)
         ]
+        short = short_points(report.search, options.workload, options.slo)
+        if short:
+            console.print(f"warning: {short}", style="yellow", highlight=False)
         bound = sorted({f"{kind}-bound" for p in edge for kind in p.bottlenecks})
         if bound:
             console.print(

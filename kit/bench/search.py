@@ -1,6 +1,8 @@
 """Goodput by search: the highest offered rate whose SLO attainment meets the target.
 
-DistServe finds it by bisection in a simulator; here each probe is a real load point. From
+DistServe finds it by bisection in a simulator; here each probe is a real load point, which
+meets when its attainment does and its queue stays steady (`PointSummary.meets`: a finite point
+above what the deployment sustains can attain the target while its TTFT climbs). From
 `start` the rate doubles while the attainment holds (halves while it does not, down to
 `floor`), then bisects between the last rate that met and the first that missed until they are
 within `tolerance` of each other. The boundary rate is then run `repeat` more times: the
@@ -57,8 +59,8 @@ class SearchResult:
         above = f"; {self.missed_above:g} req/s missed" if self.missed_above else ""
         return (
             f"goodput {self.goodput:g} req/s: attainment {runs} over {len(self.boundary)} run(s) "
-            f"({self.confirmed} of {len(self.boundary)} met {slo.attainment:.0%}){above}"
-            + (f" [{self.capped}]" if self.capped else "")
+            f"({self.confirmed} of {len(self.boundary)} met {slo.attainment:.0%} with a steady "
+            f"queue){above}" + (f" [{self.capped}]" if self.capped else "")
         )
 
 
@@ -70,7 +72,7 @@ async def search_goodput(
 
     async def meets(rate: float) -> bool:
         summary = await measure(rate)
-        summary.attainment_met = summary.attainment >= slo.attainment
+        summary.attainment_met = summary.meets(slo)
         points.append(summary)
         return summary.attainment_met
 

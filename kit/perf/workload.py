@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from kit.errors import PdkitError
+from kit.topology.schema import SLO
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ def fixed_poisson(
 
 LengthKind = Literal["fixed", "uniform", "normal", "lognormal", "histogram"]
 ArrivalKind = Literal["poisson", "gamma", "constant"]
+STEADY_LIFETIMES = 3.0
+"""Request lifetimes (`WorkloadSpec.lifetime_s`) of arrivals a point needs to show a rate's
+steady state: `pdkit size` serves at least that many, `pdkit bench --search` warns below it."""
+
 TRACE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` block in the Mooncake trace format."""
 
@@ -347,6 +352,17 @@ class WorkloadSpec:
             t += gap
             out.append(Request(t, prompt, output))
         return out
+
+    def lifetime_s(self, slo: SLO) -> float:
+        """The longest life (s) of a request that meets `slo`: its TTFT objective plus the
+        mean output length x the TPOT objective. A point shorter than a few lifetimes ends
+        before the batch reaches its steady size, and attains more than the rate sustains."""
+        if self.trace:
+            outputs = [e.output_len for e in self.trace[: self.count]]
+            mean_output = sum(outputs) / len(outputs)
+        else:
+            mean_output = self.output.mean
+        return slo.ttft_ms / 1000 + max(mean_output - 1, 0) * slo.tpot_ms / 1000
 
     def factory(self) -> WorkloadFactory:
         """This workload as a sweep's `rate -> requests`."""

@@ -2,8 +2,9 @@
 through, and the workload it is measured with.
 
 A point serves the workload at one rate on `kit.perf`'s cluster model (the sim worker's own
-scheduler and timing, on a virtual clock) and checks the SLO attainment; the goodput is the
-highest rate whose attainment holds (DistServe's bisection). Two things make it cheap enough to
+scheduler and timing, on a virtual clock) and checks the SLO attainment and that the queue stays
+steady (`kit.perf.sweep`); the goodput is the highest rate where both hold (DistServe's
+bisection). Two things make it cheap enough to
 run for every candidate:
 
 * the search starts from an estimate (a role's measured capacity times its instances) and
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from kit.perf.cluster import Cluster
 from kit.perf.sweep import Summary, run_rate
-from kit.perf.workload import Request, WorkloadSpec
+from kit.perf.workload import STEADY_LIFETIMES, Request, WorkloadSpec
 from kit.topology.schema import SLO
 
 FLOOR = 0.01
@@ -42,7 +43,7 @@ class SteadyWorkload:
 
     spec: WorkloadSpec
     lifetime_s: float
-    lifetimes: float = 3.0
+    lifetimes: float = STEADY_LIFETIMES
     max_requests: int = 4000
 
     def count(self, rate: float) -> int:
@@ -54,16 +55,6 @@ class SteadyWorkload:
 
     def requests(self, rate: float) -> list[Request]:
         return replace(self.spec, count=self.count(rate)).requests(rate)
-
-
-def lifetime_s(spec: WorkloadSpec, slo: SLO) -> float:
-    """The longest life (s) of a request that meets `slo`: TTFT plus mean output x TPOT."""
-    if spec.trace:
-        outputs = [e.output_len for e in spec.trace[: spec.count]]
-        mean_output = sum(outputs) / len(outputs)
-    else:
-        mean_output = spec.output.mean
-    return slo.ttft_ms / 1000 + max(mean_output - 1, 0) * slo.tpot_ms / 1000
 
 
 @dataclass(frozen=True)
@@ -106,10 +97,9 @@ class Meter:
         `estimate` (requests/s): up while it holds, down while it misses, by `growth` and then
         by the square of the last step (a good estimate is bracketed in two points, a poor one
         in few more), then bisected geometrically."""
-        target = (slo or self.slo).attainment
 
         def meets(rate: float) -> bool:
-            return self.point(cluster, rate, slo).attainment >= target
+            return self.point(cluster, rate, slo).meets(slo or self.slo)
 
         rate = min(max(estimate, FLOOR), CEILING)
         step = self.growth

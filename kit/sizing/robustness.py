@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kit.perf.workload import Lengths, WorkloadSpec
-from kit.sizing.measure import Meter, SteadyWorkload, lifetime_s
+from kit.sizing.measure import Meter, SteadyWorkload
 from kit.sizing.problem import SizingProblem
 from kit.sizing.search import FINE, Rated
 
@@ -69,7 +69,7 @@ def robustness(problem: SizingProblem, rated: Rated) -> list[Variant]:
     for length, factor in VARIANTS:
         spec = scaled_workload(problem.workload, length, factor)
         meter = Meter(
-            SteadyWorkload(spec, lifetime_s(spec, model_slo), lifetimes),
+            SteadyWorkload(spec, spec.lifetime_s(model_slo), lifetimes),
             model_slo,
             tolerance,
             growth=1.5,  # started from a guess, not a measurement

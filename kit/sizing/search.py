@@ -32,7 +32,7 @@ from kit.perf.sweep import Summary
 from kit.sizing.accept import accepted
 from kit.sizing.candidates import Deployment, Group, instance_config, with_knobs
 from kit.sizing.capacity import Capacities, better, decode_batch, measure
-from kit.sizing.measure import Meter, SteadyWorkload, lifetime_s
+from kit.sizing.measure import Meter, SteadyWorkload
 from kit.sizing.problem import SizingError, SizingProblem
 
 MAX_UNIT_INSTANCES = 8
@@ -137,7 +137,7 @@ FINE = (2.0, 0.03, 1.1)
 def meters(problem: SizingProblem) -> tuple[Meter, Meter]:
     """A rough and a fine meter for the problem's workload and SLO (see `ROUGH`)."""
     slo = problem.model_slo
-    life = lifetime_s(problem.workload, slo)
+    life = problem.workload.lifetime_s(slo)
     rough, fine = (
         Meter(SteadyWorkload(problem.workload, life, lifetimes), slo, tolerance, growth)
         for lifetimes, tolerance, growth in (ROUGH, FINE)

@@ -9,8 +9,10 @@ import pytest
 from kit.bench.machine import MachineLoad, verdict
 from kit.bench.metrics import summarize, suspects
 from kit.bench.records import RequestRecord
+from kit.bench.run import short_points
 from kit.bench.runner import PointResult
-from kit.bench.search import SearchSpec, search_goodput
+from kit.bench.search import SearchResult, SearchSpec, search_goodput
+from kit.perf.workload import WorkloadSpec
 from kit.topology.schema import SLO
 
 SLO_ = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)
@@ -115,3 +117,34 @@ def test_the_search_walks_down_and_reports_no_goodput_when_even_the_floor_misses
     result = asyncio.run(search_goodput(measure, SLO_, SearchSpec(start=1, floor=0.2)))
     assert result.goodput == 0 and runs == [1, 0.5, 0.25]
     assert "no rate down to" in result.describe(SLO_)
+
+
+def test_the_search_counts_a_point_whose_queue_grows_as_missed():
+    """Up to 5 req/s TTFT is flat; above it TTFT climbs through the point but stays within the
+    400 ms objective, so every request attains: the finite point alone would call 10 req/s
+    met. The growing queue makes it a miss, and the note says why."""
+
+    async def measure(rate: float):
+        climb = 0.0 if rate <= 5 else 3.4
+        records = [record(i, ttft=50 + climb * i) for i in range(100)]
+        return summarize(PointResult(rate, None, records, 0.0, 10.0, MachineLoad()), SLO_)
+
+    result = asyncio.run(search_goodput(measure, SLO_, SearchSpec(start=1, tolerance=0.05)))
+    assert 5 * 0.95 <= result.goodput <= 5
+    above = next(p for p in result.points if p.rate == 8)
+    assert above.attainment == 1.0 and above.queue_growing and not above.attainment_met
+    assert any("queue still growing" in n and "--search counts it" in n for n in above.notes)
+    assert "with a steady queue" in result.describe(SLO_)
+
+
+def test_a_search_whose_points_are_shorter_than_three_lifetimes_says_how_many_requests():
+    # Lifetime under SLO_ with 64 output tokens: 0.4 + 63 x 0.04 = 2.92 s; 100 requests at
+    # 2 req/s send for 50 s (17 lifetimes), at 20 req/s for 5 s (1.7).
+    spec = WorkloadSpec(count=100)
+    for rate, warned in ((2.0, False), (20.0, True)):
+        records = [record(i, sent_s=i / rate) for i in range(100)]
+        boundary = summarize(PointResult(rate, None, records, 0.0, 10.0, MachineLoad()), SLO_)
+        result = SearchResult(rate, rate, None, boundary=[boundary], points=[boundary])
+        text = short_points(result, spec, SLO_)
+        assert bool(text) is warned
+    assert "1.7 request lifetimes" in text and "--requests 176 " in text

@@ -9,7 +9,7 @@ import pytest
 from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
-from kit.perf.sweep import goodput, percentile, run_rate
+from kit.perf.sweep import goodput, percentile, queue_growing, run_rate, ttft_trend
 from kit.perf.workload import Request, fixed_poisson, poisson_arrivals, poisson_workload
 from kit.topology.schema import SLO
 
@@ -116,3 +116,35 @@ def test_a_model_that_does_not_fit_says_so():
     assert not big.fits() and replace(big, tp=4).fits()
     with pytest.raises(ValueError, match=r"does not fit on 1 x A100-80G.*raise tp"):
         Cluster(colocated=Instances(big)).run(poisson_workload(1.0, 1, 16, 1))
+
+
+def test_a_short_run_above_the_sustained_rate_attains_but_its_growing_queue_misses():
+    # 2P1D serves 20 req/s steadily (2000 requests); 100 requests at 28 req/s all attain the
+    # SLO because the first find an empty queue, but TTFT climbs through the run.
+    pd = Cluster(prefill=Instances(CFG, 2), decode=Instances(CFG))
+    short = fixed_poisson(512, 64, requests=100)
+    above = run_rate(pd, 28.0, short, slo=DISTSERVE_SLO)
+    assert above.attainment >= DISTSERVE_SLO.attainment and above.growing
+    assert not above.meets(DISTSERVE_SLO)
+    steady = run_rate(pd, 18.0, short, slo=DISTSERVE_SLO)
+    assert steady.meets(DISTSERVE_SLO) and not steady.growing
+    assert goodput(pd, short, slo=DISTSERVE_SLO) < 28.0
+
+
+@pytest.mark.parametrize(
+    ("trend", "growing"),
+    [
+        ((100.0, 180.0), False),  # slower, not doubled
+        ((100.0, 250.0), True),  # doubled, and up by more than a tenth of the 400 ms objective
+        ((5.0, 30.0), False),  # six times, but 25 ms: noise at a low TTFT
+        (None, False),  # too few answers to tell
+    ],
+)
+def test_a_growing_queue_is_a_doubled_ttft_that_also_matters_against_the_objective(trend, growing):
+    assert queue_growing(trend, DISTSERVE_SLO) is growing
+
+
+def test_the_trend_is_the_median_of_the_first_and_last_thirds_of_the_answered():
+    ttfts = [10.0] * 3 + [float("inf")] + [50.0] * 3 + [90.0] * 3
+    assert ttft_trend(ttfts) == (10.0, 90.0)
+    assert ttft_trend([10.0] * 8) is None
