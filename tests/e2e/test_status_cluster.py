@@ -349,17 +349,22 @@ def test_a_prefill_the_router_drains_is_draining_until_its_request_ends(healthy)
     with ThreadPoolExecutor(1) as pool:
         request = pool.submit(post_json, router + "/generate", body)
 
-        def busy_prefill() -> WorkerProcess | None:
+        found: list[WorkerProcess] = []
+
+        def busy_prefill() -> bool:
+            # The long prompt's tokens, not a request count: the router's health probes are
+            # requests too, a few tokens each and gone at once.
             for name in ("prefill-0", "prefill-1"):
                 w = healthy.worker(name)
                 loads = get_json(w.url + "/v1/loads?include=all")["loads"]
-                if sum(e["num_running_reqs"] + e["num_waiting_reqs"] for e in loads) > 0:
-                    return w
-            return None
+                tokens = sum(e["num_used_tokens"] + e["num_waiting_uncached_tokens"] for e in loads)
+                if tokens >= LONG_PROMPT // 2:
+                    found.append(w)
+                    return True
+            return False
 
-        wait_until("a prefill working on the long prompt", lambda: busy_prefill() is not None)
-        busy = busy_prefill()
-        assert busy is not None
+        wait_until("a prefill working on the long prompt", busy_prefill)
+        busy = found[-1]
         assert admin("DELETE", f"{router}/workers?url={busy.url}") == 202
         result = pdkit("health", str(healthy.topology), "--json", "--timeout", "2")
         assert result.returncode == 1
