@@ -57,13 +57,12 @@ class _HostState:
     decodes from its top."""
 
     host: Host
-    low: int = 0
-    high: int = -1
     next_port: dict[str, int] = field(default_factory=dict)
+    low: int = field(default=0, init=False)
+    high: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.high < 0:
-            self.high = self.host.gpus
+        self.high = self.host.gpus
 
     @property
     def free(self) -> int:
