@@ -73,6 +73,8 @@ class BenchReport:
     prediction_error: str = ""
     predicted_curve: list[tuple[float, float]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    deployment: dict[str, Any] | None = None
+    """What was measured (`deployment_json`), when bench had the topology."""
 
     def to_json(self) -> dict[str, Any]:
         opts = self.options
@@ -96,6 +98,8 @@ class BenchReport:
             "slo": opts.slo.model_dump(),
             "points": [p.to_json() for p in self.points],
         }
+        if self.deployment is not None:
+            out["deployment"] = self.deployment
         if self.search is not None:
             out["search"] = {
                 "goodput": self.search.goodput,
@@ -114,6 +118,20 @@ class BenchReport:
         elif self.prediction_error:
             out["prediction"] = {"error": self.prediction_error}
         return out
+
+
+def deployment_json(plan: Plan) -> dict[str, Any]:
+    """The deployment a run measured, as `pdkit size --calibrate` checks it: the model, and per
+    role its instance count and parallelism (its rank-0 process's)."""
+    roles: dict[str, Any] = {}
+    for role in ("prefill", "decode"):
+        processes = plan.role(role)
+        if processes:
+            roles[role] = {
+                "instances": len({p.instance_name for p in processes}),
+                **processes[0].parallelism.model_dump(),
+            }
+    return {"name": plan.name, "engine": plan.engine, "model": plan.model.path, "roles": roles}
 
 
 def _run_id() -> str:
@@ -187,6 +205,8 @@ def bench(
             highlight=False,
         )
     report = run(_run(target, options, console))
+    if plan is not None:
+        report.deployment = deployment_json(plan)
     if plan is not None and options.predict and options.load.concurrency is None:
         _add_prediction(report, plan)
     if options.out is not None:

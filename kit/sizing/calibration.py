@@ -144,6 +144,24 @@ class BenchRun:
     points: tuple[RunPoint, ...]
     slo: SLO
     goodput: float | None
+    deployment: dict[str, Any] | None = None
+    """What the run measured (`kit.bench.run.deployment_json`); None for a `--url` run."""
+
+    def mismatch(self, measured: dict[str, Any]) -> list[str]:
+        """How `measured` (the topology's `deployment_json`) differs from what the run
+        measured, one phrase per difference; empty when it is the same or not recorded."""
+        ran = self.deployment
+        if not ran:
+            return []
+        out = []
+        if ran.get("model") != measured["model"]:
+            out.append(f"model {ran.get('model')} -> {measured['model']}")
+        for role in ("prefill", "decode"):
+            was, now = (ran.get("roles") or {}).get(role) or {}, measured["roles"].get(role) or {}
+            for key in sorted(set(was) | set(now)):
+                if was.get(key) != now.get(key):
+                    out.append(f"{role} {key} {was.get(key)} -> {now.get(key)}")
+        return out
 
 
 def read_run(folder: Path) -> BenchRun:
@@ -179,7 +197,14 @@ def read_run(folder: Path) -> BenchRun:
         )
     search = summary.get("search") or {}
     measured = search.get("goodput") if search and not search.get("capped") else None
-    return BenchRun(folder, rated, slo, float(measured) if measured else None)
+    deployment = summary.get("deployment")
+    return BenchRun(
+        folder,
+        rated,
+        slo,
+        float(measured) if measured else None,
+        deployment if isinstance(deployment, dict) else None,
+    )
 
 
 def _point(records: list[RequestRecord]) -> RunPoint:

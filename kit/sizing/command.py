@@ -255,6 +255,7 @@ def _print(
 def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
     """Fit the efficiency factors to the bench run in `args.calibrate` and store them."""
     from kit.bench.predict import plan_cluster  # noqa: PLC0415 (the sim's parsers)
+    from kit.bench.run import deployment_json  # noqa: PLC0415
     from kit.topology.resolve import resolve  # noqa: PLC0415
 
     assert args.calibrate is not None
@@ -264,7 +265,15 @@ def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
             "TOPOLOGY --calibrate RUN_DIR."
         )
     run_ = calibration.read_run(args.calibrate)
-    cluster, speed = plan_cluster(resolve(args.topology))
+    plan = resolve(args.topology)
+    differs = run_.mismatch(deployment_json(plan))
+    if differs:
+        raise SizingError(
+            f"--calibrate {args.calibrate}: the run measured another deployment than "
+            f"{args.topology} ({'; '.join(differs)}). To fix: give the topology the run "
+            f"measured, or bench this one: pdkit bench {args.topology} --search --out DIR."
+        )
+    cluster, speed = plan_cluster(plan)
     instances = cluster.prefill or cluster.decode or cluster.colocated
     assert instances is not None
     model, gpu = instances.config.model.name, instances.config.gpu.name
@@ -312,6 +321,11 @@ def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
         f"{fitted.before.memory:.3f}; after: compute {fitted.after.compute:.3f}, memory "
         f"{fitted.after.memory:.3f}",
     ]
+    if run_.deployment is None:
+        lines.append(
+            f"note: the run does not record what it measured (a --url run, or one from before "
+            f"pdkit recorded it): make sure it measured {args.topology}"
+        )
     for line in lines:
         console.print(line, markup=False, highlight=False)
     console.print(report.calibration_table(fitted))

@@ -118,6 +118,10 @@ def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_noth
     assert point["requests"] + 1 == 12 and point["ok"] == point["requests"]  # 1 warm-up
     assert set(point["decode"]) == {f"http://127.0.0.1:{data['decode']['port']}"}
     assert report["prediction"]["goodput"] > 8 and report["gpus"] == 3
+    # ...and records what it measured, for pdkit size --calibrate to check.
+    roles = report["deployment"]["roles"]
+    assert (roles["prefill"]["instances"], roles["decode"]["instances"]) == (2, 1)
+    assert report["deployment"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
 
     # The API key lives only in the router's environment file (0600), nowhere else.
     env_file = Path(layout(topology, name).env_file("router"))

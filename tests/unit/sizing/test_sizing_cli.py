@@ -11,6 +11,7 @@ import yaml
 
 from kit.bench.predict import plan_cluster
 from kit.bench.records import write_records
+from kit.bench.run import deployment_json
 from kit.perf.timing import Efficiency
 from kit.sizing.calibration import CALIBRATION_ENV, with_efficiency
 from kit.topology.resolve import resolve
@@ -98,6 +99,7 @@ def test_calibrate_fits_a_run_and_the_next_size_uses_it(tmp_path):
 
     fitted = run_pdkit("size", str(topology), "--calibrate", str(run), env=env)
     assert fitted.returncode == 0, fitted.stderr
+    assert "note: the run does not record what it measured" in fitted.stdout
     assert "PDKIT_SIM_SPEED 0.25" in fitted.stdout
     assert "after: compute 0.4" in fitted.stdout
     store = json.loads((tmp_path / "calibration.json").read_text())
@@ -111,6 +113,39 @@ def test_calibrate_fits_a_run_and_the_next_size_uses_it(tmp_path):
     assert "sim slowed by PDKIT_SIM_SPEED 0.25" in sized.stdout
     ignored = run_pdkit("size", str(topology), "--no-robustness", "--no-calibration", env=env)
     assert "stored calibrations ignored" in ignored.stdout
+
+
+def test_calibrate_refuses_a_run_of_another_deployment(tmp_path):
+    """bench records what it measured in summary.json; --calibrate with another topology is
+    refused, naming what differs, and with the same one it fits without a note."""
+    topology = tmp_path / "deployed.yaml"
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    data["model"]["path"] = "meta-llama/Llama-2-13b-hf"
+    data["hosts"][0]["gpu_type"] = "A100-80G"
+    data["decode"].pop("args")
+    topology.write_text(yaml.safe_dump(data))
+    plan = resolve(topology)
+    cluster, speed = plan_cluster(plan)
+    run = tmp_path / "run"
+    run.mkdir()
+    write_records(run / "requests.jsonl", synthetic_records(cluster, [1, 2], speed))
+    summary = {"slo": {"ttft_ms": 400, "tpot_ms": 40, "attainment": 0.9}}
+    (run / "summary.json").write_text(json.dumps(summary | {"deployment": deployment_json(plan)}))
+    env = env_for(tmp_path)
+    same = run_pdkit("size", str(topology), "--calibrate", str(run), env=env)
+    assert same.returncode == 0, same.stderr
+    assert "note: the run does not record" not in same.stdout
+
+    data["decode"]["count"], data["prefill"]["tp"] = 2, 2
+    data["hosts"][0]["gpus"] = 6
+    topology.write_text(yaml.safe_dump(data))
+    other = run_pdkit("size", str(topology), "--calibrate", str(run), env=env)
+    assert other.returncode != 0
+    assert f"--calibrate {run}: the run measured another deployment than {topology}" in (
+        other.stderr
+    )
+    assert "prefill tp 1 -> 2; decode instances 1 -> 2" in other.stderr
+    assert f"pdkit bench {topology} --search --out DIR" in other.stderr
 
 
 @pytest.mark.parametrize(
