@@ -42,6 +42,9 @@ LONG_PROMPT = 60_000  # tokens: seconds of emulated prefill, time to kill the pr
 # takes ~16 s to prefill (~4 s at full speed), so the tests that act while it is in flight
 # (drain it, kill it while its decode waits for the KV) cannot miss that window on a loaded host.
 SLOW_PREFILL = {"PDKIT_SIM_SPEED": "0.25"}
+# Probe timeout (s) where every worker answers: generous, as a loaded 2-core machine can take
+# seconds to answer /metrics, and a timed-out probe hides what the test looks for.
+PROBE_TIMEOUT = 10
 
 
 def free_block(count: int) -> int:
@@ -281,7 +284,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def test_health_is_ok_when_every_process_is_healthy(healthy):
-    result = pdkit("health", str(healthy.topology), "--timeout", "2")
+    result = pdkit("health", str(healthy.topology), "--timeout", str(PROBE_TIMEOUT))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("OK: healthy: 3 workers and the pdkit router are healthy")
 
@@ -312,7 +315,7 @@ def test_status_json_shows_each_worker_and_the_router_with_traffic(healthy):
 
 
 def test_status_table_and_watch_refresh(healthy):
-    table = pdkit("status", str(healthy.topology), "--timeout", "2")
+    table = pdkit("status", str(healthy.topology), "--timeout", str(PROBE_TIMEOUT))
     assert table.returncode == 0, table.stderr
     for text in ("prefill (2)", "decode (1)", "router pdkit", "all healthy", "sim 0.5.23"):
         assert text in table.stdout
@@ -366,7 +369,7 @@ def test_a_prefill_the_router_drains_is_draining_until_its_request_ends(healthy)
         wait_until("a prefill working on the long prompt", busy_prefill)
         busy = found[-1]
         assert admin("DELETE", f"{router}/workers?url={busy.url}") == 202
-        result = pdkit("health", str(healthy.topology), "--json", "--timeout", "2")
+        result = pdkit("health", str(healthy.topology), "--json", "--timeout", str(PROBE_TIMEOUT))
         assert result.returncode == 1
         data = json.loads(result.stdout)
         states = {w["name"]: w["state"] for w in data["workers"]}
@@ -411,7 +414,7 @@ def test_a_prefill_killed_mid_transfer_is_down_and_the_decode_counts_the_failure
         healthy.kill("prefill-1")
         assert legs[1].result(timeout=60) in range(500, 600)  # it fails, it does not hang
     try:
-        result = pdkit("health", str(healthy.topology), "--timeout", "2")
+        result = pdkit("health", str(healthy.topology), "--timeout", str(PROBE_TIMEOUT))
         assert result.returncode == 1
         lines = result.stdout.splitlines()
         problems = [line for line in lines if not line.startswith("warning")]
