@@ -165,6 +165,7 @@ class PointSummary:
             "ttft_trend_ms": None
             if self.ttft_trend_ms is None
             else [round(v, 3) for v in self.ttft_trend_ms],
+            "queue_growing": self.queue_growing,
             "machine": self.machine,
             "notes": self.notes,
             "bottlenecks": sorted(self.bottlenecks),

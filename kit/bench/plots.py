@@ -63,6 +63,18 @@ def attainment_figure(
         color="tab:blue",
         label="measured",
     )
+    growing = [p for p in rated if p.get("queue_growing")]
+    if growing:
+        ax.plot(
+            [p["rate"] for p in growing],
+            [p["attainment"] * 100 for p in growing],
+            "x",
+            color="tab:red",
+            markersize=11,
+            markeredgewidth=2,
+            linestyle="none",
+            label="queue growing: not sustained",
+        )
     if predicted:
         ax.plot(
             [r for r, _ in predicted],

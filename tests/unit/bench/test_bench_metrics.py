@@ -133,6 +133,7 @@ def test_the_search_counts_a_point_whose_queue_grows_as_missed():
     assert 5 * 0.95 <= result.goodput <= 5
     above = next(p for p in result.points if p.rate == 8)
     assert above.attainment == 1.0 and above.queue_growing and not above.attainment_met
+    assert above.to_json()["queue_growing"] is True  # attainment.png marks it
     assert any("queue still growing" in n and "--search counts it" in n for n in above.notes)
     assert "with a steady queue" in result.describe(SLO_)
 
