@@ -71,6 +71,12 @@ class Cluster:
             raw = await resp.read()
             return resp.status, _maybe_json(raw), resp.headers
 
+    async def delete(self, path: str, params: dict[str, str], *, key: str | None = None) -> Any:
+        """DELETE with query `params` and return (status, parsed JSON or raw bytes)."""
+        hdrs = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        async with self.session.delete(self.url + path, params=params, headers=hdrs) as resp:
+            return resp.status, _maybe_json(await resp.read())
+
     async def wait_for(self, predicate: Any, timeout: float = 5.0, what: str = "") -> None:
         deadline = time.monotonic() + timeout
         while not predicate():

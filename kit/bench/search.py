@@ -3,8 +3,8 @@
 DistServe finds it by bisection in a simulator; here each probe is a real load point, which
 meets when its attainment does and its queue stays steady (`PointSummary.meets`: a finite point
 above what the deployment sustains can attain the target while its TTFT climbs). From
-`start` the rate doubles while the attainment holds (halves while it does not, down to
-`floor`), then bisects between the last rate that met and the first that missed until they are
+`start` the rate doubles while points meet (halves while they do not, down to `floor`), then
+bisects between the last rate that met and the first that missed until they are
 within `tolerance` of each other. The boundary rate is then run `repeat` more times: the
 result says how many of those runs met the target, which is how confident the number is on a
 noisy machine.

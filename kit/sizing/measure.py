@@ -4,8 +4,7 @@ through, and the workload it is measured with.
 A point serves the workload at one rate on `kit.perf`'s cluster model (the sim worker's own
 scheduler and timing, on a virtual clock) and checks the SLO attainment and that the queue stays
 steady (`kit.perf.sweep`); the goodput is the highest rate where both hold (DistServe's
-bisection). Two things make it cheap enough to
-run for every candidate:
+bisection). Two things make it cheap enough to run for every candidate:
 
 * the search starts from an estimate (a role's measured capacity times its instances) and
   steps geometrically from there, so a good estimate costs 4-6 points instead of 10-15;

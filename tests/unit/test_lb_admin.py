@@ -119,13 +119,10 @@ def test_workers_list_add_and_remove_with_drain():
                 c.lb.policies["decode"] = _Always(old.url)
                 inflight = asyncio.create_task(c.post("/generate", {"text": "x"}, key="client-key"))
                 await c.wait_for(lambda: c.lb.pool.get(old.url).inflight == 1, what="in flight")
-                async with c.session.delete(
-                    f"{c.url}/workers",
-                    params={"url": old.url, "wait": "true"},
-                    headers={"Authorization": "Bearer admin-key"},
-                ) as resp:
-                    removed = await resp.json()
-                assert resp.status == 200 and removed == {
+                status, removed = await c.delete(
+                    "/workers", {"url": old.url, "wait": "true"}, key="admin-key"
+                )
+                assert status == 200 and removed == {
                     "removed": old.url,
                     "drained": True,
                     "inflight_left": 0,
@@ -136,12 +133,8 @@ def test_workers_list_add_and_remove_with_drain():
                 c.lb.policies["decode"] = _Always(extra.url)
                 status, _, _ = await c.post("/generate", {"text": "x"}, key="client-key")
                 assert status == 200 and extra.requests
-                async with c.session.delete(
-                    f"{c.url}/workers",
-                    params={"url": old.url},
-                    headers={"Authorization": "Bearer admin-key"},
-                ) as r:
-                    assert r.status == 404
+                status, _ = await c.delete("/workers", {"url": old.url}, key="admin-key")
+                assert status == 404
             finally:
                 await extra.stop()
 
@@ -159,22 +152,17 @@ def test_a_removal_drains_for_its_own_grace_not_the_lbs():
             c.lb.policies["decode"] = _Always(old.url)
             inflight = asyncio.create_task(c.post("/generate", {"text": "x"}, key="client-key"))
             await c.wait_for(lambda: c.lb.pool.get(old.url).inflight == 1, what="in flight")
-            admin = {"Authorization": "Bearer admin-key"}
             for bad in ("-1", "soon", "1e9"):
-                async with c.session.delete(
-                    f"{c.url}/workers", params={"url": old.url, "grace": bad}, headers=admin
-                ) as resp:
-                    body = await resp.json()
-                assert resp.status == 400 and body["error"]["param"] == "grace", body
+                status, body = await c.delete(
+                    "/workers", {"url": old.url, "grace": bad}, key="admin-key"
+                )
+                assert status == 400 and body["error"]["param"] == "grace", body
             assert c.lb.pool.get(old.url).routable
             began = asyncio.get_running_loop().time()
-            async with c.session.delete(
-                f"{c.url}/workers",
-                params={"url": old.url, "wait": "true", "grace": "0.2"},
-                headers=admin,
-            ) as resp:
-                removed = await resp.json()
-            assert resp.status == 200 and removed == {
+            status, removed = await c.delete(
+                "/workers", {"url": old.url, "wait": "true", "grace": "0.2"}, key="admin-key"
+            )
+            assert status == 200 and removed == {
                 "removed": old.url,
                 "drained": False,
                 "inflight_left": 1,

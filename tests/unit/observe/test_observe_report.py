@@ -66,20 +66,20 @@ def test_a_healthy_worker_the_router_ejected_is_a_problem():
     assert "the router does not route to it (unhealthy: health_check)" in report.problems[0].cause
 
 
+def _prefill_1_out(reason: str) -> str:
+    """The router's metrics with prefill-1 out of routing for `reason`."""
+    metrics = pdkit_metrics(healthy={P0: 1, P1: 0, D0: 1})
+    return metrics.replace('reason="health_check"', f'reason="{reason}"')
+
+
 def test_a_worker_the_router_drains_is_draining():
-    metrics = pdkit_metrics(healthy={P0: 1, P1: 0, D0: 1}).replace(
-        'reason="health_check"', 'reason="draining"'
-    )
-    report = report_of(router=pdkit_answers(metrics=metrics))
+    report = report_of(router=pdkit_answers(metrics=_prefill_1_out("draining")))
     assert report.workers[1].state == "draining"
     assert "draining" in report.problems[0].cause
 
 
 def test_a_healthy_worker_the_router_was_just_given_is_joining_not_a_problem():
-    metrics = pdkit_metrics(healthy={P0: 1, P1: 0, D0: 1}).replace(
-        'reason="health_check"', 'reason="pending"'
-    )
-    report = report_of(router=pdkit_answers(metrics=metrics))
+    report = report_of(router=pdkit_answers(metrics=_prefill_1_out("pending")))
     assert report.workers[1].state == "joining"
     assert "routes to it after its first good health probe" in report.workers[1].cause
     assert report.problems == ()
