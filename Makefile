@@ -7,8 +7,9 @@ SMG_VENV := .venv-smg
 ROUTER_VENV := .venv-sglang-router
 SGLANG_VERSION := 0.5.23
 TORCH_VERSION := 2.13.0
-# Small pure dependencies that SGLang's argument parser imports (see reference section 8), and
-# its request path (tools/sglang_requests.py): openai at SGLang's pin, regex, partial-json-parser.
+# Small pure dependencies that SGLang's argument parser imports (see reference section 8), and its
+# request path (tests/oracles/sglang_requests.py): openai at SGLang's pin, regex,
+# partial-json-parser.
 SGLANG_PARSER_DEPS := msgspec psutil numpy orjson pybase64 requests packaging pillow starlette \
 	pydantic pyzmq aiohttp fastapi uvicorn uvloop setproctitle openai==2.8.0 regex partial-json-parser
 
@@ -54,8 +55,8 @@ $(ROUTER_VENV)/.stamp:
 deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp
 
 lint: $(VENV)/.stamp
-	$(VENV)/bin/ruff check kit tests tools
-	$(VENV)/bin/ruff format --check kit tests tools
+	$(VENV)/bin/ruff check kit tests tools benchmarks
+	$(VENV)/bin/ruff format --check kit tests tools benchmarks
 	$(VENV)/bin/ansible-lint playbooks/
 	$(PY) -m tools.gen_docs_reference --check
 
@@ -81,25 +82,25 @@ down: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local.yaml
 
 bench-lb: $(VENV)/.stamp $(SMG_VENV)/.stamp $(ROUTER_VENV)/.stamp
-	$(PY) -m tools.bench_lb
+	$(PY) -m benchmarks.bench_lb
 
 bench-admission: $(VENV)/.stamp
-	$(PY) -m tools.bench_admission
+	$(PY) -m benchmarks.bench_admission
 
 bench-sim: $(VENV)/.stamp
-	$(PY) -m tools.bench_sim
+	$(PY) -m benchmarks.bench_sim
 
 bench-status: $(VENV)/.stamp
-	$(PY) -m tools.bench_status
+	$(PY) -m benchmarks.bench_status
 
 bench-bench: $(VENV)/.stamp
-	$(PY) -m tools.bench_bench
+	$(PY) -m benchmarks.bench_bench
 
 bench-goodput: $(VENV)/.stamp
-	$(PY) -m tools.bench_goodput
+	$(PY) -m benchmarks.bench_goodput
 
 bench-size: $(VENV)/.stamp
-	$(PY) -m tools.bench_size
+	$(PY) -m benchmarks.bench_size
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) .pytest_cache .mypy_cache .ruff_cache

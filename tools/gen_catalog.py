@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Run as a script (`python tools/gen_catalog.py`): the shim sits next to this file.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script (`python tools/gen_catalog.py`) in the SGLang venv. The shim that lets SGLang's
+# parser import there is shared with the parser oracles the tests run, so it lives with them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "oracles"))
 
 import sglang_shim
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import REPO, run_pdkit
-from tests.lb_cluster import FAST_HEALTH
-from tools.sim_launch import PdCluster
+from tests.support.lb_cluster import FAST_HEALTH
+from tests.support.sim_launch import PdCluster
 
 pytestmark = pytest.mark.e2e
 

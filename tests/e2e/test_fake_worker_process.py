@@ -1,5 +1,6 @@
-"""`FakeWorkerProcess` (`python -m tools.fake_worker`): fake PD workers in a background process,
-as the benchmarks use them: URLs to route to, a summary of what they saw, nothing left running."""
+"""`FakeWorkerProcess` (`python -m tests.support.fake_worker`): fake PD workers in a background
+process, as the benchmarks use them: URLs to route to, a summary of what they saw, nothing left
+running."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tools.fake_worker import FakeWorkerProcess
+from tests.support.fake_worker import FakeWorkerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -2,8 +2,8 @@
 body through `python -m kit.lb` as from the worker itself.
 
 A prefill and a decode sim worker (PD over Mooncake) behind the router; each body, an invalid
-one from the request corpus (tests/request_corpus.py), goes to the decode worker directly and
-through the router, which sends it to both workers with the bootstrap fields added.
+one from the request corpus (tests/oracles/request_corpus.py), goes to the decode worker directly
+and through the router, which sends it to both workers with the bootstrap fields added.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.request_corpus import CASES, MODEL, SERVERS
-from tools.sim_launch import PdCluster
+from tests.oracles.request_corpus import CASES, MODEL, SERVERS
+from tests.support.sim_launch import PdCluster
 
 pytestmark = pytest.mark.e2e
 

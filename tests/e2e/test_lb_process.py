@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from tests.conftest import REPO
-from tests.lb_cluster import run, sse_events
-from tools.fake_worker import FakeWorker, Ledger
-from tools.sim_launch import free_port
+from tests.support.fake_worker import FakeWorker, Ledger
+from tests.support.lb_cluster import run, sse_events
+from tests.support.sim_launch import free_port
 
 pytestmark = pytest.mark.e2e
 

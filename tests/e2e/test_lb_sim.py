@@ -17,8 +17,8 @@ from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tests.lb_cluster import FAST_HEALTH, run
-from tools.sim_launch import SimProcess, free_port, worker_argv
+from tests.support.lb_cluster import FAST_HEALTH, run
+from tests.support.sim_launch import SimProcess, free_port, worker_argv
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ import yaml
 from kit.deploy.services import supervisor_processes
 from tests.conftest import REPO
 from tests.e2e.test_up_local import layout, pdkit, pids
-from tests.local_deploy import API_KEY, API_KEY_ENV, write_topology
+from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,13 @@ from kit.observe.probe import Prober
 from kit.observe.prometheus import query, scrape_health
 from kit.topology.layout import HostLayout, host_root
 from tests.conftest import run_pdkit
-from tests.local_deploy import API_KEY, API_KEY_ENV, free_ports, processes_of, write_topology
+from tests.support.local_deploy import (
+    API_KEY,
+    API_KEY_ENV,
+    free_ports,
+    processes_of,
+    write_topology,
+)
 
 pytestmark = [
     pytest.mark.e2e,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kit.sglang.catalog import load_catalog, supported_versions
-from tests.sglang_parser import CATALOG_TOOL, REPO_ROOT, parse_with_sglang, run_sglang_tool
+from tests.oracles.sglang_parser import CATALOG_TOOL, REPO_ROOT, parse_with_sglang, run_sglang_tool
 
 pytestmark = pytest.mark.sglang
 

@@ -6,7 +6,7 @@ import pytest
 
 from kit.topology.resolve import resolve
 from tests.conftest import TOPOLOGIES
-from tests.sglang_parser import parse_with_sglang
+from tests.oracles.sglang_parser import parse_with_sglang
 
 pytestmark = pytest.mark.sglang
 

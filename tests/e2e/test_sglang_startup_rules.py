@@ -1,11 +1,11 @@
 """pdkit's start-up rules (kit/sglang/startup) agree with SGLang 0.5.23's own start-up hooks.
 
 For every rule, the argv pdkit renders for the bad topology of its case
-(tests/sglang_startup_cases.py) goes through SGLang's hooks (tools/sglang_hooks.py, in the SGLang
-venv) in the order `ServerArgs.resolve_once()` and `check_server_args()` run them: the rule's
-hook must refuse it, with the rule's message, at the rule's file:line. The good topology's argv
-must pass every hook. So a table entry that SGLang does not back, or whose message or source
-line moved, fails here.
+(tests/oracles/sglang_startup_cases.py) goes through SGLang's hooks
+(tests/oracles/sglang_hooks.py, in the SGLang venv) in the order `ServerArgs.resolve_once()` and
+`check_server_args()` run them: the rule's hook must refuse it, with the rule's message, at the
+rule's file:line. The good topology's argv must pass every hook. So a table entry that SGLang
+does not back, or whose message or source line moved, fails here.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from kit.sglang.catalog import load_catalog
 from kit.sglang.render import build_plan
 from kit.sglang.startup import STARTUP_RULES, launch_values
 from kit.topology.load import parse_topology
-from tests.sglang_parser import REPO_ROOT, run_sglang_tool
-from tests.sglang_startup_cases import CASES, Case
+from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
+from tests.oracles.sglang_startup_cases import CASES, Case
 
 pytestmark = pytest.mark.sglang
 
-HOOKS_TOOL = REPO_ROOT / "tools" / "sglang_hooks.py"
+HOOKS_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_hooks.py"
 RULES = {rule.name: rule for rule in STARTUP_RULES["0.5.23"]}
 
 # SGLang's hooks in the order arg_groups/pipeline.py runs them (those that check flags alone,

@@ -1,8 +1,9 @@
-"""The sim answers every body of the request corpus (tests/request_corpus.py) as SGLang 0.5.23.
+"""The sim answers every body of the request corpus (tests/oracles/request_corpus.py) as SGLang
+0.5.23.
 
 Each body goes to a sim worker over HTTP and through SGLang's own request handling
-(tools/sglang_requests.py, in the SGLang venv: FastAPI's parse of SGLang's request types, the
-serving classes' checks, the tokenizer manager's normalization, context-length and total-token
+(tests/oracles/sglang_requests.py, in the SGLang venv: FastAPI's parse of SGLang's request types,
+the serving classes' checks, the tokenizer manager's normalization, context-length and total-token
 rules, and the sampling-params checks, with the sim's tokenizer and context length). Both must
 give the same outcome: admitted (200), refused with the same HTTP status, or (a /generate
 stream) refused inside a 200 stream; and a refusal's two messages must name the same thing
@@ -25,13 +26,13 @@ from typing import Any
 import pytest
 
 from kit.perf.models import resolve_model
-from tests.request_corpus import CASES, MODEL, SERVERS, SHORT, Case
-from tests.sglang_parser import REPO_ROOT, run_sglang_tool
-from tools.sim_launch import SimProcess, free_port, worker_argv
+from tests.oracles.request_corpus import CASES, MODEL, SERVERS, SHORT, Case
+from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
+from tests.support.sim_launch import SimProcess, free_port, worker_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang]
 
-REQUESTS_TOOL = REPO_ROOT / "tools" / "sglang_requests.py"
+REQUESTS_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_requests.py"
 FAST = {"PDKIT_SIM_SPEED": "50", "PDKIT_SIM_LOAD_SECONDS": "0.2", "PDKIT_SIM_SEED": "1"}
 
 # Refused by SGLang's scheduler (sglang/srt/managers/scheduler.py, handle_generate_request),

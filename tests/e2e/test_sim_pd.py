@@ -12,7 +12,7 @@ import pytest
 
 from kit.lb.logprobs import merge_body
 from kit.lb.protocol import Merge
-from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
 

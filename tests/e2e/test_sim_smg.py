@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from kit.deploy.routing import RouterAdmin
-from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
 

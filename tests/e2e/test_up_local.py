@@ -23,7 +23,7 @@ import yaml
 from kit.deploy.services import supervisor_processes
 from kit.topology.layout import HostLayout, host_root
 from tests.conftest import run_pdkit
-from tests.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
+from tests.support.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,7 @@ from kit.deploy.wheels import (
     wheel_name,
 )
 from tests.conftest import REPO
-from tests.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
+from tests.support.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
-"""The fake PD worker (tools.fake_worker) at the HTTP level, where the load balancer tests do
-not reach: raw HTTP/1.1 framing, the PD hand-off between a prefill and a decode, and what it
+"""The fake PD worker (tests.support.fake_worker) at the HTTP level, where the load balancer tests
+do not reach: raw HTTP/1.1 framing, the PD hand-off between a prefill and a decode, and what it
 reports when a client gets the PD protocol wrong."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.lb_cluster import run, sse_events
-from tools.fake_worker import FakeWorker, Ledger
+from tests.support.fake_worker import FakeWorker, Ledger
+from tests.support.lb_cluster import run, sse_events
 
 
 async def exchange(port: int, raw: bytes, answers: int = 1) -> list[tuple[int, dict, bytes]]:

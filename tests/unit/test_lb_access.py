@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from kit.lb.access import BatchedHandler
-from tests.lb_cluster import run, running_cluster
+from tests.support.lb_cluster import run, running_cluster
 
 KEYS = {
     "ts",

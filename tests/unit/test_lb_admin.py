@@ -7,8 +7,8 @@ import asyncio
 import openai
 import pytest
 
-from tests.lb_cluster import run, running_cluster
-from tools.fake_worker import MODEL, FakeWorker
+from tests.support.fake_worker import MODEL, FakeWorker
+from tests.support.lb_cluster import run, running_cluster
 
 KEYS = {"PDKIT_LB_API_KEY": "client-key", "PDKIT_LB_ADMIN_KEY": "admin-key"}
 

@@ -20,7 +20,7 @@ from kit.lb.admission import (
 )
 from kit.lb.config import WorkerSpec
 from kit.lb.workers import Worker
-from tests.lb_cluster import run, running_cluster
+from tests.support.lb_cluster import run, running_cluster
 
 
 def worker(url: str, role: str = "prefill") -> Worker:

@@ -7,7 +7,7 @@ import contextlib
 
 import aiohttp
 
-from tests.lb_cluster import run, running_cluster, sse_events
+from tests.support.lb_cluster import run, running_cluster, sse_events
 
 
 def test_a_failing_prefill_fails_the_request_with_its_status_and_cancels_the_decode():

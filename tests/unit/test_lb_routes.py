@@ -12,8 +12,8 @@ import asyncio
 import openai
 import pytest
 
-from tests.lb_cluster import run, running_cluster, sse_events
-from tools.fake_worker import MODEL, lp, out_token, prompt_ids
+from tests.support.fake_worker import MODEL, lp, out_token, prompt_ids
+from tests.support.lb_cluster import run, running_cluster, sse_events
 
 
 def test_generate_returns_the_decode_answer_and_both_legs_get_the_same_body():

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from kit.lb.upstream import Upstream, UpstreamError
-from tests.lb_cluster import run
+from tests.support.lb_cluster import run
 
 STREAM = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"

@@ -9,7 +9,7 @@ from typer.main import get_group
 
 from kit.cli import app
 from tests.conftest import REPO, run_pdkit
-from tests.markdown import blocks, examples
+from tests.support.markdown import blocks, examples
 
 README = REPO / "README.md"
 TOPOLOGY = "topologies/llama-8b-1p1d.yaml"

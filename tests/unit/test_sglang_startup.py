@@ -10,7 +10,7 @@ from kit.sglang.catalog import load_catalog
 from kit.sglang.startup import STARTUP_RULES
 from kit.topology.resolve import resolve
 from tests.conftest import base_topology, run_pdkit
-from tests.sglang_startup_cases import CASES
+from tests.oracles.sglang_startup_cases import CASES
 
 RULES = {rule.name: rule for rule in STARTUP_RULES["0.5.23"]}
 REFUSED = "SGLang 0.5.23 refuses this when the server starts"

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_pdkit as shared_run_pdkit
-from tests.netns import TestBed, unavailable_reason
+from tests.support.netns import TestBed, unavailable_reason
 
 HOST_REQUIREMENTS = ["sglang-pdkit[sim]", "supervisor"]
 """What a sim host's venv needs: pdkit with the non-CUDA Mooncake build, and supervisord."""

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.e2e.multihost.conftest import bed_topology, run_pdkit
-from tests.netns import TestBed
+from tests.support.netns import TestBed
 from tests.unit.deploy.test_deploy_discover import EXPECTED_NICS, fake_nvidia_smi, fake_sys
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]

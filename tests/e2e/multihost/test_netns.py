@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import TestBed
+from tests.support.netns import TestBed
 
 pytestmark = pytest.mark.netns
 
@@ -100,7 +100,7 @@ def test_a_process_started_over_ssh_lives_in_the_namespace_and_dies_with_the_bed
 
 def test_leftovers_of_a_dead_run_are_removed_at_the_next_start():
     from tests.e2e.multihost.conftest import require_testbed  # noqa: PLC0415
-    from tests.netns import remove_stale  # noqa: PLC0415
+    from tests.support.netns import remove_stale  # noqa: PLC0415
 
     require_testbed()
     dead = "4194399z"  # above any pid_max: the run that made these is surely gone

@@ -27,7 +27,7 @@ import yaml
 
 from kit.deploy.context import load_context
 from tests.e2e.multihost.conftest import bed_topology, run_pdkit
-from tests.netns import TestBed
+from tests.support.netns import TestBed
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.e2e.multihost.conftest import run_pdkit
-from tests.netns import NetnsHost, TestBed
+from tests.support.netns import NetnsHost, TestBed
 from tests.unit.deploy.test_deploy_provision_probes import PROPRIETARY, fake_device, fake_proc
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]

@@ -10,8 +10,8 @@ import pytest
 
 from kit.deploy.routing import RouterAdmin, admin_key, parse_workers
 from kit.errors import DeployError
-from tests.lb_cluster import run, running_cluster
-from tools.fake_worker import FakeWorker
+from tests.support.fake_worker import FakeWorker
+from tests.support.lb_cluster import run, running_cluster
 
 KEYS = {"PDKIT_LB_API_KEY": "client-key", "PDKIT_LB_ADMIN_KEY": "admin-key"}
 

@@ -20,7 +20,7 @@ DECODE_ONLY = Cluster(decode=Instances(CFG))
 
 
 def test_a_thousand_requests_all_finish_with_their_full_output():
-    # Its wall time is reported by tools/bench_sim.py, not asserted here (shared machines).
+    # Its wall time is reported by benchmarks/bench_sim.py, not asserted here (shared machines).
     outcomes = COLOCATED.run(poisson_workload(4.0, 1000, 512, 64))
     assert len(outcomes) == 1000
     assert all(o.tokens == 64 and o.finish is not None for o in outcomes)

@@ -14,7 +14,7 @@ from kit.sizing.problem import load_base, make_problem
 from kit.topology.resolve import resolve
 from kit.topology.schema import SLO
 from tests.conftest import REPO
-from tests.sizing_cases import distserve
+from tests.support.sizing_cases import distserve
 
 NICMAP = REPO / "topologies" / "qwen3-2p1d-nicmap.yaml"
 

@@ -13,7 +13,7 @@ from kit.sizing.problem import generic_base, make_problem
 from kit.sizing.report import comparison, target_line
 from kit.sizing.search import SizingResult, size
 from kit.topology.schema import SLO
-from tests.sizing_cases import DISTSERVE_MODEL, distserve
+from tests.support.sizing_cases import DISTSERVE_MODEL, distserve
 
 
 @pytest.fixture(scope="module")

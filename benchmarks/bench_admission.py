@@ -15,7 +15,7 @@ met the SLO), attainment over every request sent (429s count as misses) and over
 ones only, and the admitted requests' TTFT p90. Target: with admission, goodput at 2x is at
 least 90% of the goodput at 1x without it.
 
-    python -m tools.bench_admission [--speed 0.05] [--requests 300] [--out .bench/admission]
+    python -m benchmarks.bench_admission [--speed 0.05] [--requests 300] [--out .bench/admission]
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from tests.local_deploy import write_topology
-from tools.bench_goodput import pdkit
+from benchmarks.bench_goodput import pdkit
+from tests.support.local_deploy import write_topology
 
 REPO = Path(__file__).resolve().parent.parent
 MULTIPLES = (1.0, 1.5, 2.0)

@@ -6,7 +6,7 @@
         fakes.nulls      # [url, ...] (non-PD workers: a client may call them directly)
     fakes.summary        # requests served, protocol problems, paths SGLang would not serve
 
-The child (`python -m tools.fake_worker`) binds free ports itself (no race between picking a
+The child (`python -m tests.support.fake_worker`) binds free ports itself (no race between picking a
 port and listening on it), prints one JSON line with its URLs when every worker listens, and
 one JSON line with its summary when it stops (SIGTERM or SIGINT).
 """
@@ -30,9 +30,9 @@ from types import TracebackType
 from typing import Any, Self
 
 from kit.topology import ports
-from tools.fake_worker.worker import FakeWorker, Ledger
+from tests.support.fake_worker.worker import FakeWorker, Ledger
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MAX_PROBLEMS = 20  # problems listed in a summary (all are counted)
 
 
@@ -129,7 +129,7 @@ class FakeWorkerProcess:
         self.argv = [
             sys.executable,
             "-m",
-            "tools.fake_worker",
+            "tests.support.fake_worker",
             "--prefills",
             str(prefills),
             "--decodes",

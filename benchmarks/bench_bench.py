@@ -1,8 +1,8 @@
 """`make bench-bench`: is pdkit bench's load generator ever the bottleneck?
 
-The same load goes straight to one fast fake worker (tools.fake_worker, its `null` role: an
+The same load goes straight to one fast fake worker (tests.support.fake_worker, its `null` role: an
 OpenAI server with no model) from two clients in turn, in the same run:
-- `raw`: the raw asyncio HTTP/1.1 client of `make bench-lb` (tools.lbbench.load), the floor;
+- `raw`: the raw asyncio HTTP/1.1 client of `make bench-lb` (benchmarks.lbbench.load), the floor;
 - `pdkit bench`: kit.bench's client and runner (aiohttp, every token timed and recorded).
 
 Streaming: 200 concurrent streams in a closed loop; the time to the first token p50/p99 of
@@ -12,7 +12,7 @@ the client serves (target: 2,000 requests/s). The fake worker runs on CPU 0, the
 CPU 1 (one core each, in turn); results are ratios against the raw client measured in the same
 run, never absolute promises.
 
-    python -m tools.bench_bench [--seconds 5] [--streams 200] [--tokens 16]
+    python -m benchmarks.bench_bench [--seconds 5] [--streams 200] [--tokens 16]
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.lbbench.cpu import cpu_tree_seconds, pin
+from benchmarks.lbbench.load import closed_loop
 from kit.aio import run
 from kit.bench.client import Client, Target
 from kit.bench.metrics import quantile
 from kit.bench.runner import LoadSpec, run_point
 from kit.perf.workload import Lengths, WorkloadSpec
-from tools.fake_worker import FakeWorkerProcess
-from tools.lbbench.cpu import cpu_tree_seconds, pin
-from tools.lbbench.load import closed_loop
+from tests.support.fake_worker import FakeWorkerProcess
 
 MODEL = "fake-model"
 

@@ -7,7 +7,7 @@ one of which is the silent one, so every round waits one probe timeout for it: t
 that the other N-1 are probed while that timeout runs, so 256 workers cost about what 8 do.
 A second row per N probes only answering workers, to show the probing cost itself.
 
-    .venv/bin/python -m tools.bench_status [--timeout 1.0] [--repeat 3]
+    .venv/bin/python -m benchmarks.bench_status [--timeout 1.0] [--repeat 3]
 
 Prints the median round time per worker count and the ratio 256 vs 8; exits 1 when 256
 workers take 2x the time of 8 or more, or when a round misjudges a worker.
@@ -210,7 +210,7 @@ def _round(targets: Targets, options: ProbeOptions, hung: bool) -> float:
 
 def bench(timeout: float, repeat: int, concurrency: int) -> int:
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.bench_status", "--serve", str(max(SIZES))],
+        [sys.executable, "-m", "benchmarks.bench_status", "--serve", str(max(SIZES))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -11,7 +11,7 @@ deployment's work per second drops to what the machine holds easily. The run dep
 topologies/local.yaml with its own name, ports and state (`pdkit up`), searches, prints the
 measured and predicted goodput and their ratio, and takes the deployment down.
 
-    python -m tools.bench_goodput [--speed 0.05] [--requests 200] [--out .bench/goodput]
+    python -m benchmarks.bench_goodput [--speed 0.05] [--requests 200] [--out .bench/goodput]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.local_deploy import API_KEY, API_KEY_ENV, write_topology
+from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology
 
 REPO = Path(__file__).resolve().parent.parent
 

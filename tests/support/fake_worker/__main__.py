@@ -1,4 +1,5 @@
-"""`python -m tools.fake_worker`: fake SGLang PD workers in one process (see the package doc)."""
+"""`python -m tests.support.fake_worker`: fake SGLang PD workers in one process (see the package
+doc)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import os
 from collections.abc import Sequence
 
 from kit.topology import ports
-from tools.fake_worker.process import serve
+from tests.support.fake_worker.process import serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m tools.fake_worker",
+        prog="python -m tests.support.fake_worker",
         description="Fake SGLang PD workers sharing one Ledger. Prints one JSON line with their "
         "URLs once all listen, and one with a summary when stopped (SIGTERM or SIGINT).",
     )

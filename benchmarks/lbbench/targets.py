@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.lbbench.cpu import pin
 from kit.lb.config import DEFAULT_DECODE_POLICY, DEFAULT_PREFILL_POLICY
-from tools.fake_worker import FakeWorkerProcess
-from tools.lbbench.cpu import pin
-from tools.sim_launch import free_port
+from tests.support.fake_worker import FakeWorkerProcess
+from tests.support.sim_launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO / ".bench" / "lb"

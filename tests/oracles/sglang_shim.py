@@ -1,8 +1,8 @@
 """Import SGLang's argument parser in a venv that has no GPU stack.
 
-Shared by `gen_catalog.py` and `sglang_parse.py`; run with the SGLang venv's python
-(`.venv-sglang`, which holds `sglang` installed with `--no-deps`, a CPU torch and the small
-pure dependencies listed in the Makefile).
+Shared by `tools/gen_catalog.py` and the oracles here (`sglang_parse.py`, `sglang_hooks.py`); run
+with the SGLang venv's python (`.venv-sglang`, which holds `sglang` installed with `--no-deps`, a
+CPU torch and the small pure dependencies listed in the Makefile).
 
 Two things stand between that venv and `sglang.srt.server_args`:
 

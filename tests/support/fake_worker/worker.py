@@ -31,8 +31,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.fake_worker.http1 import HttpServer, Reply, Request
-from tools.fake_worker.model import CHAT, COMPLETIONS, MODEL, NATIVE, Shapes
+from tests.support.fake_worker.http1 import HttpServer, Reply, Request
+from tests.support.fake_worker.model import CHAT, COMPLETIONS, MODEL, NATIVE, Shapes
 
 ROLES = ("prefill", "decode", "null")
 ROOM_MAX = 2**63 - 1

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tools.lbbench.cpu import cpu_tree_seconds
+from benchmarks.lbbench.cpu import cpu_tree_seconds
 
 
 def header_int(lower_head: bytes, name: bytes) -> int:

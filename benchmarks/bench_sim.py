@@ -11,7 +11,7 @@ Part 2 (real time): one real sim worker (``python -m kit.sim``) serves N concurr
 the client's observed TPOT is compared with the same burst in virtual time (the ratio is the
 emulator's own overhead), and the worker's step-timer lag is printed.
 
-    python -m tools.bench_sim [--requests 800] [--streams 200] [--skip-live]
+    python -m benchmarks.bench_sim [--requests 800] [--streams 200] [--skip-live]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kit.perf.sweep import goodput, percentile, rate_grid, run_rate
 from kit.perf.timing import Efficiency, StepShape
 from kit.perf.workload import fixed_poisson, poisson_workload
 from kit.topology.schema import SLO
-from tools.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 PROMPT, OUTPUT = 512, 64
 DISTSERVE_SLO = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)

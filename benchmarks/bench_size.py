@@ -13,7 +13,8 @@ bench --search` measures it, `pdkit down`. Error 1: measured against `pdkit size
 goodput. Then `pdkit size --calibrate` on that run fits the efficiency factors (into a store in
 the run folder, not the user's), and error 2 is measured against the calibrated prediction.
 
-    python -m tools.bench_size [--speed 0.4] [--requests 200] [--skip-deploy] [--out .bench/size]
+    python -m benchmarks.bench_size [--speed 0.4] [--requests 200] [--skip-deploy] \
+        [--out .bench/size]
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.bench_goodput import pdkit
 from kit.sizing.calibration import CALIBRATION_ENV
 from kit.sizing.search import SizingResult, size
-from tests.local_deploy import write_topology
-from tests.sizing_cases import DISTSERVE_GPU, DISTSERVE_MODEL, DISTSERVE_SLO, distserve
-from tools.bench_goodput import pdkit
+from tests.support.local_deploy import write_topology
+from tests.support.sizing_cases import DISTSERVE_GPU, DISTSERVE_MODEL, DISTSERVE_SLO, distserve
 
 REPO = Path(__file__).resolve().parent.parent
 E2E_LOCK = Path("/tmp/pdkit-e2e.lock")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from tools.fake_worker import Summary
-from tools.lbbench.measure import Measured
+from benchmarks.lbbench.measure import Measured
+from tests.support.fake_worker import Summary
 
 # Added latencies smaller than this (s) are within the noise of a shared machine.
 NOISE_FLOOR = 0.00005
@@ -176,7 +176,7 @@ def headroom(results: dict[str, dict[bool, Measured]], fakes: Summary) -> None:
     """What one core of the fake workers serves, against the fastest router's rate, and what the
     fake workers saw go wrong."""
     print()
-    print("fake workers (tools.fake_worker, one process): requests one core of it serves")
+    print("fake workers (tests.support.fake_worker, one process): requests one core of it serves")
     for stream in (False, True):
         kind = "streaming" if stream else "non-streaming"
         parts = []

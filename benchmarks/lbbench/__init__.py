@@ -1,4 +1,5 @@
-"""The pieces of `make bench-lb` (`python -m tools.bench_lb`, which documents what it measures).
+"""The pieces of `make bench-lb` (`python -m benchmarks.bench_lb`, which documents what it
+measures).
 
 Modules, bottom up:
 
@@ -9,5 +10,5 @@ Modules, bottom up:
 * ``measure``: one measuring round per target and mode, summed over rounds;
 * ``report``: the table, the ratios between routers, and the fake workers' headroom.
 
-The fake PD workers are `tools.fake_worker`, shared with the load balancer's tests.
+The fake PD workers are `tests.support.fake_worker`, shared with the load balancer's tests.
 """

@@ -237,7 +237,7 @@ class PdCluster:
 
     def start(self) -> PdCluster:
         """Start everything and wait until the router is ready (RuntimeError with the logs)."""
-        repo = Path(__file__).resolve().parent.parent
+        repo = Path(__file__).resolve().parents[2]
         self.prefill.start()
         self.decode.start()
         self.prefill.wait_ready(self.timeout_s)

@@ -1,7 +1,8 @@
 """`make bench-lb`: pdkit's PD load balancer against sglang-router's mini_lb, smg, and no router.
 
 The same load goes to each target in one run, in front of the same fake PD workers
-(`tools.fake_worker`, the load balancer tests' fake: it checks the PD protocol as it serves):
+(`tests.support.fake_worker`, the load balancer tests' fake: it checks the PD protocol as it
+serves):
 - `direct`: straight to one non-PD fake worker (the floor: no routing at all);
 - `pdkit`: `python -m kit.lb` (this repo), default policies, access log on (its default);
 - `pdkit_nolog`: the same with `--no-access-log`, so the report can say what the log costs;
@@ -28,7 +29,7 @@ go to .bench/lb/NAME.log. The report ends with the fake workers' headroom: the r
 of them serves, direct and routed (both legs), against the fastest router's rate, and any PD
 protocol problem they saw.
 
-Modules: `tools.lbbench` (cpu, load, targets, measure, report); this file runs them.
+Modules: `benchmarks.lbbench` (cpu, load, targets, measure, report); this file runs them.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ import asyncio
 import os
 from collections.abc import Sequence
 
-from tools.fake_worker import FakeWorkerProcess
-from tools.lbbench.cpu import pin
-from tools.lbbench.measure import Measured, measure_round, request_body
-from tools.lbbench.report import report
-from tools.lbbench.targets import LOG_DIR, NAMES, Target, start, stop, targets
+from benchmarks.lbbench.cpu import pin
+from benchmarks.lbbench.measure import Measured, measure_round, request_body
+from benchmarks.lbbench.report import report
+from benchmarks.lbbench.targets import LOG_DIR, NAMES, Target, start, stop, targets
+from tests.support.fake_worker import FakeWorkerProcess
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -90,7 +91,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m tools.bench_lb",
+        prog="python -m benchmarks.bench_lb",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,9 +1,9 @@
 """Ask SGLang's own parser about launch arguments, from tests running in the pdkit venv.
 
 SGLang lives in its own venv (`.venv-sglang`, see the Makefile) so that torch never enters
-pdkit's. `parse_with_sglang` runs `tools/sglang_parse.py` there, once for a whole batch.
+pdkit's. `parse_with_sglang` runs `tests/oracles/sglang_parse.py` there, once for a whole batch.
 
-    from tests.sglang_parser import parse_with_sglang, sglang_python
+    from tests.oracles.sglang_parser import parse_with_sglang, sglang_python
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PARSE_TOOL = REPO_ROOT / "tools" / "sglang_parse.py"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PARSE_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_parse.py"
 CATALOG_TOOL = REPO_ROOT / "tools" / "gen_catalog.py"
 # Importing SGLang's parser takes a few seconds; the timeout only guards against a hang.
 TIMEOUT_S = 300
@@ -47,7 +47,8 @@ def sglang_python() -> Path:
 def run_sglang_tool(
     tool: Path, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run one of the `tools/` scripts with SGLang's interpreter, from the repo root."""
+    """Run an SGLang-side script (`tests/oracles/`, `tools/gen_catalog.py`) with SGLang's
+    interpreter, from the repo root."""
     return subprocess.run(
         [str(sglang_python()), str(tool), *args],
         input=stdin,

@@ -1,6 +1,6 @@
 """A load balancer in front of fake PD workers, all in the test's event loop (real sockets).
 
-`running_cluster` starts `tools.fake_worker` workers sharing one Ledger and pdkit's load
+`running_cluster` starts `tests.support.fake_worker` workers sharing one Ledger and pdkit's load
 balancer in front of them, and fails the test if the workers saw a PD protocol problem.
 """
 
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tools.fake_worker import FakeWorker, Ledger
+from tests.support.fake_worker import FakeWorker, Ledger
 
 # Health settings that make tests fast: probe every 50 ms, eject after 2 failures, readmit after 2.
 FAST_HEALTH = [

@@ -7,8 +7,8 @@ import argparse
 import json
 from dataclasses import dataclass, field
 
-from tools.lbbench.load import LoadResult, closed_loop, open_loop
-from tools.lbbench.targets import Target
+from benchmarks.lbbench.load import LoadResult, closed_loop, open_loop
+from benchmarks.lbbench.targets import Target
 
 
 @dataclass
