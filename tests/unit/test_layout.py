@@ -1,0 +1,80 @@
+"""The folders keep their roles, read from the import statements (ast, nothing is imported):
+kit is the package and imports none of the folders around it; tests and tools never import each
+other; benchmarks may import the tests' support but no test imports a benchmark."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+TOP_LEVEL = ("kit", "tests", "tools", "benchmarks")
+FORBIDDEN = {
+    "kit": ("tests", "tools", "benchmarks"),
+    "tests": ("tools", "benchmarks"),
+    "tools": ("tests", "benchmarks"),
+    "benchmarks": ("tools",),
+}
+"""For each folder, the top-level folders whose modules it must not import."""
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute module name that `path` imports, at module level or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def imports_from(folder: str) -> list[tuple[str, str]]:
+    """(file, module) for every import in the Python files under `folder`."""
+    return [
+        (str(path.relative_to(REPO)), module)
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for module in sorted(imported_modules(path))
+    ]
+
+
+def under(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+@pytest.mark.parametrize("folder", TOP_LEVEL)
+def test_no_folder_imports_one_it_must_not(folder):
+    found = [(f, m) for f, m in imports_from(folder) if under(m, *FORBIDDEN[folder])]
+    assert found == [], f"{folder}/ must not import {FORBIDDEN[folder]}"
+
+
+def test_benchmarks_import_only_the_tests_support():
+    found = [(f, m) for f, m in imports_from("benchmarks") if under(m, "tests")]
+    found = [(f, m) for f, m in found if not under(m, "tests.support")]
+    assert found == [], "benchmarks/ may import tests.support, no other part of tests/"
+
+
+@pytest.mark.parametrize("folder", ["tests/support", "tests/oracles"])
+def test_the_shared_test_code_imports_no_test_module(folder):
+    found = [(f, m) for f, m in imports_from(folder) if under(m, "tests.unit", "tests.e2e")]
+    assert found == [], f"{folder}/ is shared: move what it needs out of the test module into it"
+
+
+def test_no_relative_import_hides_a_crossing():
+    relative = [
+        str(path.relative_to(REPO))
+        for folder in TOP_LEVEL
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == []
+
+
+def test_the_walk_sees_an_import_inside_a_function(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from tools.gen_catalog import main\n    import tests.x\n")
+    assert imported_modules(module) == {"tools.gen_catalog", "tests.x"}
