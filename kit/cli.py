@@ -309,9 +309,9 @@ def up(
 
     context = DeployContext.build(_resolve(topology), topology, state_dir)
     options = UpOptions(
-        timeout,
-        router_timeout,
-        verbose,
+        worker_timeout=timeout,
+        router_timeout=router_timeout,
+        verbose=verbose,
         gate=not no_gate,
         gate_options=DoctorOptions(timeout_s=gate_timeout or DEFAULT_TIMEOUT_S),
         parallel=parallel,
@@ -366,7 +366,11 @@ def restart(
 
     context = DeployContext.build(_resolve(topology), topology, state_dir)
     options = UpOptions(
-        timeout, None, verbose, gate=not no_gate, parallel=parallel, drain_timeout=drain_timeout
+        worker_timeout=timeout,
+        verbose=verbose,
+        gate=not no_gate,
+        parallel=parallel,
+        drain_timeout=drain_timeout,
     )
     deploy_restart(context, out, options, selector)
 

@@ -1,14 +1,23 @@
 """Every error pdkit raises on purpose.
 
     PdkitError
-    ├── TopologyError      the topology file is unreadable, malformed or inconsistent
-    ├── RenderError        a Plan cannot be turned into commands (e.g. no flag catalog)
-    ├── DeployError        Ansible or a readiness gate failed; says what is still running
-    ├── ProbeError         a worker or router could not be asked for its state
-    ├── LbError            (kit/lb/errors.py) the load balancer cannot start
-    │   └── LbConfigError  a bad `pdkit lb` option or key file
-    ├── ModelConfigError   (kit/perf/models.py) a model config.json that cannot be read
-    └── UnknownGpuError    (kit/perf/gpus.py) a GPU name the performance model has no numbers for
+    ├── TopologyError          the topology file is unreadable, malformed or inconsistent
+    ├── RenderError            a Plan cannot be turned into commands
+    │   └── UnsupportedVersion (kit/sglang/catalog.py) no flag catalog for that SGLang version
+    ├── DeployError            Ansible or a readiness gate failed; says what is still running
+    ├── ProbeError             a worker or router could not be asked for its state
+    ├── SecretError            (kit/secrets.py) a key asked for is missing, unreadable or empty
+    ├── LbError                (kit/lb/errors.py) the load balancer cannot start or run
+    │   └── LbConfigError      a bad `pdkit lb` option, key file or worker URL
+    ├── ModelConfigError       (kit/perf/models.py) a model config.json that cannot be read
+    ├── UnknownGpuError        (kit/perf/gpus.py) a GPU the performance model has no numbers for
+    ├── WorkloadError          (kit/perf/workload.py) a workload that cannot be built
+    └── SizingError            (kit/sizing/problem.py) `pdkit size` cannot answer
+
+Not PdkitErrors (they never reach the CLI): `kit.lb.errors.ApiError` (one failed client request
+of the load balancer, answered as an OpenAI-style JSON error) and `kit.sim.errors.RequestRefused`
+(a request the emulated SGLang worker refuses as SGLang would). A failed HTTP call is classified
+in one place, `kit.net.classify_failure`.
 
 The CLI catches `PdkitError` once, prints its message and exits non-zero (`--debug` shows the
 traceback). Foreign exceptions are wrapped with `raise ... from exc` where they cross a layer.

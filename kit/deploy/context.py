@@ -15,6 +15,7 @@ from kit.deploy.layout import state_dir
 from kit.deploy.logs import LogFile
 from kit.errors import DeployError
 from kit.topology.plan import Plan
+from kit.topology.resolve import resolve
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,4 @@ def load_context(
     topology: Path, state_base: Path | str | None = None, control_python: str | None = None
 ) -> DeployContext:
     """Resolve the topology (every check runs first) and build its context."""
-    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
-
     return DeployContext.build(resolve(topology), topology, state_base, control_python)

@@ -11,9 +11,11 @@ The record (`kit.deploy.state`) is saved after each wave, so a failed run leaves
 runs; an instance that failed to join is left out of it and joins on the next `pdkit up`.
 
 Then the router: restarted when its own settings changed (pdkit's load balancer and smg drain on
-SIGTERM), else only its files rewritten (the new worker list, for its next start); Prometheus
-(`monitoring:`); the service definitions of removed processes deleted; and the router's worker
-list checked against the topology (missing workers added, stray ones drained away).
+SIGTERM), else only its files rewritten (the new worker list, for its next start); the service
+definitions of removed processes deleted; the router's worker list checked against the topology
+(missing workers added, stray ones drained away); and the end of every rollout
+(`kit.deploy.steps.finish_rollout`): the router's /readiness, Prometheus (`monitoring:`), the
+transfer gate when no step ran it, and what serves.
 """
 
 from __future__ import annotations
@@ -21,23 +23,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy import rollout
 from kit.deploy.changes import Changes, Step, waves
 from kit.deploy.context import DeployContext
 from kit.deploy.gate import transfer_gate
-from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV
-from kit.deploy.routing import Drained, RouterAdmin, admin_key
+from kit.deploy.routing import Drained, RouterAdmin
 from kit.deploy.state import DeploymentRecord, ProcessRecord, save_record
-from kit.deploy.wait import router_targets, worker_targets
+from kit.deploy.steps import (
+    DRAIN_TIMEOUT_S,
+    WORKER_TIMEOUT_S,
+    UpOptions,
+    finish_rollout,
+    play,
+    raise_unless_ready,
+    router_key,
+    wait_until_ready,
+)
+from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
-
-if TYPE_CHECKING:
-    from kit.deploy.rollout import UpOptions
 
 Mode = Literal["up", "restart"]
 ROUTED_TIMEOUT_S = 60.0
@@ -51,11 +58,6 @@ def print_changes(console: Console, changes: Changes) -> None:
         console.print(f"  {line}", markup=False, highlight=False)
     for note in changes.notes:
         console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
-
-
-def router_key(ctx: DeployContext) -> str | None:
-    """The key of the router's worker API: the deployment's admin key (pdkit's router)."""
-    return admin_key(ctx.state_dir) if ctx.plan.router.kind == "pdkit" else None
 
 
 def _drained_line(drained: Drained) -> str:
@@ -81,12 +83,12 @@ class LiveChange:
 
     @property
     def worker_timeout(self) -> float:
-        return self.options.worker_timeout or rollout.WORKER_TIMEOUT_S[self.ctx.plan.engine]
+        return self.options.worker_timeout or WORKER_TIMEOUT_S[self.ctx.plan.engine]
 
     def _admin(self) -> RouterAdmin:
         router = self.ctx.plan.router
         drain = self.options.drain_timeout
-        timeout = rollout.DRAIN_TIMEOUT_S if drain is None else drain
+        timeout = DRAIN_TIMEOUT_S if drain is None else drain
         return RouterAdmin(router.kind, router.url, router_key(self.ctx), timeout)
 
     def _inventory(
@@ -109,7 +111,7 @@ class LiveChange:
         return inventory
 
     def _run(self, playbook: str, tags: str | None, inventory: dict[str, Any] | None) -> None:
-        result = rollout._run(
+        result = play(
             self.ctx,
             self.console,
             playbook,
@@ -123,8 +125,8 @@ class LiveChange:
     def _wait_workers(self, names: Iterable[str], stage: str) -> None:
         wanted = set(names)
         targets = [t for t in worker_targets(self.ctx.plan) if t.name in wanted]
-        statuses = rollout._wait(self.ctx, self.console, targets, self.worker_timeout, None)
-        rollout._raise_unless_ready(self.ctx, statuses, stage=stage)
+        statuses = wait_until_ready(self.ctx, self.console, targets, self.worker_timeout, None)
+        raise_unless_ready(self.ctx, statuses, stage=stage)
 
     def router_down(self) -> str | None:
         """Why the router's worker API does not answer, or None when it does: a live change
@@ -159,26 +161,23 @@ class LiveChange:
         monitoring = self.target.process(ctx.plan.monitoring.name) if ctx.plan.monitoring else None
         if self.mode == "restart" and changes.monitoring and monitoring is not None:
             self._run("stop.yml", None, self._inventory(stop=[monitoring]))
-        if self.mode == "up" or changes.monitoring:
-            rollout._up_monitoring(ctx, console, self.secret_env, self.options.verbose)
         if self.mode == "up" and any(s.kind == "remove" for s in changes.steps):
             console.print("[bold]Workers[/]: deleting the service definitions of removed ones")
             self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
         asyncio.run(self._reconcile())
         save_record(ctx.state_dir, self.target)
-        if self.options.gate and not changes.steps and self.mode == "up":
-            transfer_gate(ctx, console, self.options.gate_options)
-        statuses = rollout._wait(ctx, console, worker_targets(ctx.plan), self.worker_timeout, None)
-        key = self.secret_env.get(CONTROL_ROUTER_KEY_ENV)
-        router = rollout._wait(
+        statuses = wait_until_ready(
+            ctx, console, worker_targets(ctx.plan), self.worker_timeout, None
+        )
+        finish_rollout(
             ctx,
             console,
-            router_targets(ctx.plan),
-            self.options.router_timeout or rollout.ROUTER_TIMEOUT_S,
-            {"Authorization": f"Bearer {key}"} if key else None,
+            self.options,
+            self.secret_env,
+            statuses,
+            monitoring=self.mode == "up" or bool(changes.monitoring),
+            gate=self.options.gate and not changes.steps and self.mode == "up",
         )
-        rollout._raise_unless_ready(ctx, router, stage="router")
-        rollout._print_serving(ctx, console, statuses + router)
 
     def _wave(self, wave: list[Step], record: DeploymentRecord) -> DeploymentRecord:
         """One wave of steps; returns the record as it stands after it."""

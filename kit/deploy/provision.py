@@ -21,14 +21,16 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.context import DeployContext
 from kit.deploy.inventory import DeployHost
 from kit.deploy.layout import display_path
-from kit.deploy.rollout import deployment_lock
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
+from kit.deploy.steps import deployment_lock
+from kit.deploy.transfer_check import measure_rails, raise_on_failed
 from kit.deploy.view import AnsibleView
 from kit.deploy.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.errors import DeployError
@@ -56,13 +58,11 @@ class ProvisionOptions:
     verbose: bool = False
     transfer_test: bool = False
     """Then move KV-sized buffers with Mooncake between every pair of worker hosts on every
-    rail (kit.deploy.transfer_test)."""
+    rail (kit.deploy.transfer_check)."""
 
 
 def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
     """`NAME=VALUE` strings -> variables; VALUE is read as YAML (true, 3, [a, b]) when it parses."""
-    import yaml  # noqa: PLC0415
-
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -264,20 +264,18 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
 def _transfer_test(
     ctx: DeployContext, console: Console, facts: dict[str, dict[str, Any]], *, check: bool
 ) -> None:
-    from kit.deploy import transfer_test  # noqa: PLC0415
-
     if check:
         console.print("Transfer test: skipped in check mode (it needs the provisioned venv).")
         return
     console.print(
         "[bold]Transfer test[/]: Mooncake writes between every pair of worker hosts, every rail"
     )
-    results = transfer_test.transfer_test(ctx, facts)
+    results = measure_rails(ctx, facts)
     if not results:
         console.print("  one worker host: nothing to test between hosts.", markup=False)
     for line in (r.line() for r in results):
         console.print(f"  {line}", markup=False, highlight=False)
-    transfer_test.check(results)
+    raise_on_failed(results)
 
 
 def _report(

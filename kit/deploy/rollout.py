@@ -1,11 +1,14 @@
-"""`pdkit up` and `pdkit down`: the order of things and what the user is told.
+"""`pdkit up`, `pdkit restart` and `pdkit down`: the order of things and what the user is told.
 
-up:   deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags router
-      -> wait for the router's /readiness -> (monitoring:) deploy.yml --tags monitoring -> wait
-      for Prometheus' /-/ready and its first scrape of every target -> the KV transfer gate
-      (kit.deploy.gate: one PD request per prefill x decode pair; --no-gate skips it) ->
-      endpoint, curl line, status table.
-down: down.yml (router first, then workers, then the deployment's supervisord); logs stay.
+up:      with nothing recorded as running (or a router that does not answer), everything:
+         deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags
+         router -> the end of a rollout (kit.deploy.steps.finish_rollout: the router's
+         /readiness -> (monitoring:) deploy.yml --tags monitoring and Prometheus' /-/ready ->
+         the KV transfer gate (kit.deploy.gate: one PD request per prefill x decode pair;
+         --no-gate skips it) -> endpoint, curl line, status table, Prometheus' first scrapes);
+         on a running deployment, only the difference, live (kit.deploy.live).
+restart: the selected instances replaced live, one wave at a time (kit.deploy.live).
+down:    down.yml (router first, then workers, then the deployment's supervisord); logs stay.
 
 Every failure raises `DeployError` with what failed (host, task or process, its stderr or log
 tail) and what is still running.
@@ -13,141 +16,36 @@ tail) and what is still running.
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
-import json
 import os
 import shlex
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.changes import diff
 from kit.deploy.context import DeployContext
-from kit.deploy.gate import transfer_gate
-from kit.deploy.inventory import CONTROL_ROUTER_ADMIN_KEY_ENV, CONTROL_ROUTER_KEY_ENV
 from kit.deploy.layout import display_path
-from kit.deploy.logs import tail
-from kit.deploy.runner import PlaybookResult, failure_report, playbooks_dir, run_playbook
+from kit.deploy.live import LiveChange, print_changes
+from kit.deploy.runner import playbooks_dir
 from kit.deploy.services import can_probe, host_processes
 from kit.deploy.state import build_record, forget_record, load_record, save_record, templates_digest
-from kit.deploy.view import AnsibleView, ReadinessView, status_table
-from kit.deploy.wait import (
-    ProcessStatus,
-    Target,
-    monitoring_targets,
-    router_targets,
-    wait_ready,
-    worker_targets,
+from kit.deploy.steps import (
+    WORKER_TIMEOUT_S,
+    UpOptions,
+    deployment_lock,
+    finish_rollout,
+    play,
+    playbook_secret_env,
+    raise_unless_ready,
+    wait_until_ready,
 )
-from kit.errors import DeployError, PdkitError, ProbeError
-from kit.observe.doctor import DoctorOptions
-from kit.observe.prometheus import ScrapeHealth, wait_scraped
-from kit.secrets import SecretError
-
-WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
-"""Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
-ROUTER_TIMEOUT_S = 60.0
-MONITORING_TIMEOUT_S = 60.0
-DRAIN_TIMEOUT_S = 60.0
-LOG_TAIL_LINES = 25
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    worker_timeout: float | None = None
-    router_timeout: float | None = None
-    verbose: bool = False
-    gate: bool = True
-    """Run the KV transfer gate last (kit.deploy.gate); `pdkit up --no-gate`: False."""
-    gate_options: DoctorOptions = field(default_factory=DoctorOptions)
-    parallel: int = 1
-    """Instances replaced (or added, removed) at a time in a live change (`--parallel`)."""
-    drain_timeout: float | None = None
-    """Seconds an instance leaving the router may take to finish its requests (None: 60)."""
-    diff_only: bool = False
-    """`pdkit up --diff`: print what would change, change nothing."""
-
-
-@contextmanager
-def deployment_lock(ctx: DeployContext) -> Iterator[None]:
-    """One `pdkit up`/`down` per deployment at a time (a lock file in the state dir)."""
-    ctx.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(ctx.state_dir / "lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise DeployError(
-                f"another pdkit up/down of deployment {ctx.plan.name} is running ({holder}); "
-                "nothing was changed. To fix: wait for it to finish, or stop it."
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        yield
-
-
-def _run(
-    ctx: DeployContext,
-    console: Console,
-    playbook: str,
-    *,
-    tags: str | None,
-    secret_env: dict[str, str],
-    verbose: bool,
-    inventory: dict[str, Any] | None = None,
-) -> PlaybookResult:
-    """Run `playbook` over the deployment's inventory (or `inventory`, the same with extra
-    host variables); a failed run raises `DeployError` with what still runs."""
-    with AnsibleView(console) as view:
-        result = run_playbook(
-            ctx.private_dir,
-            inventory if inventory is not None else ctx.inventory(),
-            playbook,
-            tags=tags,
-            secret_env=secret_env,
-            listener=view.listener,
-            verbose=verbose,
-        )
-    if not result.ok:
-        raise DeployError(f"{failure_report(result)}\n{_running_now(ctx)}")
-    return result
-
-
-def _wait(
-    ctx: DeployContext,
-    console: Console,
-    targets: list[Target],
-    timeout: float,
-    headers: dict[str, str] | None,
-) -> list[ProcessStatus]:
-    since = time.time()
-    with ReadinessView(console) as view:
-        return asyncio.run(
-            wait_ready(
-                targets,
-                ctx.hosts_by_name,
-                timeout=timeout,
-                since=since,
-                headers=headers,
-                on_update=view.update,
-            )
-        )
+from kit.deploy.wait import worker_targets
+from kit.errors import DeployError
 
 
 def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
     """Deploy the topology: everything on a first run; on a running deployment only the
     difference to what the record says runs, live (kit.deploy.live). Returns once it serves."""
-    from kit.deploy.live import LiveChange, print_changes  # noqa: PLC0415 (live imports this)
-
     with deployment_lock(ctx):
         recorded = load_record(ctx.state_dir)
         target = build_record(ctx.plan, ctx.hosts, templates_digest(playbooks_dir(ctx.private_dir)))
@@ -157,7 +55,7 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
             print_changes(console, changes)
             console.print("Nothing was changed (--diff).")
             return
-        secret_env = _secret_env(ctx)
+        secret_env = playbook_secret_env(ctx)
         live = LiveChange(ctx, console, options, secret_env, target)
         down = live.router_down() if recorded is not None else None
         if recorded is None or down:
@@ -179,8 +77,6 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
 def restart(ctx: DeployContext, console: Console, options: UpOptions, selector: str | None) -> None:
     """Replace the selected processes' instances one at a time (drain, restart, readiness,
     gate, rejoin) without a topology change; `router` restarts the router (draining first)."""
-    from kit.deploy.live import LiveChange, print_changes  # noqa: PLC0415 (live imports this)
-
     with deployment_lock(ctx):
         recorded = load_record(ctx.state_dir)
         topology = shlex.quote(str(ctx.topology_file))
@@ -205,7 +101,7 @@ def restart(ctx: DeployContext, console: Console, options: UpOptions, selector: 
             )
         _header(ctx, console, "pdkit restart")
         print_changes(console, changes)
-        LiveChange(ctx, console, options, _secret_env(ctx), target, mode="restart").apply(
+        LiveChange(ctx, console, options, playbook_secret_env(ctx), target, mode="restart").apply(
             changes, recorded
         )
         save_record(ctx.state_dir, target)
@@ -214,22 +110,6 @@ def restart(ctx: DeployContext, console: Console, options: UpOptions, selector: 
 def _instance_of(ctx: DeployContext, process: str) -> str:
     found = ctx.plan.process(process)
     return getattr(found, "instance_name", found.name)
-
-
-def _secret_env(ctx: DeployContext) -> dict[str, str]:
-    """What the playbooks write into the router's environment file: its client key (read on
-    this machine) and the deployment's admin key for its worker API."""
-    from kit.deploy.live import router_key  # noqa: PLC0415
-
-    try:
-        key = ctx.plan.router.api_key(os.environ)
-    except SecretError as exc:
-        raise DeployError(f"{exc} Nothing was deployed.") from exc
-    secret_env = {CONTROL_ROUTER_KEY_ENV: key} if key else {}
-    admin = router_key(ctx)
-    if admin:
-        secret_env[CONTROL_ROUTER_ADMIN_KEY_ENV] = admin
-    return secret_env
 
 
 def _header(ctx: DeployContext, console: Console, command: str) -> None:
@@ -245,82 +125,23 @@ def _up(
     ctx: DeployContext, console: Console, options: UpOptions, secret_env: dict[str, str]
 ) -> None:
     plan = ctx.plan
-    key = secret_env.get(CONTROL_ROUTER_KEY_ENV)
     _header(ctx, console, "pdkit up")
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
-    result = _run(
+    result = play(
         ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
     worker_timeout = options.worker_timeout or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {worker_timeout:.0f} s)")
-    statuses = _wait(ctx, console, worker_targets(plan), worker_timeout, None)
-    _raise_unless_ready(ctx, statuses, stage="workers")
+    statuses = wait_until_ready(ctx, console, worker_targets(plan), worker_timeout, None)
+    raise_unless_ready(ctx, statuses, stage="workers")
 
     console.print("[bold]Router[/]: installing and starting (Ansible, deploy.yml --tags router)")
-    result = _run(
+    result = play(
         ctx, console, "deploy.yml", tags="router", secret_env=secret_env, verbose=options.verbose
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
-    router_timeout = options.router_timeout or ROUTER_TIMEOUT_S
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    console.print(f"[bold]Router[/]: waiting for /readiness (timeout {router_timeout:.0f} s)")
-    router_status = _wait(ctx, console, router_targets(plan), router_timeout, headers)
-    _raise_unless_ready(ctx, router_status, stage="router")
-    monitoring_status = _up_monitoring(ctx, console, secret_env, options.verbose)
-    if options.gate:
-        transfer_gate(ctx, console, options.gate_options)
-    _print_serving(ctx, console, statuses + router_status + monitoring_status)
-
-
-def _up_monitoring(
-    ctx: DeployContext, console: Console, secret_env: dict[str, str], verbose: bool
-) -> list[ProcessStatus]:
-    """Deploy Prometheus (topology `monitoring:`) and wait until it is ready; nothing without."""
-    monitoring = ctx.plan.monitoring
-    if monitoring is None:
-        return []
-    console.print(
-        f"[bold]Prometheus[/]: installing and starting on {monitoring.host} "
-        "(Ansible, deploy.yml --tags monitoring)"
-    )
-    result = _run(
-        ctx, console, "deploy.yml", tags="monitoring", secret_env=secret_env, verbose=verbose
-    )
-    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
-    console.print(
-        f"[bold]Prometheus[/]: waiting for /-/ready (timeout {MONITORING_TIMEOUT_S:.0f} s)"
-    )
-    status = _wait(ctx, console, monitoring_targets(ctx.plan), MONITORING_TIMEOUT_S, None)
-    _raise_unless_ready(ctx, status, stage="monitoring")
-    return status
-
-
-def _print_scrapes(ctx: DeployContext, console: Console) -> None:
-    """Prometheus' first scrape of every target: how many are up, and why any is not."""
-    monitoring = ctx.plan.monitoring
-    if monitoring is None:
-        return
-    try:
-        targets = asyncio.run(wait_scraped(monitoring.url, monitoring.scrape_interval_s + 5.0))
-    except ProbeError as exc:
-        console.print(f"Prometheus: its targets could not be read: {exc}", markup=False)
-        return
-    up = [t for t in targets if t.health == "up"]
-    console.print(
-        f"Prometheus: {monitoring.url} scrapes {len(targets)} targets every "
-        f"{monitoring.scrape_interval_s:g} s, {len(up)} up. Grafana: pdkit dashboard "
-        f"{shlex.quote(str(ctx.topology_file))} > pd.json (import it)",
-        markup=False,
-    )
-    for target in targets:
-        if target.health != "up":
-            console.print(f"  {_scrape_line(target)}", style="yellow", markup=False)
-
-
-def _scrape_line(target: ScrapeHealth) -> str:
-    why = f": {target.error}" if target.error else ""
-    return f"{target.job}/{target.process} ({target.url}) is {target.health}{why}"
+    finish_rollout(ctx, console, options, secret_env, statuses, monitoring=True, gate=options.gate)
 
 
 def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
@@ -331,7 +152,7 @@ def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
         console.print(f"Nothing of deployment {plan.name} was running.")
         return
     with deployment_lock(ctx):
-        result = _run(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
+        result = play(ctx, console, "down.yml", tags=None, secret_env={}, verbose=verbose)
         forget_record(ctx.state_dir)
     logs = sorted({h.layout.log_dir for h in ctx.hosts})
     if result.progress.changed:
@@ -354,132 +175,3 @@ def _nothing_deployed(ctx: DeployContext) -> bool:
         and not os.path.exists(host.layout.supervisord_program_dir)
         for host in ctx.hosts
     )
-
-
-def _raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage: str) -> None:
-    settled = [s for s in statuses if s.verdict.state in ("failed", "timeout")]
-    if not settled and all(s.verdict.state == "ready" for s in statuses):
-        return
-    lines = []
-    for status in settled:
-        target = status.target
-        lines.append(
-            f"{target.name} on {target.host} {_state_phrase(status)}: {status.verdict.detail}."
-        )
-        lines += _log_tail(ctx, target.name)
-    unsettled = [s for s in statuses if s.verdict.state in ("waiting", "starting")]
-    if unsettled:
-        lines.append(
-            "Not ready yet when pdkit stopped waiting: "
-            + ", ".join(f"{s.target.name} ({s.verdict.state})" for s in unsettled)
-            + "."
-        )
-    if stage == "workers":
-        lines.append("The router was not started by this run.")
-    if stage == "joining":
-        lines.append("It was not added to the router; everything else serves as before.")
-    if stage == "monitoring":
-        lines.append("The workers and the router serve; only Prometheus failed.")
-    lines.append(_running_now(ctx))
-    topology = shlex.quote(str(ctx.topology_file))
-    name = shlex.quote((settled or unsettled)[0].target.name)
-    lines.append(
-        f"To fix: correct the cause above, then run `pdkit up {topology}` again (it restarts "
-        f"only what changed). `pdkit logs {topology} {name}` shows the whole log; "
-        f"`pdkit down {topology}` stops everything."
-    )
-    raise DeployError("\n".join(lines))
-
-
-def _state_phrase(status: ProcessStatus) -> str:
-    return {
-        "failed": "failed",
-        "timeout": "did not become ready in time",
-    }.get(status.verdict.state, f"is still {status.verdict.state}")
-
-
-def _log_tail(ctx: DeployContext, process: str) -> list[str]:
-    log = ctx.log_file(process)
-    try:
-        lines = tail(log, LOG_TAIL_LINES)
-    except PdkitError as exc:
-        return [f"  (its log {log.path} on {log.host.name} could not be read: {exc})"]
-    if not lines:
-        return [f"  (its log {display_path(log.path)} is empty)"]
-    head = f"  Last {len(lines)} lines of {display_path(log.path)}:"
-    return [head, *(f"  | {line}" for line in lines)]
-
-
-def _running_now(ctx: DeployContext) -> str:
-    """What the service managers pdkit can ask say is running (local supervisord hosts)."""
-    running: list[str] = []
-    unknown: list[str] = []
-    for host in ctx.hosts:
-        view = host_processes(host)
-        if view is None:
-            if not host.local or host.plan.service_manager != "supervisord":
-                unknown.append(host.name)
-            continue
-        running += [
-            f"{name} (pid {info.pid})" if info.pid else f"{name} (exited; supervisord retries it)"
-            for name, info in sorted(view.items())
-            if info.state in ("RUNNING", "STARTING", "BACKOFF")
-        ]
-    text = f"Still running: {', '.join(running)}." if running else "Nothing of it is running."
-    if unknown:
-        text += f" (Not known for {', '.join(unknown)}: see `pdkit status`.)"
-    return text
-
-
-def _curl_line(ctx: DeployContext) -> str:
-    router = ctx.plan.router
-    body = {
-        "model": ctx.plan.model.served_name,
-        "messages": [{"role": "user", "content": "Say hello in five words."}],
-        "max_tokens": 32,
-    }
-    parts = ["curl", "-s", f"{router.url}/v1/chat/completions"]
-    parts += ["-H", "Content-Type: application/json"]
-    line = shlex.join(parts)
-    if router.api_key_env:
-        line += f' -H "Authorization: Bearer ${router.api_key_env}"'
-    elif router.api_key_file:
-        key_file = shlex.quote(display_path(router.api_key_file))
-        line += f' -H "Authorization: Bearer $(cat {key_file})"'
-    return f"{line} -d {shlex.quote(json.dumps(body))}"
-
-
-def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessStatus]) -> None:
-    plan = ctx.plan
-    pids: dict[str, int] = {}
-    for host in ctx.hosts:
-        pids |= {name: info.pid for name, info in (host_processes(host) or {}).items()}
-    urls = {w.name: w.url for w in plan.workers if w.serves_http} | {"router": plan.router.url}
-    if plan.monitoring is not None:
-        urls[plan.monitoring.name] = plan.monitoring.url
-    urls = {name: url.removeprefix("http://") for name, url in urls.items()}
-    rows = [
-        (
-            s.target.name,
-            s.target.role,
-            s.target.host,
-            urls.get(s.target.name, "-"),
-            s.verdict.state,
-            str(pids.get(s.target.name) or s.pid or "-"),
-        )
-        for s in statuses
-    ]
-    console.print(status_table(rows))
-    console.print(
-        f"[bold green]Serving[/] {escape(plan.model.served_name)} at {escape(plan.router.url)} "
-        f"(OpenAI API: base_url {escape(plan.router.url)}/v1). Try:"
-    )
-    console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
-    _print_scrapes(ctx, console)
-    topology = shlex.quote(str(ctx.topology_file))
-    used_hosts = {s.target.host for s in statuses}
-    log_dirs = sorted({display_path(h.layout.log_dir) for h in ctx.hosts if h.name in used_hosts})
-    console.print(
-        f"Logs: pdkit logs {topology} [PROCESS] [-f]  ({', '.join(log_dirs)})", markup=False
-    )
-    console.print(f"Stop: pdkit down {topology}", markup=False)

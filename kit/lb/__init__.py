@@ -1,8 +1,9 @@
 """pdkit's prefill/decode load balancer for SGLang (`pdkit lb`, `python -m kit.lb`).
 
 Public API: `main(argv)` runs it as a process; `parse_args` builds an `LbConfig`;
-`LoadBalancer(config).build_app()` gives the aiohttp application (for embedding and tests);
-`serve(config)` runs it inside an existing event loop.
+`LoadBalancer(config).make_server()` gives its aiohttp low-level server (for embedding and
+tests; call `start()` first and `close()` after); `serve(config)` runs it inside an existing
+event loop.
 """
 
 from kit.lb.config import LbConfig, WorkerSpec, argv_problem, parse_args

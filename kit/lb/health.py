@@ -19,6 +19,7 @@ import time
 import aiohttp
 
 from kit.lb.workers import Worker, WorkerPool
+from kit.net import classify_failure
 
 log = logging.getLogger("kit.lb.health")
 
@@ -94,7 +95,8 @@ class HealthMonitor:
         except TimeoutError:
             return (*evaluate(None, b"", f"no answer within {self._timeout.total:g} s"), True)
         except aiohttp.ClientError as exc:
-            return (*evaluate(None, b"", f"{type(exc).__name__}: {exc}"), False)
+            _, why = classify_failure(exc, sent=True, timeout=self._timeout.total or 0.0)
+            return (*evaluate(None, b"", why), False)
 
     async def _run(self, worker: Worker) -> None:
         wake = self._wake[worker.url]

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from kit.lb.errors import ApiError
 from kit.lb.workers import Worker, WorkerPool
+from kit.net import classify_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,8 @@ class InfoRoutes:
         except TimeoutError:
             return Answer(worker, None, b"", "", f"no answer within {self._timeout.total:g} s")
         except aiohttp.ClientError as exc:
-            return Answer(worker, None, b"", "", f"{type(exc).__name__}: {exc}")
+            _, why = classify_failure(exc, sent=True, timeout=self._timeout.total or 0.0)
+            return Answer(worker, None, b"", "", why)
 
     def _candidates(self) -> list[Worker]:
         workers = list(self._pool)

@@ -68,7 +68,7 @@ def _error_response(error: ApiError) -> web.Response:
 
 
 class LoadBalancer:
-    """One PD load balancer instance; `build_app()` gives its aiohttp application."""
+    """One PD load balancer instance; `make_server()` gives its aiohttp low-level server."""
 
     def __init__(self, config: LbConfig) -> None:
         self.config = config

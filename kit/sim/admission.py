@@ -1,7 +1,7 @@
 """What SGLang 0.5.23 checks a well-formed request against before and as it schedules it.
 
 The tokenizer manager (sglang/srt/managers/tokenizer_manager.py) refuses a request before it
-reaches the scheduler, with a 400 (`ApiError`, stage REQUEST):
+reaches the scheduler, with a 400 (`RequestRefused`, stage REQUEST):
 
 - `check_lengths` (`_validate_one_request`): an input of the context length or more; an
   explicit ``max_new_tokens`` that with the input exceeds the context. With
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kit.sim.errors import ApiError
+from kit.sim.errors import RequestRefused
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens
 TOP_K_ALL = 1 << 30  # sampling_params.TOP_K_ALL: the whole vocabulary
@@ -91,7 +91,7 @@ def check_lengths(
     input_tokens = len(prompt)
     if input_tokens >= context:
         if not limits.allow_auto_truncate:
-            raise ApiError(
+            raise RequestRefused(
                 f"The input ({input_tokens} tokens) is longer than the model's context "
                 f"length ({context} tokens)."
             )
@@ -99,7 +99,7 @@ def check_lengths(
         input_tokens = len(prompt)
     if max_new_tokens is not None and max_new_tokens + input_tokens > context:
         if not limits.allow_auto_truncate:
-            raise ApiError(
+            raise RequestRefused(
                 "Requested token count exceeds the model's maximum context length of "
                 f"{context} tokens. You requested a total of {max_new_tokens + input_tokens} "
                 f"tokens: {input_tokens} tokens from the input messages and {max_new_tokens} "
@@ -122,21 +122,21 @@ def check_features(
 ) -> None:
     """The tokenizer manager's request checks that do not depend on the prompt."""
     if priority is not None and not INT64_MIN <= priority <= INT64_MAX:
-        raise ApiError(
+        raise RequestRefused(
             "priority must be a signed 64-bit integer between -9223372036854775808 and "
             "9223372036854775807"
         )
     if max_thinking_tokens is not None:
-        raise ApiError(
+        raise RequestRefused(
             "max_thinking_tokens requires the server to be launched with --enable-strict-thinking"
         )
     ignored_rank = limits.dp_size <= 1 and routed_dp_rank == 0
     if routed_dp_rank is not None and not ignored_rank and not 0 <= routed_dp_rank < limits.dp_size:
-        raise ApiError(f"routed_dp_rank={routed_dp_rank} out of range [0, {limits.dp_size})")
+        raise RequestRefused(f"routed_dp_rank={routed_dp_rank} out of range [0, {limits.dp_size})")
     if lora_path:
         adapters = [lora_path] if isinstance(lora_path, str) else lora_path
         first = next((a for a in adapters if a), None)
-        raise ApiError(
+        raise RequestRefused(
             f"LoRA adapter '{first}' was requested, but LoRA is not enabled. Please launch the "
             "server with --enable-lora flag and preload adapters using --lora-paths or "
             "/load_lora_adapter endpoint."
@@ -145,13 +145,13 @@ def check_features(
         return_hidden_states if isinstance(return_hidden_states, list) else [return_hidden_states]
     )
     if any(mode not in (False, None) for mode in hidden):
-        raise ApiError(
+        raise RequestRefused(
             "The server is not configured to return hidden states. Please set "
             "`--return-hidden-states-mode last`, `--return-hidden-states-mode full`, or the "
             "legacy `--enable-return-hidden-states` flag."
         )
     if custom_logit_processor and not limits.enable_custom_logit_processor:
-        raise ApiError(
+        raise RequestRefused(
             "The server is not configured to enable custom logit processor. Please set "
             "`--enable-custom-logit-processor` to enable this feature."
         )
@@ -178,7 +178,7 @@ def _or(params: Mapping[str, Any], key: str, default: Any) -> Any:
 
 def sampling_params(params: Mapping[str, Any], vocab: int) -> Sampling:
     """`SamplingParams(**params)`, `.normalize()` and `.verify(vocab)`: the parameters, or an
-    `ApiError` with SGLang's message. Types are checked before (the contract, pydantic)."""
+    `RequestRefused` with SGLang's message. Types are checked before (the contract, pydantic)."""
     temperature = _or(params, "temperature", 1.0)
     top_k = _or(params, "top_k", -1)
     if 0 <= temperature < SAMPLING_EPS:
@@ -195,54 +195,58 @@ def sampling_params(params: Mapping[str, Any], vocab: int) -> Sampling:
     beam_width = params.get("beam_width")
     # verify()
     if beam_width is not None and beam_width < 1:
-        raise ApiError(f"beam_width must be at least 1, got {beam_width}.")
+        raise RequestRefused(f"beam_width must be at least 1, got {beam_width}.")
     if not math.isfinite(temperature) or temperature < 0.0:
-        raise ApiError(f"temperature must be a non-negative finite number, got {temperature}.")
+        raise RequestRefused(
+            f"temperature must be a non-negative finite number, got {temperature}."
+        )
     if not 0.0 < top_p <= 1.0:
-        raise ApiError(f"top_p must be in (0, 1], got {top_p}.")
+        raise RequestRefused(f"top_p must be in (0, 1], got {top_p}.")
     if not 0.0 <= min_p <= 1.0:
-        raise ApiError(f"min_p must be in [0, 1], got {min_p}.")
+        raise RequestRefused(f"min_p must be in [0, 1], got {min_p}.")
     if top_k < 1:
-        raise ApiError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+        raise RequestRefused(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
     if not -2.0 <= frequency_penalty <= 2.0:
-        raise ApiError(f"frequency_penalty must be in [-2, 2], got {frequency_penalty}.")
+        raise RequestRefused(f"frequency_penalty must be in [-2, 2], got {frequency_penalty}.")
     if not -2.0 <= presence_penalty <= 2.0:
-        raise ApiError(f"presence_penalty must be in [-2, 2], got {presence_penalty}.")
+        raise RequestRefused(f"presence_penalty must be in [-2, 2], got {presence_penalty}.")
     if not 0.0 < repetition_penalty <= 2.0:
-        raise ApiError(
+        raise RequestRefused(
             f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {repetition_penalty}."
         )
     if min_new < 0:
-        raise ApiError(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
+        raise RequestRefused(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
     if max_new is not None:
         if max_new < 0:
-            raise ApiError(f"max_new_tokens must be at least 0, got {max_new}.")
+            raise RequestRefused(f"max_new_tokens must be at least 0, got {max_new}.")
         if not min_new <= max_new:
-            raise ApiError(
+            raise RequestRefused(
                 f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
             )
     for token_id in params.get("logit_bias") or {}:
         if not _is_token(token_id, vocab):
-            raise ApiError(f"logit_bias must has keys in [0, {vocab - 1}], got {token_id}.")
+            raise RequestRefused(f"logit_bias must has keys in [0, {vocab - 1}], got {token_id}.")
     seed = params.get("sampling_seed")
     if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
-        raise ApiError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+        raise RequestRefused(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
     grammars = [params.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag")]
     if sum(bool(g) for g in grammars) > 1:
-        raise ApiError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+        raise RequestRefused("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
     # normalize()
     stop = _strings(params.get("stop"))
     if len(stop) > MAX_STOP_COUNT:
-        raise ApiError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop)}")
+        raise RequestRefused(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop)}")
     stop_regex = _strings(params.get("stop_regex"))
     if len(stop_regex) > MAX_STOP_REGEX_COUNT:
-        raise ApiError(
+        raise RequestRefused(
             f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed, got {len(stop_regex)}"
         )
     for pattern in stop_regex:
         size = len(pattern.encode("utf-8"))
         if size > MAX_STOP_REGEX_LEN:
-            raise ApiError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
+            raise RequestRefused(
+                f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit"
+            )
     return Sampling(
         max_new_tokens=max_new,
         min_new_tokens=min_new,

@@ -22,11 +22,11 @@ from typing import Any
 
 from kit.sim import tokens
 from kit.sim.admission import Limits, Sampling, check_features, check_lengths, sampling_params
-from kit.sim.errors import ApiError, Stage
+from kit.sim.errors import RequestRefused, Stage
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.schema import check_generate_contract, validation_message
 
-__all__ = ["ApiError", "GenerateRequest", "expand", "parse_generate"]
+__all__ = ["GenerateRequest", "RequestRefused", "expand", "parse_generate"]
 
 
 @dataclass
@@ -62,7 +62,7 @@ class GenerateRequest:
 
 def parse_generate(body: Any, limits: Limits) -> tuple[list[GenerateInput], bool, bool]:
     """The sequences a /generate body asks for, whether to answer with a list, and whether
-    to stream. Raises `ApiError` where SGLang refuses the body, with its message."""
+    to stream. Raises `RequestRefused` where SGLang refuses the body, with its message."""
     if not isinstance(body, dict):
         # FastAPI's parse of the body into GenerateReqInput (a dataclass).
         error = {
@@ -72,7 +72,7 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[GenerateInput], bool
             "input": body,
             "ctx": {"class_name": "GenerateReqInput"},
         }
-        raise ApiError(validation_message([error]), stage=Stage.SCHEMA)
+        raise RequestRefused(validation_message([error]), stage=Stage.SCHEMA)
     check_generate_contract(body)
     request = GenerateRequest.from_body(body)
     inputs, batched = expand(request, limits)
@@ -92,11 +92,11 @@ def expand(request: GenerateRequest, limits: Limits) -> tuple[list[GenerateInput
         prompts = [tokens.encode(t, limits.vocab) for t in texts]
     elif ids is not None:
         if not ids:
-            raise ApiError("input_ids cannot be empty.")
+            raise RequestRefused("input_ids cannot be empty.")
         batched = not isinstance(ids[0], int)
         prompts = [list(row) for row in ids] if batched else [list(ids)]  # type: ignore[arg-type]
     else:
-        raise ApiError("Either text, input_ids or input_embeds should be provided.")
+        raise RequestRefused("Either text, input_ids or input_embeds should be provided.")
     n = _parallel_sample_num(request.sampling_params)
     count = len(prompts)
     if batched or n > 1:
@@ -158,7 +158,7 @@ def _parallel_sample_num(params: dict[str, Any] | list[dict[str, Any]] | None) -
     first = params if isinstance(params, dict) else (params[0] if params else {})
     n = first.get("n", 1)
     if isinstance(params, list) and any(p.get("n", 1) != n for p in params):
-        raise ApiError(
+        raise RequestRefused(
             "The parallel_sample_num should be the same for all samples in sample params."
         )
     if (first.get("beam_width") or 1) > 1:
@@ -170,16 +170,16 @@ def _check_batch(request: GenerateRequest, count: int, n: int) -> None:
     """GenerateReqInput._normalize_batch_inputs' refusals."""
     if isinstance(request.rid, list):
         if len(request.rid) != count:
-            raise ApiError(
+            raise RequestRefused(
                 "The specified rids length mismatch with the batch_size for batch processing."
             )
         duplicates = sorted({r for r in request.rid if request.rid.count(r) > 1})
         if duplicates:
-            raise ApiError(f"Duplicate request IDs detected within the request: {duplicates}")
+            raise RequestRefused(f"Duplicate request IDs detected within the request: {duplicates}")
     if n > 1:
         for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
             if isinstance(getattr(request, name), list):
-                raise ApiError(f"Cannot use list {name} with parallel_sample_num > 1")
+                raise RequestRefused(f"Cannot use list {name} with parallel_sample_num > 1")
 
 
 def _per_item(value: Any, name: str, count: int, batched: bool) -> list[Any]:
@@ -187,7 +187,7 @@ def _per_item(value: Any, name: str, count: int, batched: bool) -> list[Any]:
     if batched and isinstance(value, list):
         if len(value) < count:
             # SGLang indexes past the end of the list (an IndexError, answered 500).
-            raise ApiError(f"{name} has {len(value)} items for a batch of {count} prompts.")
+            raise RequestRefused(f"{name} has {len(value)} items for a batch of {count} prompts.")
         return value
     return [value] * count
 
@@ -197,7 +197,7 @@ def optional_index(value: Any, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ApiError(f"{key} must be a non-negative integer, got {value!r}.")
+        raise RequestRefused(f"{key} must be a non-negative integer, got {value!r}.")
     return value
 
 
@@ -218,7 +218,7 @@ def sequence_input(
     """One sequence of a request (native or OpenAI): `sampling`'s fields, logprobs when
     `top_logprobs_num` is not None, and the PD fields."""
     if bootstrap_host is not None and not isinstance(bootstrap_host, str):
-        raise ApiError(f"bootstrap_host must be a string, got {bootstrap_host!r}.")
+        raise RequestRefused(f"bootstrap_host must be a string, got {bootstrap_host!r}.")
     return GenerateInput(
         rid=rid,
         prompt_ids=prompt,

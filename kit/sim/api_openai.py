@@ -17,7 +17,7 @@ from typing import Any
 from kit.sim import tokens
 from kit.sim.admission import Limits
 from kit.sim.api_native import GenerateRequest, expand
-from kit.sim.errors import ApiError
+from kit.sim.errors import RequestRefused
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.schema import ChatCompletionRequest, CompletionRequest, parse_openai
 
@@ -29,7 +29,7 @@ def parse_completion(body: Any, limits: Limits) -> list[GenerateInput]:
     request = parse_openai(CompletionRequest, body)
     prompt = request.prompt
     if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
-        raise ApiError("Prompt cannot be empty")
+        raise RequestRefused("Prompt cannot be empty")
     _check_response_format(request.response_format)
     params = {
         "temperature": request.temperature,
@@ -137,31 +137,31 @@ def _check_response_format(response_format: Any) -> None:
     if getattr(response_format, "type", None) != "json_schema":
         return
     if getattr(response_format.json_schema, "schema_", None) is None:
-        raise ApiError("schema_ is required for json_schema response format request.")
+        raise RequestRefused("schema_ is required for json_schema response format request.")
 
 
 def _validate_chat(request: ChatCompletionRequest, limits: Limits) -> None:
     """OpenAIServingChat._validate_request, for a text-only model without tool parsers."""
     if not request.messages:
-        raise ApiError("Messages cannot be empty.")
+        raise RequestRefused("Messages cannot be empty.")
     if request.chat_template_kwargs and "chat_template" in request.chat_template_kwargs:
-        raise ApiError(
+        raise RequestRefused(
             "Request-supplied chat_template is not allowed. Start the server with "
             "--trust-request-chat-template to permit it."
         )
     tools = request.tools or []
     choice = request.tool_choice
     if isinstance(choice, str) and choice.lower() == "required" and not tools:
-        raise ApiError("Tools cannot be empty if tool choice is set to required.")
+        raise RequestRefused("Tools cannot be empty if tool choice is set to required.")
     if not isinstance(choice, str):
         if not tools:
-            raise ApiError("Tools cannot be empty if tool choice is set to a specific tool.")
+            raise RequestRefused("Tools cannot be empty if tool choice is set to a specific tool.")
         if not any(tool.function.name == choice.function.name for tool in tools):
-            raise ApiError(f"Tool '{choice.function.name}' not found in tools list.")
+            raise RequestRefused(f"Tool '{choice.function.name}' not found in tools list.")
     max_output = request.max_completion_tokens or request.max_tokens
     flag = limits.context_length_flag
     if max_output and flag and max_output > flag and not limits.allow_auto_truncate:
-        raise ApiError(
+        raise RequestRefused(
             f"max_completion_tokens is too large: {max_output}."
             f"This model supports at most {flag} completion tokens."
         )

@@ -11,7 +11,7 @@ answers in its own way (sglang/srt/entrypoints/http_server.py):
   routes, ``{"error": {"message": ...}}`` on ``/generate``; a streamed ``/generate`` has
   answered 200 already and sends the error as a stream event.
 
-What the scheduler refuses later is not an `ApiError`: the request finishes with an abort
+What the scheduler refuses later is not a `RequestRefused`: the request finishes with an abort
 (`RequestState.fail`), which a stream reports inside the stream.
 """
 
@@ -26,7 +26,7 @@ class Stage(Enum):
     REQUEST = "request"
 
 
-class ApiError(ValueError):
+class RequestRefused(ValueError):
     """A request SGLang would refuse; `status` is the HTTP status, `stage` where it is
     refused."""
 

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from kit.sim.errors import ApiError, Stage
+from kit.sim.errors import RequestRefused, Stage
 
 DEFAULT_MODEL_NAME = "default"  # protocol.py DEFAULT_MODEL_NAME
 # protocol.py _GenericMessageRole: every role but "user", which has its own message type.
@@ -257,13 +257,13 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse_openai(model: type[M], body: Any) -> M:
-    """`body` as `model`, or an `ApiError` with FastAPI's validation message (SGLang sends
+    """`body` as `model`, or a `RequestRefused` with FastAPI's validation message (SGLang sends
     ``f"{exc} {exc.errors()}"`` as the ErrorResponse's message, with type "Bad Request")."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise ApiError(validation_message(errors), stage=Stage.SCHEMA) from exc
+        raise RequestRefused(validation_message(errors), stage=Stage.SCHEMA) from exc
 
 
 def validation_message(errors: list[dict[str, Any]]) -> str:
@@ -468,10 +468,10 @@ GENERATE_FIELDS: dict[str, Callable[[Any], None]] = {
 
 
 def check_generate_contract(body: Any) -> None:
-    """Raise `ApiError` (400, SGLang's ``{"error": "<text>"}`` body) for the first contract
+    """Raise `RequestRefused` (400, SGLang's ``{"error": "<text>"}`` body) for the first contract
     violation of a /generate body, as `generate_contract_error` finds it."""
     if not isinstance(body, dict):
-        raise ApiError(
+        raise RequestRefused(
             f"invalid type: {_unexpected(body)}, expected struct GenerateRequest",
             stage=Stage.CONTRACT,
         )
@@ -482,4 +482,4 @@ def check_generate_contract(body: Any) -> None:
         try:
             check(value)
         except ContractError as exc:
-            raise ApiError(f"{key}: {exc}", stage=Stage.CONTRACT) from None
+            raise RequestRefused(f"{key}: {exc}", stage=Stage.CONTRACT) from None

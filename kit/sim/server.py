@@ -20,7 +20,7 @@ from aiohttp import web
 
 from kit.sim import api_native, api_openai
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
-from kit.sim.errors import ApiError, Stage
+from kit.sim.errors import RequestRefused, Stage
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.schema import validation_message
@@ -342,7 +342,7 @@ class Api:
         try:
             return await request.json()
         except json.JSONDecodeError as exc:
-            raise ApiError(
+            raise RequestRefused(
                 validation_message(
                     [
                         {
@@ -357,7 +357,7 @@ class Api:
                 stage=Stage.SCHEMA,
             ) from exc
         except UnicodeDecodeError as exc:
-            raise ApiError(f"Invalid JSON body: {exc}", stage=Stage.SCHEMA) from exc
+            raise RequestRefused(f"Invalid JSON body: {exc}", stage=Stage.SCHEMA) from exc
 
     def _not_ready(self) -> web.Response | None:
         if self.ready and not self.stopping:
@@ -372,7 +372,7 @@ class Api:
         try:
             body = await self._body(request)
             inputs, as_list, stream = api_native.parse_generate(body, self.engine.limits)
-        except ApiError as exc:
+        except RequestRefused as exc:
             if exc.stage is Stage.SCHEMA:
                 return _validation_error(str(exc))
             if exc.stage is Stage.CONTRACT:
@@ -458,7 +458,7 @@ class Api:
             body = await self._body(request)
             parse = api_openai.parse_chat if chat else api_openai.parse_completion
             inputs = parse(body, engine.limits)
-        except ApiError as exc:
+        except RequestRefused as exc:
             if exc.stage is Stage.SCHEMA:
                 return _validation_error(str(exc))
             return _json(api_openai.error_body(str(exc), exc.status), exc.status)

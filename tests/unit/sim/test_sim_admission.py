@@ -11,7 +11,7 @@ import pytest
 
 from kit.sim.admission import Limits, check_lengths, sampling_params
 from kit.sim.args import parse_args
-from kit.sim.errors import ApiError
+from kit.sim.errors import RequestRefused
 from tests.unit.sim.test_sim_api import serve
 
 LIMITS = Limits(context_len=256, vocab=1000, kv_capacity=10_000)
@@ -19,7 +19,7 @@ TRUNCATE = Limits(context_len=256, vocab=1000, kv_capacity=10_000, allow_auto_tr
 
 
 def test_total_tokens_over_the_context_are_refused_with_sglangs_message():
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(RequestRefused) as err:
         check_lengths([1] * 100, 157, LIMITS)
     assert str(err.value).startswith(
         "Requested token count exceeds the model's maximum context length of 256 tokens. "
@@ -28,7 +28,7 @@ def test_total_tokens_over_the_context_are_refused_with_sglangs_message():
     assert check_lengths([1] * 100, 156, LIMITS) == ([1] * 100, 156)
     # Without an explicit max_new_tokens there is nothing to check: the scheduler caps it.
     assert check_lengths([1] * 255, None, LIMITS) == ([1] * 255, None)
-    with pytest.raises(ApiError, match=r"The input \(256 tokens\) is longer than"):
+    with pytest.raises(RequestRefused, match=r"The input \(256 tokens\) is longer than"):
         check_lengths([1] * 256, None, LIMITS)
 
 
@@ -63,7 +63,7 @@ def test_the_scheduler_keeps_five_tokens_of_margin_and_caps_new_tokens():
     ],
 )
 def test_sampling_params_are_verified_as_sglang_does(params, message):
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(RequestRefused) as err:
         sampling_params(params, 1000)
     assert message in str(err.value)
 

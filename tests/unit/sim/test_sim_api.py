@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from kit.perf.clock import RealClock
 from kit.sim.admission import Limits
-from kit.sim.api_native import ApiError, parse_generate
+from kit.sim.api_native import RequestRefused, parse_generate
 from kit.sim.api_openai import StreamFormatter, parse_chat, parse_completion
 from kit.sim.args import parse_args
 from kit.sim.engine import Engine
@@ -62,7 +62,7 @@ def test_generate_single_and_batch_with_pd_lists():
     ],
 )
 def test_generate_errors_use_sglang_messages(body, message):
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(RequestRefused) as err:
         parse_generate(body, LIMITS)
     assert message in str(err.value)
 
@@ -79,7 +79,7 @@ def test_generate_errors_use_sglang_messages(body, message):
 def test_pd_fields_are_typed_as_sglang_types_them(field, value, openai_refuses):
     # /generate's JSON contract takes JSON types as they are; the OpenAI routes parse with
     # pydantic's lax mode, which reads "7" as 7. A refusal names the field.
-    with pytest.raises(ApiError, match=field):
+    with pytest.raises(RequestRefused, match=field):
         parse_generate({"text": "x", field: value}, LIMITS)
     chat = {"messages": [{"role": "user", "content": "hi"}], field: value}
     for parse in (
@@ -87,7 +87,7 @@ def test_pd_fields_are_typed_as_sglang_types_them(field, value, openai_refuses):
         lambda: parse_chat(chat, LIMITS),
     ):
         if openai_refuses:
-            with pytest.raises(ApiError, match=field):
+            with pytest.raises(RequestRefused, match=field):
                 parse()
         else:
             assert parse()[0].prompt_len > 0
@@ -113,9 +113,9 @@ def test_openai_bodies():
         assert long[0].max_new_tokens is None
     zero = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, LIMITS)
     assert zero[0].max_new_tokens == 0
-    with pytest.raises(ApiError, match="max_tokens must be positive"):
+    with pytest.raises(RequestRefused, match="max_tokens must be positive"):
         parse_completion({"prompt": "x", "max_tokens": 0}, LIMITS)
-    with pytest.raises(ApiError, match="Messages cannot be empty"):
+    with pytest.raises(RequestRefused, match="Messages cannot be empty"):
         parse_chat({"messages": []}, LIMITS)
 
 

@@ -206,8 +206,9 @@ def _write(host: DeployHost, source: Rail, target: _Target) -> tuple[int, float,
     return int(result["bytes"]), float(result["seconds"]), ""
 
 
-def transfer_test(ctx: DeployContext, facts: Mapping[str, Mapping[str, Any]]) -> list[RailResult]:
-    """Every ordered host pair on every rail (see the module doc), one write test at a time."""
+def measure_rails(ctx: DeployContext, facts: Mapping[str, Mapping[str, Any]]) -> list[RailResult]:
+    """Every ordered host pair on every rail (see the module doc), one write at a time; `facts`
+    are the provisioning facts per host (for each NIC's link rate)."""
     by_host = rails(ctx)
     if len(by_host) < 2:
         return []
@@ -237,7 +238,7 @@ def transfer_test(ctx: DeployContext, facts: Mapping[str, Mapping[str, Any]]) ->
             target.stop()
 
 
-def check(results: Sequence[RailResult]) -> None:
+def raise_on_failed(results: Sequence[RailResult]) -> None:
     """Raise `DeployError` naming the pairs and rails that moved nothing."""
     failed = [r for r in results if not r.ok]
     if failed:
