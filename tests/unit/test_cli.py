@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields
 
 import pytest
+from typer.main import get_command
 
+from kit.bench.options import BenchArgs
+from kit.cli import app
+from kit.cli.bench import CLI_ONLY
+from kit.cli.options import args_from
+from kit.sizing.command import SizeArgs
 from tests.conftest import REPO, TOPOLOGIES, base_topology, run_pdkit
 
 pdkit = run_pdkit
@@ -104,3 +111,23 @@ def test_up_refuses_bad_router_options_before_touching_a_host(write_topology, tm
     assert result.returncode == 1
     assert "router.args" in result.stderr and "--no-such-option" in result.stderr
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "cli_only"),
+    [("bench", BenchArgs, set(CLI_ONLY)), ("size", SizeArgs, set())],
+)
+def test_every_option_of_bench_and_size_is_a_field_of_its_args(command, args, cli_only):
+    params = {p.name for p in get_command(app).commands[command].params}
+    assert params - cli_only == {f.name for f in fields(args)}
+
+
+def test_args_from_refuses_a_parameter_without_a_field_and_a_field_without_one():
+    @dataclass(frozen=True)
+    class Args:
+        seed: int = 0
+
+    assert args_from(Args, {"seed": 3}) == Args(seed=3)
+    with pytest.raises(TypeError, match=r"no parameter for \['seed'\], no field for \['sed'\]"):
+        args_from(Args, {"sed": 3})
+    assert args_from(Args, {"seed": 3, "per_gpu": True}, cli_only={"per_gpu"}) == Args(seed=3)

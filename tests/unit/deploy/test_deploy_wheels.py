@@ -49,7 +49,7 @@ def test_pdkit_s_wheel_is_reproducible_and_complete(tmp_path):
     second = pdkit_wheel(tmp_path / "two")
     assert first.read_bytes() == second.read_bytes()
     listed = zipfile.ZipFile(first).namelist()
-    assert "kit/cli.py" in listed
+    assert "kit/cli/__init__.py" in listed
     assert "kit/sglang/catalogs/0.5.23.json" in listed
     assert "sglang_pdkit-0.1.0.dist-info/entry_points.txt" in listed
     assert not [n for n in listed if "__pycache__" in n or n.endswith(".pyc")]

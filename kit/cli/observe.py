@@ -1,0 +1,160 @@
+"""`pdkit health`, `status`, `doctor`, `trace`, `dashboard`: what a running deployment does,
+read from the Plan (probes, the KV transfer matrix, one request's timeline, a Grafana board)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kit.cli.app import app, console, resolve_plan
+from kit.cli.options import ConcurrencyOpt, JsonOpt, ProbeTimeoutOpt, TopologyArg, pair_timeout
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit health topologies/local.yaml && echo serving\n\n"
+    "  pdkit health topologies/local.yaml --json | jq -r '.problems[].line'\n\n"
+    "Exit status 0 when every worker and the router are healthy and are what the topology "
+    "says, 1 otherwise, with one line per problem and its cause."
+)
+def health(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    timeout: ProbeTimeoutOpt = 3.0,
+    concurrency: ConcurrencyOpt = 128,
+) -> None:
+    """Probe every worker and the router once, concurrently; list what is wrong."""
+    from kit.observe import ProbeOptions  # noqa: PLC0415
+    from kit.observe import health as run_health  # noqa: PLC0415
+
+    plan = resolve_plan(topology)
+    options = ProbeOptions(timeout_s=timeout, concurrency=concurrency)
+    raise typer.Exit(run_health(plan, console, options, as_json))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit status topologies/local.yaml\n\n"
+    "  pdkit status topologies/local.yaml --watch --interval 5\n\n"
+    "  pdkit status topologies/local.yaml --json | jq '.workers[] | {name, state}'\n\n"
+    "With --watch --json, one JSON object per line per refresh."
+)
+def status(
+    topology: TopologyArg,
+    *,
+    as_json: JsonOpt = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between refreshes (--watch).")
+    ] = 2.0,
+    count: Annotated[
+        int | None, typer.Option("--count", min=1, help="Stop after this many refreshes.")
+    ] = None,
+    timeout: ProbeTimeoutOpt = 3.0,
+    concurrency: ConcurrencyOpt = 128,
+) -> None:
+    """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO."""
+    from kit.observe import ProbeOptions  # noqa: PLC0415
+    from kit.observe import status as run_status  # noqa: PLC0415
+
+    plan = resolve_plan(topology)
+    options = ProbeOptions(timeout_s=timeout, concurrency=concurrency)
+    raise typer.Exit(
+        run_status(
+            plan,
+            console,
+            options,
+            as_json=as_json,
+            watch=watch or count is not None,
+            interval_s=interval,
+            count=count,
+        )
+    )
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit doctor topologies/local.yaml\n\n"
+    "  pdkit doctor topologies/local.yaml --json | jq '.pairs[] | {prefill, decode, state}'\n\n"
+    "Sends one real PD request (one output token, its own bootstrap room) straight to every "
+    "prefill x decode pair, every DP rank included, and prints the matrix: TTFT and the KV "
+    "transfer time and speed the prefill reports, or the failure with its cause from both "
+    "workers' logs and the fix. Ends with the model's KV bytes per token and the transfer time "
+    "of --input-len tokens at the measured speed, against the TTFT objective. Exit status 0 "
+    "when every pair moved KV, 1 otherwise. `pdkit up` runs the same check last."
+)
+def doctor(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    timeout: Annotated[float | None, pair_timeout("--timeout")] = None,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            min=1,
+            help="Pairs in flight per worker (1: each pair's transfer figures are its own).",
+        ),
+    ] = 1,
+    input_len: Annotated[
+        int, typer.Option("--input-len", min=1, help="Input tokens for the KV cost line.")
+    ] = 2048,
+) -> None:
+    """Prove KV moves across every prefill x decode pair; name the cause when it does not."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
+    from kit.deploy.gate import run_doctor  # noqa: PLC0415
+    from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
+
+    context = DeployContext.build(resolve_plan(topology), topology)
+    options = DoctorOptions(timeout_s=timeout or DEFAULT_TIMEOUT_S, parallel=parallel)
+    raise typer.Exit(run_doctor(context, console, options, as_json=as_json, input_tokens=input_len))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit dashboard > pd.json\n\n"
+    "  pdkit dashboard topologies/local.yaml > pd.json\n\n"
+    "Import the file in Grafana (Dashboards > New > Import) and pick the Prometheus that "
+    "`monitoring:` deploys. With a topology, the deployment and the SLO thresholds it shows are "
+    "the topology's."
+)
+def dashboard(
+    topology: Annotated[
+        Path | None,
+        typer.Argument(help="Topology YAML file (optional).", metavar="[TOPOLOGY]"),
+    ] = None,
+) -> None:
+    """Print a Grafana dashboard (JSON) of a PD deployment's Prometheus metrics."""
+    from kit.observe.dashboard import dashboard_json  # noqa: PLC0415
+
+    sys.stdout.write(dashboard_json(resolve_plan(topology) if topology else None))
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit trace topologies/local.yaml 5f0c2a9e41d7b3c8\n\n"
+    "  pdkit trace topologies/local.yaml 3012580135869468599   (a bootstrap room)\n\n"
+    "  pdkit trace topologies/local.yaml runs/local/requests.jsonl   (its slowest request)\n\n"
+    "REQUEST is the id the router returns in X-Request-Id (pdkit bench records it as "
+    "request_id), the bootstrap room (X-PDKit-Bootstrap-Room), or a bench requests.jsonl. The "
+    "router's access log names the prefill, the decode and the room; both workers' logs give "
+    "each PD stage. Times are ms from the request's arrival at the router."
+)
+def trace(
+    topology: TopologyArg,
+    request: Annotated[
+        str,
+        typer.Argument(
+            help="Request id, bootstrap room, or a bench requests.jsonl.",
+            metavar="REQUEST_ID|ROOM|REQUESTS.JSONL",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """One request's timeline across router, prefill and decode: each phase and the gaps."""
+    from kit.deploy import DeployContext  # noqa: PLC0415
+    from kit.deploy.trace import trace_request  # noqa: PLC0415
+    from kit.observe.trace import trace_lines  # noqa: PLC0415
+
+    context = DeployContext.build(resolve_plan(topology), topology)
+    for line in trace_lines(trace_request(context, request)):
+        console.print(line, markup=False, highlight=False)

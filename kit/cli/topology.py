@@ -1,0 +1,48 @@
+"""`pdkit validate`, `render`, `schema`: the topology checked, its launch commands, its schema.
+None of them touches a host."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from kit.cli.app import app, console, resolve_plan
+from kit.cli.options import JsonOpt, TopologyArg
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit validate topologies/local.yaml\n\n"
+    "Exit status 0 when the topology can be deployed, 1 with every problem listed otherwise."
+)
+def validate(topology: TopologyArg) -> None:
+    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
+    plan = resolve_plan(topology)
+    prefill, decode = plan.role("prefill"), plan.role("decode")
+    console.print(
+        f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
+        f"{len({w.host for w in plan.workers})} host(s), {len(plan.workers)} worker process(es), "
+        f"router {plan.router.kind} at {plan.router.url}"
+    )
+
+
+@app.command(
+    epilog="Examples:\n\n  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
+    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'"
+)
+def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
+    """Show the exact launch command of every process, per host (or the Plan as JSON)."""
+    from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
+
+    plan = resolve_plan(topology)
+    if as_json:
+        print(plan.model_dump_json(indent=2))
+    else:
+        sys.stdout.write(plan_to_shell(plan))
+
+
+@app.command(epilog="Example:\n\n  pdkit schema > topology.schema.json")
+def schema() -> None:
+    """Print the JSON Schema of the topology file (for editors and linters)."""
+    from kit.topology.schema import Topology  # noqa: PLC0415
+
+    print(json.dumps(Topology.model_json_schema(), indent=2, sort_keys=True))
