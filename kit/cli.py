@@ -104,8 +104,8 @@ def _main(
 
 
 def _resolve(topology: Path) -> Plan:
-    """The topology's Plan, every check run (`kit.topology.resolve`)."""
-    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
+    """The topology's Plan, every check run (`kit.plan.resolve`)."""
+    from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
     return resolve(topology)
 
@@ -131,7 +131,7 @@ def validate(topology: TopologyArg) -> None:
 )
 def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     """Show the exact launch command of every process, per host (or the Plan as JSON)."""
-    from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
+    from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
     plan = _resolve(topology)
     if as_json:

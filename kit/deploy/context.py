@@ -92,6 +92,6 @@ def load_context(
     topology: Path, state_base: Path | str | None = None, control_python: str | None = None
 ) -> DeployContext:
     """Resolve the topology (every check runs first) and build its context."""
-    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
+    from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
     return DeployContext.build(resolve(topology), topology, state_base, control_python)

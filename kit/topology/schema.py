@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kit.topology import ports
+from kit.topology.launch import Parallelism
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 
@@ -150,9 +151,16 @@ class Role(RoleDefaults):
     )
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The role's tp, dp, dp_attention, ep and pp as one value."""
+        return Parallelism(
+            tp=self.tp, dp=self.dp, dp_attention=self.dp_attention, ep=self.ep, pp=self.pp
+        )
+
+    @property
     def gpus_per_instance(self) -> int:
         """GPUs one instance uses across all its nodes."""
-        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+        return self.parallelism.gpus
 
 
 class Transfer(Strict):

@@ -10,8 +10,8 @@ import yaml
 
 from kit.bench.predict import plan_cluster
 from kit.bench.records import write_records
+from kit.plan.resolve import resolve
 from kit.sizing.calibration import CALIBRATION_ENV
-from kit.topology.resolve import resolve
 from tests.conftest import REPO, run_pdkit
 from tests.unit.sizing.test_sizing_calibration import synthetic_records
 
