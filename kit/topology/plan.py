@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from kit.net import http_url
 from kit.secrets import SecretSource, read_secret
@@ -90,6 +90,7 @@ class WorkerProcess(Frozen):
     command: Command
     env: dict[str, str]
 
+    @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json` too
     @property
     def parallelism(self) -> Parallelism:
         """How the instance spreads over GPUs (its launch record's)."""

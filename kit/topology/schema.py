@@ -75,7 +75,10 @@ class Host(Strict):
     ssh: SSH = Field(default_factory=SSH, description="SSH settings (connection: ssh).")
     gpus: int = Field(ge=0, description="Number of GPUs (emulated ones for engine sim).")
     gpu_type: str | None = Field(
-        None, description="GPU model, e.g. H100-SXM, A100-80G. The sim engine times itself by it."
+        None,
+        description="GPU model, e.g. H100-SXM, A100-80G. kit/perf models the instances on it "
+        "(bench's prediction, size --calibrate), whatever the engine; the sim engine times "
+        "itself by it.",
     )
     rdma_devices: tuple[str, ...] = Field(
         (), description="RDMA devices (names under /sys/class/infiniband), e.g. [mlx5_0, mlx5_1]."
