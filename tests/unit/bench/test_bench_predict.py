@@ -55,3 +55,17 @@ def test_calibration_for_engine_sglang_is_stored_for_the_hosts_gpu(tmp_path):
     assert "Llama-2-13B on A100-80G" in fitted.stdout
     (entry,) = json.loads((tmp_path / "calibration.json").read_text())["calibrations"]
     assert entry["gpu"] == "A100-80G"
+
+
+def test_prediction_counts_pipeline_stages_in_each_instances_gpus(tmp_path):
+    """A prefill of pp 2 holds two GPUs: the modelled cluster has 2 x 2 + 1 of them (it
+    counted 1 per prefill before the launch record carried pp)."""
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+    data["hosts"][0]["gpus"] = 5
+    data["prefill"]["pp"] = 2
+    path = tmp_path / "pp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cluster, _ = plan_cluster(resolve(path))
+    assert cluster.prefill is not None and cluster.prefill.config.pp == 2
+    assert cluster.prefill.config.gpus == 2
+    assert cluster.gpus == 5
