@@ -1,12 +1,12 @@
 """What `kit/perf`'s model predicts for a deployment under a workload: the same goodput search
 in virtual time, on the instances the Plan starts.
 
-Each role's instance is read from its rank-0 process the way the process itself reads it: its
-argv through the sim's own argument parser (the same argv SGLang gets) and, for engine sim,
-its `PDKIT_SIM_*` environment through the sim's own settings. The sim runs its model time at
-`PDKIT_SIM_SPEED` x wall time; a deployment slowed to speed s serves rate r under SLO (T, P)
-as the model at full speed serves r / s under (T x s, P x s), so the predicted wall goodput is
-s x the model goodput under the scaled SLO.
+Each role's instance is its launch record in the Plan (`WorkerProcess.launch`: parallelism,
+the hosts' GPU type whatever the engine, memory and batching values), modelled through
+`InstanceConfig.from_launch` as the sim worker models itself. The sim runs its model time at
+`PDKIT_SIM_SPEED` x wall time (the record's `speed`); a deployment slowed to speed s serves
+rate r under SLO (T, P) as the model at full speed serves r / s under (T x s, P x s), so the
+predicted wall goodput is s x the model goodput under the scaled SLO.
 """
 
 from __future__ import annotations
@@ -15,13 +15,9 @@ from dataclasses import dataclass
 
 from kit.errors import PdkitError
 from kit.perf.cluster import Cluster, InstanceConfig, Instances
-from kit.perf.gpus import gpu_spec
-from kit.perf.models import resolve_model
+from kit.perf.gpus import UnknownGpuError
 from kit.perf.sweep import goodput, run_rate
-from kit.perf.timing import kv_dtype_bytes
 from kit.perf.workload import WorkloadSpec
-from kit.sim.args import ArgsError, parse_args
-from kit.sim.settings import SettingsError, SimSettings
 from kit.topology.plan import Plan, WorkerProcess
 from kit.topology.schema import SLO
 
@@ -57,29 +53,10 @@ class Prediction:
 
 def _instance(worker: WorkerProcess) -> tuple[InstanceConfig, float]:
     try:
-        args = parse_args(list(worker.command.args))
-        settings = SimSettings.from_env(worker.env)
-    except (ArgsError, SettingsError, SystemExit) as exc:
+        config = InstanceConfig.from_launch(worker.launch)
+    except UnknownGpuError as exc:
         raise PdkitError(f"cannot model {worker.name}: {exc}") from exc
-    model = resolve_model(args.model_path)
-    gpu = gpu_spec(settings.gpu)  # the host's gpu_type reaches it as PDKIT_SIM_GPU
-    config = InstanceConfig(
-        model=model,
-        gpu=gpu,
-        tp=args.tp_size,
-        dp=args.dp_size,
-        dp_attention=args.enable_dp_attention,
-        ep=args.ep_size,
-        page_size=args.page_size,
-        chunked_prefill_size=args.chunked_prefill_size,
-        mem_fraction_static=args.mem_fraction_static,
-        max_total_tokens=args.max_total_tokens,
-        max_running_requests=args.max_running_requests,
-        mixed_chunk=args.enable_mixed_chunk,
-        reserved_decode_tokens=args.num_reserved_decode_tokens,
-        kv_dtype_bytes=kv_dtype_bytes(args.kv_cache_dtype),
-    )
-    return config, settings.speed
+    return config, worker.launch.speed
 
 
 def plan_cluster(plan: Plan) -> tuple[Cluster, float]:

@@ -43,8 +43,8 @@ def _main(
 
 
 def resolve_plan(topology: Path) -> Plan:
-    """The topology's Plan, every check run (`kit.topology.resolve`)."""
-    from kit.topology.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
+    """The topology's Plan, every check run (`kit.plan.resolve`)."""
+    from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
     return resolve(topology)
 

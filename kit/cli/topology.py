@@ -31,7 +31,7 @@ def validate(topology: TopologyArg) -> None:
 )
 def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     """Show the exact launch command of every process, per host (or the Plan as JSON)."""
-    from kit.sglang.shell import plan_to_shell  # noqa: PLC0415
+    from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
     plan = resolve_plan(topology)
     if as_json:

@@ -14,8 +14,8 @@ from kit.deploy.inventory import DeployHost, build_inventory, deploy_hosts
 from kit.deploy.layout import state_dir
 from kit.deploy.logs import LogFile
 from kit.errors import DeployError
+from kit.plan.resolve import resolve
 from kit.topology.plan import Plan
-from kit.topology.resolve import resolve
 
 
 @dataclass(frozen=True)

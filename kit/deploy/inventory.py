@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from kit.sglang.monitoring import prometheus_config
+from kit.plan.monitoring import prometheus_config
 from kit.topology.layout import HostLayout, service_name, unit_pattern
 from kit.topology.plan import (
     Command,

@@ -16,27 +16,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kit.perf.clock import VirtualClock
-from kit.perf.gpus import GpuSpec
+from kit.perf.clock import Clock, VirtualClock
+from kit.perf.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
 from kit.perf.kvpool import KvPool
-from kit.perf.models import ModelShape
-from kit.perf.scheduler import FinishReason, Mode, Scheduler
+from kit.perf.models import ModelShape, resolve_model
+from kit.perf.scheduler import FinishReason, Mode, Scheduler, Step
 from kit.perf.scheduler import Sequence as Seq
-from kit.perf.timing import Efficiency, MemoryPlan, Parallelism, TimingModel, plan_memory
+from kit.perf.timing import Efficiency, MemoryPlan, TimingModel, kv_dtype_bytes, plan_memory
 from kit.perf.workload import Request
+from kit.topology.launch import Parallelism, WorkerLaunch
 
 Kind = Literal["colocated", "prefill-only", "decode-only", "pd"]
+
+# SGLang 0.5.23's defaults where a launch does not set these.
+DEFAULT_PAGE_SIZE = 1
+DEFAULT_MAX_PREFILL_TOKENS = 16384
+DEFAULT_RESERVED_DECODE_TOKENS = 512
 
 
 @dataclass(frozen=True)
 class InstanceConfig:
     """One SGLang instance: model, GPU type and the launch knobs the scheduler honours (None:
-    SGLang's default). `kv_dtype_bytes` is bytes per KV element (2: bf16, 1: fp8).
+    SGLang's default). `kv_dtype_bytes` is bytes per KV element (2: bf16, 1: fp8). Build it
+    from a launch record with `from_launch` (the Plan's, sizing's candidates', the sim's).
 
     `dp` schedulers (DP ranks) serve the instance, as the sim worker runs them: with
     `dp_attention` they share the `tp` GPUs (attention TP tp/dp, request slots split between
     them), without it each rank has `tp` GPUs of its own. `ep` (expert parallel) shards the
-    experts over the same GPUs as TP does, which the timing model prices alike."""
+    experts over the same GPUs as TP does, which the timing model prices alike; `pp` stages
+    split the layers."""
 
     model: ModelShape
     gpu: GpuSpec
@@ -44,40 +52,97 @@ class InstanceConfig:
     dp: int = 1
     dp_attention: bool = False
     ep: int = 1
+    pp: int = 1
     gpus_per_node: int = 8
     page_size: int = 16
     chunked_prefill_size: int | None = None
     mem_fraction_static: float | None = None
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    context_length: int | None = None
     mixed_chunk: bool = False
-    reserved_decode_tokens: int = 512
+    reserved_decode_tokens: int = DEFAULT_RESERVED_DECODE_TOKENS
     kv_dtype_bytes: float = 2.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
+    @classmethod
+    def from_launch(
+        cls,
+        launch: WorkerLaunch,
+        *,
+        model: ModelShape | None = None,
+        gpu: GpuSpec | None = None,
+        efficiency: Efficiency | None = None,
+    ) -> InstanceConfig:
+        """The instance `launch` starts, with SGLang's defaults where it sets nothing.
+
+        `model` and `gpu` are its model and GPU when the caller has resolved them already
+        (else from `launch.model_path` and `launch.gpu_type`; `UnknownGpuError` for a GPU
+        kit.perf does not know)."""
+        par = launch.parallelism
+        return cls(
+            model=model or resolve_model(launch.model_path),
+            gpu=gpu or gpu_spec(launch.gpu_type or DEFAULT_GPU),
+            tp=par.tp,
+            dp=par.dp,
+            dp_attention=par.dp_attention,
+            ep=par.ep,
+            pp=par.pp,
+            gpus_per_node=launch.gpus_per_node,
+            page_size=launch.page_size or DEFAULT_PAGE_SIZE,
+            chunked_prefill_size=launch.chunked_prefill_size,
+            mem_fraction_static=launch.mem_fraction_static,
+            max_total_tokens=launch.max_total_tokens,
+            max_running_requests=launch.max_running_requests,
+            max_prefill_tokens=launch.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS,
+            context_length=launch.context_length,
+            mixed_chunk=launch.enable_mixed_chunk,
+            reserved_decode_tokens=(
+                DEFAULT_RESERVED_DECODE_TOKENS
+                if launch.num_reserved_decode_tokens is None
+                else launch.num_reserved_decode_tokens
+            ),
+            kv_dtype_bytes=kv_dtype_bytes(launch.kv_cache_dtype),
+            efficiency=efficiency or Efficiency(),
+        )
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(
+            tp=self.tp, dp=self.dp, dp_attention=self.dp_attention, ep=self.ep, pp=self.pp
+        )
+
     @property
     def gpus(self) -> int:
-        return self.tp * (1 if self.dp_attention else self.dp)
+        """GPUs of the instance (pp stages included)."""
+        return self.parallelism.gpus
 
     @property
     def attn_tp(self) -> int:
         """GPUs that run one DP rank's attention and hold its KV."""
-        return self.tp // self.dp if self.dp_attention else self.tp
+        return self.parallelism.attn_tp
+
+    @property
+    def context_len(self) -> int:
+        """The context length the instance serves: --context-length, else the model's."""
+        return self.context_length or self.model.context_len
 
     def build_timing(self) -> TimingModel:
         return TimingModel(
             self.model,
             self.gpu,
-            Parallelism(tp=self.tp, attn_tp=self.attn_tp, gpus_per_node=self.gpus_per_node),
+            self.parallelism,
             self.kv_dtype_bytes,
             self.efficiency,
+            gpus_per_node=self.gpus_per_node,
         )
 
     def memory(self, timing: TimingModel | None = None) -> MemoryPlan:
         """How SGLang sizes this instance (KV capacity 0: the weights leave no room)."""
         return plan_memory(
             timing or self.build_timing(),
-            self.model.context_len,
+            self.context_len,
             chunked_prefill_size=self.chunked_prefill_size,
             mem_fraction_static=self.mem_fraction_static,
             max_total_tokens=self.max_total_tokens,
@@ -88,9 +153,17 @@ class InstanceConfig:
         """True when the weights leave room for at least one KV page."""
         return self.memory().capacity_tokens >= self.page_size
 
-    def build(self, mode: Mode, clock: VirtualClock) -> list[Scheduler]:
-        """The instance's schedulers, one per DP rank."""
-        timing = self.build_timing()
+    def build(
+        self,
+        mode: Mode,
+        clock: Clock,
+        *,
+        timing: TimingModel | None = None,
+        on_step: Callable[[Scheduler, Step], None] | None = None,
+    ) -> list[Scheduler]:
+        """The instance's schedulers, one per DP rank, on `clock` (sharing `timing` when
+        given; `on_step` is called after each of their steps)."""
+        timing = timing or self.build_timing()
         memory = self.memory(timing)
         if memory.capacity_tokens < self.page_size:
             weights = timing.weight_bytes_per_gpu() / 1024**3
@@ -98,22 +171,27 @@ class InstanceConfig:
                 f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}: "
                 f"{weights:.1f} GiB of weights per GPU leave no KV room. To fix: raise tp."
             )
-        slots = memory.max_running_requests
-        if self.dp_attention:
-            slots = max(1, slots // self.dp)  # SGLang splits the slots between the ranks
         return [
             Scheduler(
                 mode=mode,
                 timing=timing,
                 pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
                 clock=clock,
-                max_running=slots,
+                max_running=self.rank_slots(memory),
                 chunk_size=memory.chunked_prefill_size,
+                max_prefill_tokens=self.max_prefill_tokens,
                 mixed_chunk=self.mixed_chunk,
                 reserved_decode_tokens=self.reserved_decode_tokens,
+                on_step=on_step,
             )
             for _ in range(self.dp)
         ]
+
+    def rank_slots(self, memory: MemoryPlan) -> int:
+        """Request slots of one DP rank: SGLang splits the slots between DP-attention ranks."""
+        if self.dp_attention:
+            return max(1, memory.max_running_requests // self.dp)
+        return memory.max_running_requests
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from kit.errors import PdkitError
 
 GIB = 1024**3
 
+DEFAULT_GPU = "H100-SXM"
+"""The GPU modelled when a deployment does not say its GPU type (nor engine sim's PDKIT_SIM_GPU)."""
+
 
 @dataclass(frozen=True)
 class GpuSpec:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from kit.perf.gpus import GpuSpec
 from kit.perf.models import ModelShape
+from kit.topology.launch import Parallelism
 
 # Achieved fraction of dense tensor-core peak for a whole prefill forward (GEMMs, attention,
 # norms, activations). cuBLAS GEMMs at LLM shapes reach 70-80% of peak (NVIDIA "Matrix
@@ -73,24 +74,6 @@ KV_TRANSFER_SETUP_S = 0.0005  # per request: notification round trip plus write 
 
 
 @dataclass(frozen=True)
-class Parallelism:
-    """How one scheduler (a DP rank) maps onto GPUs.
-
-    `attn_tp` GPUs run the rank's attention and hold its KV; `tp` GPUs share the MLP/expert
-    weights (with DP attention, ``attn_tp = tp / dp``; otherwise ``attn_tp = tp``).
-    """
-
-    tp: int = 1
-    attn_tp: int = 1
-    pp: int = 1
-    gpus_per_node: int = 8
-
-    @property
-    def crosses_nodes(self) -> bool:
-        return self.attn_tp > self.gpus_per_node
-
-
-@dataclass(frozen=True)
 class StepShape:
     """What one forward step computes.
 
@@ -119,7 +102,9 @@ class Efficiency:
 
 
 class TimingModel:
-    """Step times and KV capacity for one DP rank of one instance."""
+    """Step times and KV capacity for one DP rank of one instance launched with `par`, on
+    `gpus_per_node` GPUs per host: the rank's `par.attn_tp` GPUs run its attention and hold
+    its KV, its `par.tp` GPUs share the MLP/expert weights, its `par.pp` stages the layers."""
 
     def __init__(
         self,
@@ -128,10 +113,13 @@ class TimingModel:
         par: Parallelism,
         kv_dtype_bytes: float = 2.0,
         efficiency: Efficiency = Efficiency(),
+        *,
+        gpus_per_node: int = 8,
     ) -> None:
         self.model = model
         self.gpu = gpu
         self.par = par
+        self.gpus_per_node = gpus_per_node
         self.kv_dtype_bytes = kv_dtype_bytes
         self.efficiency = efficiency
         m = model
@@ -205,7 +193,7 @@ class TimingModel:
         par = self.par
         total = 0.0
         if par.attn_tp > 1:
-            if par.crosses_nodes:
+            if par.attn_tp > self.gpus_per_node:  # the all-reduce crosses hosts
                 bandwidth, latency = NIC_BANDWIDTH * RDMA_EFFICIENCY, INTERNODE_LATENCY_S
             else:
                 bandwidth = self.gpu.link_bandwidth * ALLREDUCE_BUS_EFFICIENCY

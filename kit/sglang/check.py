@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
-from kit.sglang.render import normalize_flag, role_args
+from kit.sglang.render import role_args
 from kit.sglang.startup import check as startup_problems
+from kit.topology.args import normalize_flag
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 OWNED_FLAGS: dict[str, str] = {
@@ -128,11 +129,6 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def _attention_tp(spec: Role) -> int:
-    """SGLang's attention-TP size: tp // attn_dp (runtime_context.py)."""
-    return spec.tp // (spec.dp if spec.dp_attention else 1)
-
-
 def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
     """Prefill/decode parallelism SGLang 0.5.23's PD transfer cannot map. Its decode checks a
     prefill only on the first request (disaggregation/common/conn.py) and an uncaught error
@@ -150,7 +146,7 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
             yield Problem(
                 (role, "ep"), f"ep ({spec.ep}) must divide tp ({spec.tp}).", "pick ep dividing tp."
             )
-    p_attn, d_attn = _attention_tp(prefill), _attention_tp(decode)
+    p_attn, d_attn = prefill.parallelism.attn_tp, decode.parallelism.attn_tp
     if p_attn and d_attn and max(p_attn, d_attn) % min(p_attn, d_attn):
         # _resolve_rank_mapping divides one size by the other; a remainder leaves ranks unmapped.
         yield Problem(
@@ -181,11 +177,12 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
                 "use transfer.backend: mooncake, or another allocation policy.",
             )
         for role, spec in (("prefill", prefill), ("decode", decode)):
-            if _attention_tp(spec) != 1 or spec.pp != 1:
+            attn_tp = spec.parallelism.attn_tp
+            if attn_tp != 1 or spec.pp != 1:
                 yield Problem(
                     (role, "tp"),
                     f"the prefill_complete allocation policy needs attention-TP 1 and pp 1 on "
-                    f"both roles; {role} has attention-TP {_attention_tp(spec)}, pp {spec.pp}.",
+                    f"both roles; {role} has attention-TP {attn_tp}, pp {spec.pp}.",
                     "set tp: 1 and pp: 1 on both roles, or use the default allocation policy "
                     "(early).",
                 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kit.net import bare_host
+from kit.topology.launch import Parallelism, WorkerLaunch
 
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 # SGLang 0.5.23 accepts these backends; the sim moves KV with Mooncake for the first two and
@@ -103,6 +104,37 @@ class WorkerArgs:
     def dp_ranks(self) -> int:
         """Schedulers this worker runs (one per data-parallel rank)."""
         return self.dp_size
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(
+            tp=self.tp_size,
+            dp=self.dp_size,
+            dp_attention=self.enable_dp_attention,
+            ep=self.ep_size,
+            pp=self.pp_size,
+        )
+
+    def launch(self, gpu_type: str | None, speed: float = 1.0) -> WorkerLaunch:
+        """The launch record these arguments start (the same record the Plan carries), on
+        `gpu_type` (PDKIT_SIM_GPU) at `speed` (PDKIT_SIM_SPEED)."""
+        return WorkerLaunch(
+            model_path=self.model_path,
+            gpu_type=gpu_type,
+            parallelism=self.parallelism,
+            nnodes=self.nnodes,
+            page_size=self.page_size,
+            kv_cache_dtype=self.kv_cache_dtype,
+            mem_fraction_static=self.mem_fraction_static,
+            max_running_requests=self.max_running_requests,
+            max_total_tokens=self.max_total_tokens,
+            max_prefill_tokens=self.max_prefill_tokens,
+            chunked_prefill_size=self.chunked_prefill_size,
+            context_length=self.context_length,
+            enable_mixed_chunk=self.enable_mixed_chunk,
+            num_reserved_decode_tokens=self.num_reserved_decode_tokens,
+            speed=speed,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved arguments, for ``/server_info``."""

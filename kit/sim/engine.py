@@ -29,11 +29,10 @@ from typing import Any
 
 from kit.net import host_port
 from kit.perf.clock import RealClock
+from kit.perf.cluster import InstanceConfig
 from kit.perf.gpus import GpuSpec, UnknownGpuError, gpu_spec
-from kit.perf.kvpool import KvPool
-from kit.perf.models import ModelShape, resolve_model
+from kit.perf.models import ModelShape
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
-from kit.perf.timing import Parallelism, TimingModel, kv_dtype_bytes, plan_memory
 from kit.sim import faults, tokens, trace
 from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
@@ -86,6 +85,13 @@ class PdStats:
     checksum_ok: int = 0
 
 
+def _gpu(name: str) -> GpuSpec:
+    try:
+        return gpu_spec(name)
+    except UnknownGpuError as exc:
+        raise StartupError(f"PDKIT_SIM_GPU: {exc}") from exc
+
+
 class Engine:
     """All DP ranks of one worker process; see the module docstring."""
 
@@ -94,36 +100,16 @@ class Engine:
         self.settings = settings
         self.clock = clock
         self.mode = Mode(args.disaggregation_mode)
-        self.model: ModelShape = resolve_model(args.model_path)
-        try:
-            self.gpu: GpuSpec = gpu_spec(settings.gpu)
-        except UnknownGpuError as exc:
-            raise StartupError(f"PDKIT_SIM_GPU: {exc}") from exc
-        dp = args.dp_size
-        gpus_per_rank = args.tp_size * args.pp_size
-        attn_tp = args.tp_size // dp if args.enable_dp_attention else args.tp_size
-        total = gpus_per_rank * (1 if args.enable_dp_attention else dp)
-        self.gpus = total
-        self.timing = TimingModel(
-            self.model,
-            self.gpu,
-            Parallelism(
-                tp=args.tp_size,
-                attn_tp=attn_tp,
-                pp=args.pp_size,
-                gpus_per_node=max(1, total // args.nnodes),
-            ),
-            kv_dtype_bytes(args.kv_cache_dtype),
-        )
-        self.context_len = args.context_length or self.model.context_len
-        memory = plan_memory(
-            self.timing,
-            self.context_len,
-            chunked_prefill_size=args.chunked_prefill_size,
-            mem_fraction_static=args.mem_fraction_static,
-            max_total_tokens=args.max_total_tokens,
-            max_running_requests=args.max_running_requests,
-        )
+        # The launch record from this worker's own argv and env, as the Plan carries it.
+        launch = args.launch(settings.gpu, settings.speed)
+        self.config = InstanceConfig.from_launch(launch, gpu=_gpu(settings.gpu))
+        config = self.config
+        self.model: ModelShape = config.model
+        self.gpu: GpuSpec = config.gpu
+        self.gpus = config.gpus
+        self.timing = config.build_timing()
+        self.context_len = config.context_len
+        memory = config.memory(self.timing)
         self.chunk_size = memory.chunked_prefill_size
         self.mem_fraction = memory.mem_fraction_static
         capacity = memory.capacity_tokens
@@ -142,34 +128,17 @@ class Engine:
             kv_capacity=capacity,
             allow_auto_truncate=args.allow_auto_truncate,
             context_length_flag=args.context_length,
-            dp_size=dp,
+            dp_size=args.dp_size,
             enable_custom_logit_processor=args.enable_custom_logit_processor,
         )
-        max_running = memory.max_running_requests
-        if args.enable_dp_attention:
-            max_running = max(1, max_running // dp)
-        self.max_running = max_running
+        self.max_running = config.rank_slots(memory)
         self.pages_per_rank = capacity // args.page_size
-        self.ranks = [
-            Scheduler(
-                mode=self.mode,
-                timing=self.timing,
-                pool=KvPool(self.pages_per_rank, args.page_size),
-                clock=clock,
-                max_running=max_running,
-                chunk_size=self.chunk_size,
-                max_prefill_tokens=args.max_prefill_tokens,
-                mixed_chunk=args.enable_mixed_chunk,
-                reserved_decode_tokens=args.num_reserved_decode_tokens,
-                on_step=self._on_step,
-            )
-            for _ in range(dp)
-        ]
+        self.ranks = config.build(self.mode, clock, timing=self.timing, on_step=self._on_step)
         seed = settings.seed if settings.seed is not None else args.random_seed
         self.seed = seed or 0
         self.uses_mooncake = args.is_pd and args.disaggregation_transfer_backend != "fake"
         self.kv_bytes_per_token = scaled_bytes_per_token(
-            self.timing.kv_bytes_per_token, settings.kv_scale, capacity * dp
+            self.timing.kv_bytes_per_token, settings.kv_scale, capacity * args.dp_size
         )
         self.kv: KvBuffer | None = None
         self.rooms = RoomTable()

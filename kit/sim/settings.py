@@ -52,7 +52,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_GPU = "H100-SXM"
+from kit.perf.gpus import DEFAULT_GPU
+
+SPEED_ENV = "PDKIT_SIM_SPEED"
 
 # SGLang 0.5.23 defaults (sglang/srt/environ.py).
 BOOTSTRAP_TIMEOUT_S = 300.0
@@ -110,7 +112,7 @@ class SimSettings:
         return cls(
             gpu=env.get("PDKIT_SIM_GPU") or DEFAULT_GPU,
             load_seconds=_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
-            speed=_number(env, "PDKIT_SIM_SPEED", 1.0, minimum=1e-6),
+            speed=speed_from_env(env),
             seed=_integer(env, "PDKIT_SIM_SEED", 0) if seed else None,
             kv_scale=_number(env, "PDKIT_SIM_KV_SCALE", 1024.0, minimum=1.0),
             answer_tokens=_integer(env, "PDKIT_SIM_ANSWER_TOKENS", 128, minimum=0),
@@ -139,6 +141,12 @@ class SimSettings:
             host_ip=env.get("SGLANG_HOST_IP") or None,
             fault=fault,
         )
+
+
+def speed_from_env(env: Mapping[str, str]) -> float:
+    """``PDKIT_SIM_SPEED`` (model seconds per wall second; default 1); `SettingsError` when it
+    is not a positive number. The Plan reads it from the topology with the same rule."""
+    return _number(env, SPEED_ENV, 1.0, minimum=1e-6)
 
 
 def _number(env: Mapping[str, str], name: str, default: float, minimum: float = -math.inf) -> float:

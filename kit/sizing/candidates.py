@@ -19,6 +19,7 @@ from typing import Literal
 
 from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.sizing.problem import LaunchKnobs, SizingProblem
+from kit.topology.launch import Parallelism, WorkerLaunch
 
 Role = Literal["prefill", "decode", "colocated"]
 Kind = Literal["pd", "colocated"]
@@ -37,12 +38,17 @@ class RoleOption:
     max_running_requests: int | None = None
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The option's parallelism (sizing searches no pipeline stages: pp 1)."""
+        return Parallelism(tp=self.tp, dp=self.dp, dp_attention=self.dp_attention, ep=self.ep)
+
+    @property
     def gpus(self) -> int:
-        return self.tp * (1 if self.dp_attention else self.dp)
+        return self.parallelism.gpus
 
     @property
     def attn_tp(self) -> int:
-        return self.tp // self.dp if self.dp_attention else self.tp
+        return self.parallelism.attn_tp
 
     def describe(self) -> str:
         """'tp2', 'tp8 dp8 dp-attention ep8', 'tp1 chunk 2048', 'tp2 max-running 128'."""
@@ -139,22 +145,30 @@ def _instances(problem: SizingProblem, group: Group, role: Role) -> Instances:
 
 def instance_config(problem: SizingProblem, option: RoleOption, role: Role) -> InstanceConfig:
     """One instance of `option` in `role` as the performance model runs it."""
-    knobs = problem.knobs.get(role) or LaunchKnobs()
-    return InstanceConfig(
+    return InstanceConfig.from_launch(
+        launch(problem, option, role),
         model=problem.model,
         gpu=problem.gpu,
-        tp=option.tp,
-        dp=option.dp,
-        dp_attention=option.dp_attention,
-        ep=option.ep,
-        gpus_per_node=problem.gpus_per_host,
+        efficiency=problem.efficiency,
+    )
+
+
+def launch(problem: SizingProblem, option: RoleOption, role: Role) -> WorkerLaunch:
+    """The launch record of one instance of `option` in `role`: the option's parallelism and
+    knobs, the base topology's other launch values, whole hosts when it spans several."""
+    knobs = problem.knobs.get(role) or LaunchKnobs()
+    per_host = problem.gpus_per_host
+    return WorkerLaunch(
+        model_path=problem.model.name,
+        gpu_type=problem.gpu.name,
+        parallelism=option.parallelism,
+        nnodes=max(1, option.gpus // per_host) if option.gpus > per_host else 1,
         page_size=knobs.page_size,
-        chunked_prefill_size=option.chunked_prefill_size,
+        kv_cache_dtype=knobs.kv_cache_dtype,
         mem_fraction_static=knobs.mem_fraction_static,
         max_running_requests=option.max_running_requests,
-        reserved_decode_tokens=knobs.num_reserved_decode_tokens,
-        kv_dtype_bytes=knobs.kv_dtype_bytes,
-        efficiency=problem.efficiency,
+        chunked_prefill_size=option.chunked_prefill_size,
+        num_reserved_decode_tokens=knobs.num_reserved_decode_tokens,
     )
 
 

@@ -254,9 +254,9 @@ def _print(
 
 def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
     """Fit the efficiency factors to the bench run in `args.calibrate` and store them."""
-    from kit.bench.predict import plan_cluster  # noqa: PLC0415 (the sim's parsers)
+    from kit.bench.predict import plan_cluster  # noqa: PLC0415
     from kit.bench.run import deployment_json  # noqa: PLC0415
-    from kit.topology.resolve import resolve  # noqa: PLC0415
+    from kit.plan.resolve import resolve  # noqa: PLC0415
 
     assert args.calibrate is not None
     if args.topology is None:

@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from kit.errors import TopologyError
-from kit.sglang.render import normalize_flag
 from kit.sizing.candidates import Deployment, Group
 from kit.sizing.problem import SizingError, SizingProblem
+from kit.topology.args import normalize_flag
 
 KEPT_ROLE_KEYS = ("port", "bootstrap_port", "dist_init_port", "bind", "env")
 WIDTH = 100
@@ -132,7 +132,7 @@ def render(
 def write(path: Path, text: str) -> None:
     """Write the topology and check it the way `pdkit validate` does; a topology it refuses
     is a sizing bug, reported with every problem."""
-    from kit.topology.resolve import resolve  # noqa: PLC0415 (loads the router's parser)
+    from kit.plan.resolve import resolve  # noqa: PLC0415 (loads the router's parser)
 
     try:
         path.write_text(text)

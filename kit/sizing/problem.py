@@ -25,9 +25,10 @@ import yaml
 from kit.errors import PdkitError
 from kit.perf.gpus import GpuSpec, gpu_spec
 from kit.perf.models import ModelShape, resolve_model
-from kit.perf.timing import Efficiency, kv_dtype_bytes
+from kit.perf.timing import Efficiency
 from kit.perf.workload import WorkloadSpec
-from kit.sglang.render import normalize_flag, role_args
+from kit.sglang.render import role_args
+from kit.topology.args import normalize_flag
 from kit.topology.load import parse_topology, read_topology_text
 from kit.topology.schema import ROLE_NAMES, SLO, Topology
 
@@ -45,7 +46,7 @@ class LaunchKnobs:
     instance holds but are the user's choice, not the search's."""
 
     page_size: int = 1
-    kv_dtype_bytes: float = 2.0
+    kv_cache_dtype: str = "auto"
     mem_fraction_static: float | None = None
     num_reserved_decode_tokens: int = 512
 
@@ -201,7 +202,7 @@ def knobs_of(topology: Topology, role: str) -> LaunchKnobs:
     dtype = args.get("kv-cache-dtype")
     return LaunchKnobs(
         page_size=int(page) if page and page >= 1 else 1,
-        kv_dtype_bytes=kv_dtype_bytes(str(dtype)) if dtype else 2.0,
+        kv_cache_dtype=str(dtype) if dtype else "auto",
         mem_fraction_static=number("mem-fraction-static"),
         num_reserved_decode_tokens=int(reserved) if reserved is not None else 512,
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from kit.errors import Problem
 from kit.topology import ports
 from kit.topology.layout import instance_name
+from kit.topology.nics import NicChoice, choose_nics
 from kit.topology.schema import ROLE_NAMES, Host, Role, Topology
 
 
@@ -78,6 +79,33 @@ class _HostState:
             return tuple(range(self.high, self.high + need))
         self.low += need
         return tuple(range(self.low - need, self.low))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the deployment runs, decided once (`placement`) and read by validation and by the
+    Plan: every instance's hosts, GPUs and ports, the problems of what does not fit, and the
+    RDMA devices of every process (None: KV moves without RDMA)."""
+
+    instances: tuple[InstancePlacement, ...]
+    problems: tuple[Problem, ...]
+    nics: dict[tuple[str, int], NicChoice | None]
+    """(instance name, node rank) -> the devices of that process."""
+
+    def nic(self, instance: InstancePlacement, node: Node) -> NicChoice | None:
+        """The RDMA devices of `node` of `instance`."""
+        return self.nics[(instance.name, node.rank)]
+
+
+def placement(topology: Topology) -> Placement:
+    """Place every instance (`place`) and choose every process's RDMA devices, once."""
+    instances, problems = place(topology)
+    nics = {
+        (p.name, node.rank): choose_nics(topology, topology.host(node.host), node.gpus)
+        for p in instances
+        for node in p.nodes
+    }
+    return Placement(tuple(instances), tuple(problems), nics)
 
 
 def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from kit.net import http_url
 from kit.secrets import SecretSource, read_secret
+from kit.topology.launch import Parallelism, WorkerLaunch
 from kit.topology.schema import SLO, Engine, RouterKind, ServiceManager, TransferBackend
 
 Role = Literal["prefill", "decode"]
@@ -56,26 +57,6 @@ class HostPlan(Frozen):
     rdma_devices: tuple[str, ...] = Field(description="RDMA devices the topology lists.")
 
 
-class Parallelism(Frozen):
-    """How one instance spreads over GPUs (SGLang's --tp-size, --dp-size, ...)."""
-
-    tp: int
-    dp: int
-    dp_attention: bool
-    ep: int
-    pp: int
-
-    @property
-    def attn_tp(self) -> int:
-        """GPUs that run one DP rank's attention and hold its KV (tp / dp with DP attention)."""
-        return self.tp // self.dp if self.dp_attention else self.tp
-
-    @property
-    def gpus(self) -> int:
-        """GPUs of the whole instance, over all its nodes."""
-        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
-
-
 class WorkerProcess(Frozen):
     """One SGLang (or sim) server process: an instance, or one node of a multi-node instance."""
 
@@ -89,7 +70,10 @@ class WorkerProcess(Frozen):
     address: str = Field(description="The host's bare address (reachable by other hosts).")
     bind: str = Field(description="Address the HTTP (and bootstrap) server binds.")
     gpus: tuple[int, ...] = Field(description="GPU indices on the host this process uses.")
-    parallelism: Parallelism
+    launch: WorkerLaunch = Field(
+        description="The instance's launch values (parallelism, GPU, memory and batching) as "
+        "the topology sets them: what kit.perf models the instance by."
+    )
     http_port: int
     bootstrap_port: int | None = Field(description="Prefill only (on every node of it).")
     dist_init_addr: str | None = Field(description="host:port of rank 0, multi-node only.")
@@ -105,6 +89,12 @@ class WorkerProcess(Frozen):
     log_path: str = Field(description="Log file on the host (absolute).")
     command: Command
     env: dict[str, str]
+
+    @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json` too
+    @property
+    def parallelism(self) -> Parallelism:
+        """How the instance spreads over GPUs (its launch record's)."""
+        return self.launch.parallelism
 
     @property
     def url(self) -> str:
@@ -137,26 +127,23 @@ class RouterProcess(Frozen):
     )
     unit: str = Field(description="systemd unit name (systemd hosts).")
     log_path: str = Field(description="Log file on the host (absolute).")
-    command: Command
+    command: Command = Field(
+        description="What the router runs: its args are `worker_args` and `settings_args` "
+        "composed (smg: `launch --pd-disaggregation`, the workers, then the rest)."
+    )
     worker_args: tuple[str, ...] = Field(
-        default=(),
-        description="The contiguous part of command.args that lists the workers: `pdkit up` "
-        "changes it through the router's worker API, not by restarting the router.",
+        description="The flags that list the workers: `pdkit up` changes them through the "
+        "router's worker API, not by restarting the router."
+    )
+    settings_args: tuple[str, ...] = Field(
+        description="The router's own settings (command.args without worker_args): a change "
+        "restarts it."
     )
     env: dict[str, str]
 
     @property
     def url(self) -> str:
         return http_url(self.address, self.port)
-
-    @property
-    def settings_args(self) -> tuple[str, ...]:
-        """command.args without `worker_args`: the router's own settings (a change restarts it)."""
-        args, workers = self.command.args, self.worker_args
-        for start in range(len(args) - len(workers) + 1):
-            if workers and args[start : start + len(workers)] == workers:
-                return args[:start] + args[start + len(workers) :]
-        return args
 
     @property
     def metrics_url(self) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kit.topology import ports
+from kit.topology.launch import Parallelism
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 
@@ -74,7 +75,10 @@ class Host(Strict):
     ssh: SSH = Field(default_factory=SSH, description="SSH settings (connection: ssh).")
     gpus: int = Field(ge=0, description="Number of GPUs (emulated ones for engine sim).")
     gpu_type: str | None = Field(
-        None, description="GPU model, e.g. H100-SXM, A100-80G. The sim engine times itself by it."
+        None,
+        description="GPU model, e.g. H100-SXM, A100-80G. kit/perf models the instances on it "
+        "(bench's prediction, size --calibrate), whatever the engine; the sim engine times "
+        "itself by it.",
     )
     rdma_devices: tuple[str, ...] = Field(
         (), description="RDMA devices (names under /sys/class/infiniband), e.g. [mlx5_0, mlx5_1]."
@@ -150,9 +154,16 @@ class Role(RoleDefaults):
     )
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The role's tp, dp, dp_attention, ep and pp as one value."""
+        return Parallelism(
+            tp=self.tp, dp=self.dp, dp_attention=self.dp_attention, ep=self.ep, pp=self.pp
+        )
+
+    @property
     def gpus_per_instance(self) -> int:
         """GPUs one instance uses across all its nodes."""
-        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+        return self.parallelism.gpus
 
 
 class Transfer(Strict):

@@ -12,22 +12,23 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
-from kit.topology.nics import choose_nics
-from kit.topology.place import InstancePlacement, place
+from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
 
 
-def validate(topology: Topology) -> list[Problem]:
-    """Every problem in the topology (empty when it can be deployed)."""
+def validate(topology: Topology, placed: Placement | None = None) -> list[Problem]:
+    """Every problem in the topology (empty when it can be deployed); `placed` is its
+    placement when the caller has it already (else it is placed here)."""
     problems = [*_references(topology), *_nics(topology), *_router(topology)]
     problems += _monitoring(topology)
-    placements, placement_problems = place(topology)
-    problems += placement_problems
-    if not placement_problems:
+    placed = placed or placement(topology)
+    problems += placed.problems
+    if not placed.problems:
+        placements = list(placed.instances)
         problems += _port_collisions(topology, placements)
         problems += _addresses(topology, placements)
-        problems += _rdma_coverage(topology, placements)
+        problems += _rdma_coverage(topology, placed)
     return problems
 
 
@@ -229,7 +230,7 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
                     )
 
 
-def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+def _rdma_coverage(topology: Topology, placed: Placement) -> Iterator[Problem]:
     """With RDMA (backend mooncake or nixl) every process has devices, and only devices its
     host has.
 
@@ -237,12 +238,12 @@ def _rdma_coverage(topology: Topology, placements: list[InstancePlacement]) -> I
     `rdma_devices` when the host lists any, on the sim engine too (the topology is meant for real
     hosts); the rest is checked for engine sglang only, where a missing device fails transfers."""
     seen: set[str] = set()
-    for p in placements:
+    for p in placed.instances:
         for node in p.nodes:
             if node.host in seen:
                 continue
             host = topology.host(node.host)
-            choice = choose_nics(topology, host, node.gpus)
+            choice = placed.nic(p, node)
             if choice is None:
                 return
             index = _host_index(topology, node.host)

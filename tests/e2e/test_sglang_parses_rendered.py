@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import TOPOLOGIES
 from tests.oracles.sglang_parser import parse_with_sglang
 

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from kit.plan.build import build_plan
 from kit.sglang.catalog import load_catalog
-from kit.sglang.render import build_plan
 from kit.sglang.startup import STARTUP_RULES, launch_values
 from kit.topology.load import parse_topology
+from kit.topology.place import placement
 from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
 from tests.oracles.sglang_startup_cases import CASES, Case
 
@@ -72,7 +73,7 @@ STAND_INS = {
 def _argv(case: Case, which: str) -> list[str]:
     data = case.topology(which)
     topology, _ = parse_topology(yaml.safe_dump(data, sort_keys=False), "topology.yaml")
-    plan = build_plan(topology, Path("/nonexistent/pdkit-topology"))
+    plan = build_plan(topology, Path("/nonexistent/pdkit-topology"), placement(topology))
     argv = next(list(w.command.args) for w in plan.workers if w.role == case.role)
     for flag, value in STAND_INS.items():
         if flag not in argv:

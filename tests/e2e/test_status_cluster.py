@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.plan.resolve import resolve
 from kit.topology.plan import Plan, WorkerProcess
-from kit.topology.resolve import resolve
 from tests.conftest import REPO, run_pdkit
 
 pytestmark = pytest.mark.e2e

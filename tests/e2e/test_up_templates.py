@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_hosts
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -78,3 +78,44 @@ def test_the_walk_sees_an_import_inside_a_function(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from tools.gen_catalog import main\n    import tests.x\n")
     assert imported_modules(module) == {"tools.gen_catalog", "tests.x"}
+
+
+KIT_LAYERS: dict[str, set[str]] = {
+    # The base: modules of kit/ itself (errors, net, secrets, aio) and the schema floor.
+    "topology": {"errors", "net", "secrets"},
+    "perf": {"errors", "topology"},
+    "sglang": {"errors", "net", "topology"},
+    "lb": {"aio", "errors", "net", "secrets", "topology"},
+    "sim": {"aio", "errors", "net", "perf", "topology"},
+    "plan": {"errors", "lb", "net", "sglang", "sim", "topology"},
+    "observe": {"errors", "net", "perf", "topology"},
+    "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},
+    "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
+    "deploy": {"errors", "net", "observe", "perf", "plan", "secrets", "topology"},
+}
+"""What each package of kit/ may import from the rest of kit/ (design.md's layers: the Plan is
+assembled in kit/plan above kit/sglang and kit/lb; kit/topology imports nothing above it; only
+kit/cli imports everything)."""
+
+
+@pytest.mark.parametrize("package", sorted(KIT_LAYERS))
+def test_each_kit_package_imports_only_the_layers_below_it(package):
+    found = sorted(
+        (str(path.relative_to(REPO)), module)
+        for path in (REPO / "kit" / package).rglob("*.py")
+        for module in imported_modules(path)
+        if under(module, "kit")
+        and module.split(".")[1] != package
+        and module.split(".")[1] not in KIT_LAYERS[package]
+    )
+    assert found == [], f"kit/{package} imports above its layer"
+
+
+def test_the_kit_layers_have_no_circle():
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for below in KIT_LAYERS.get(start, set()):
+            if below == goal or (below not in seen and reaches(below, goal, seen | {below})):
+                return True
+        return False
+
+    assert [p for p in KIT_LAYERS if reaches(p, p, set())] == []

@@ -7,7 +7,7 @@ import pytest
 from kit.errors import TopologyError
 from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
 from kit.lb.errors import LbConfigError
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import TOPOLOGIES, base_topology
 
 PLAN_ARGV = [

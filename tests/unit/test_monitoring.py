@@ -13,9 +13,9 @@ import yaml
 from kit.deploy.inventory import build_inventory, deploy_hosts
 from kit.deploy.provision import provision_vars
 from kit.errors import TopologyError
-from kit.sglang.monitoring import prometheus_config
-from kit.sglang.shell import plan_to_shell
-from kit.topology.resolve import resolve
+from kit.plan.monitoring import prometheus_config
+from kit.plan.resolve import resolve
+from kit.plan.shell import plan_to_shell
 from tests.conftest import base_topology
 
 

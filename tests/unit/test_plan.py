@@ -6,7 +6,7 @@ import pytest
 
 from kit.errors import TopologyError
 from kit.observe.targets import targets_from_plan
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO, base_topology
 
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from kit.sglang.shell import plan_to_shell
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
+from kit.plan.shell import plan_to_shell
 from tests.conftest import REPO, TOPOLOGIES, base_topology
 
 GOLDEN = REPO / "tests" / "golden"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kit.errors import TopologyError
+from kit.plan.resolve import resolve
 from kit.sglang.catalog import load_catalog
 from kit.sglang.startup import STARTUP_RULES
-from kit.topology.resolve import resolve
 from tests.conftest import base_topology, run_pdkit
 from tests.oracles.sglang_startup_cases import CASES
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from kit.errors import TopologyError
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import base_topology
 
 

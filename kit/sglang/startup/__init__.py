@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
-from kit.sglang.render import normalize_flag
 from kit.sglang.startup import v0_5_23
 from kit.sglang.startup.rules import LaunchValues, StartupRule
+from kit.topology.args import normalize_flag
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 KeyPath = tuple[str | int, ...]

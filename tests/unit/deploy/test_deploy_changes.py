@@ -18,7 +18,7 @@ from kit.deploy.state import (
     save_record,
 )
 from kit.errors import DeployError
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 PYTHON = "/venv/bin/python"

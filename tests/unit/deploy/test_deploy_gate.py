@@ -13,9 +13,9 @@ from kit.deploy.logs import ssh_argv
 from kit.errors import DeployError
 from kit.observe.doctor import DoctorOptions, Instance, Matrix, PairResult, Transfer
 from kit.observe.signatures import SIGNATURES, Match
+from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout
 from kit.topology.plan import HostPlan
-from kit.topology.resolve import resolve
 from tests.conftest import REPO
 
 REFUSED = next(s for s in SIGNATURES if s.name == "rpc_refused")

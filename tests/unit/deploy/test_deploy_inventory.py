@@ -13,7 +13,7 @@ from kit.deploy.inventory import (
     build_inventory,
     deploy_hosts,
 )
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 LOCAL = REPO / "topologies" / "local.yaml"

@@ -12,7 +12,7 @@ from kit.deploy import DeployContext, UpOptions, restart
 from kit.deploy.runner import playbooks_dir
 from kit.deploy.state import build_record, save_record, templates_digest
 from kit.errors import DeployError
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 

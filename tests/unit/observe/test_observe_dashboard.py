@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kit.observe.dashboard import dashboard, dashboard_json, panel_queries, substitute
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kit.observe.doctor import DoctorOptions, explain, run_matrix
 from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 
 SLOW = 60.0
 

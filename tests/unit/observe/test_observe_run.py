@@ -12,7 +12,7 @@ from rich.console import Console
 from kit.errors import ProbeError
 from kit.observe import run
 from kit.observe.report import build_report
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 from tests.unit.observe.builders import cluster
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kit.observe.targets import targets_from_plan
-from kit.topology.resolve import resolve
+from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
 TOPOLOGIES = REPO / "topologies"

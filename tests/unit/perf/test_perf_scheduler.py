@@ -9,7 +9,8 @@ from kit.perf.gpus import gpu_spec
 from kit.perf.kvpool import KvPool
 from kit.perf.models import resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
-from kit.perf.timing import Parallelism, StepShape, TimingModel
+from kit.perf.timing import StepShape, TimingModel
+from kit.topology.launch import Parallelism
 
 
 class Sink:

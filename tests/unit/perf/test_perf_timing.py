@@ -7,16 +7,16 @@ import pytest
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.timing import (
-    Parallelism,
     StepShape,
     TimingModel,
     default_chunked_prefill_size,
     default_mem_fraction_static,
 )
+from kit.topology.launch import Parallelism
 
 
 def model(name="Llama-2-13b", gpu="A100-80G", tp=1):
-    return TimingModel(resolve_model(name), gpu_spec(gpu), Parallelism(tp=tp, attn_tp=tp))
+    return TimingModel(resolve_model(name), gpu_spec(gpu), Parallelism(tp=tp))
 
 
 def prefill(t, n):

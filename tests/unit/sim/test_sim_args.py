@@ -174,3 +174,21 @@ def test_every_rendered_worker_fits_its_emulated_gpus(argv):
     engine = asyncio.run(build())
     assert engine.model.matched
     assert engine.capacity_tokens > 10_000
+
+
+@pytest.mark.parametrize(
+    "topology", sorted((GOLDEN.parents[1] / "topologies").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_the_sim_models_the_instance_the_plan_records(topology):
+    """Each worker's launch record in the Plan (from the topology) and the one the sim builds
+    from the argv and env pdkit renders for it (at its own edge) give one modelled instance."""
+    from kit.perf.cluster import InstanceConfig  # noqa: PLC0415
+    from kit.plan.resolve import resolve  # noqa: PLC0415
+
+    for worker in resolve(topology).workers:
+        settings = SimSettings.from_env(worker.env)
+        # For engine sglang no PDKIT_SIM_GPU is rendered: the sim would run on the host's type.
+        gpu = worker.env.get("PDKIT_SIM_GPU", worker.launch.gpu_type)
+        own = parse_args(list(worker.command.args)).launch(gpu, settings.speed)
+        assert own.parallelism == worker.parallelism
+        assert InstanceConfig.from_launch(own) == InstanceConfig.from_launch(worker.launch)

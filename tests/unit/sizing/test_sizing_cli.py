@@ -13,8 +13,8 @@ from kit.bench.predict import plan_cluster
 from kit.bench.records import write_records
 from kit.bench.run import deployment_json
 from kit.perf.timing import Efficiency
+from kit.plan.resolve import resolve
 from kit.sizing.calibration import CALIBRATION_ENV, with_efficiency
-from kit.topology.resolve import resolve
 from tests.conftest import REPO, run_pdkit
 from tests.unit.sizing.test_sizing_calibration import synthetic_records
 

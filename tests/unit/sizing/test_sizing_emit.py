@@ -8,10 +8,10 @@ import yaml
 
 from kit.bench.predict import plan_cluster
 from kit.perf.workload import WorkloadSpec
+from kit.plan.resolve import resolve
 from kit.sizing.candidates import Deployment, Group, RoleOption, instance_config
 from kit.sizing.emit import render, topology_data, write
 from kit.sizing.problem import load_base, make_problem
-from kit.topology.resolve import resolve
 from kit.topology.schema import SLO
 from tests.conftest import REPO
 from tests.support.sizing_cases import distserve

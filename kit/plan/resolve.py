@@ -1,12 +1,13 @@
-"""The one way from a topology file to a Plan: load, check everything, render.
+"""The one way from a topology file to a Plan: load, place, check everything, build.
 
     plan = resolve("topologies/local.yaml")   # raises TopologyError with every problem
 
 Every command and every library caller (kit.deploy, kit.observe, kit.bench) goes through
 `resolve`, so all get the same checks: the shape, the meaning (GPUs, ports, addresses, NICs),
 SGLang's flags and values for the pinned version, and the options of pdkit's router. This
-module composes the checks of the layers that own them (`kit.sglang` for SGLang, `kit.lb` for
-the router's command line); it is imported on its own, never from `kit.topology`'s package.
+module composes the checks of the layers that own them (`kit.topology` for the meaning,
+`kit.sglang` for SGLang, `kit.lb` for the router's command line). The topology is placed once
+and that placement is what validation checks and what the Plan is built from.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from pathlib import Path
 
 from kit.errors import Problem, TopologyError
 from kit.lb.config import argv_problem
+from kit.plan.build import build_plan
+from kit.plan.launch import launch_problems
 from kit.sglang.catalog import UnsupportedVersion, load_catalog
 from kit.sglang.check import check
-from kit.sglang.render import build_plan
 from kit.topology.load import locate, parse_topology, read_topology_text
+from kit.topology.place import Placement, placement
 from kit.topology.plan import Plan
 from kit.topology.schema import Topology
 from kit.topology.validate import validate
 
 
-def _problems(topology: Topology) -> list[Problem]:
-    """Every problem of a topology whose shape is right."""
-    problems = validate(topology)
+def _problems(topology: Topology, placed: Placement) -> list[Problem]:
+    """Every problem of a topology whose shape is right, placed as `placed`."""
+    problems = validate(topology, placed) + launch_problems(topology)
     try:
         catalog = load_catalog(topology.sglang_version)
     except UnsupportedVersion as exc:  # one problem, on the key
@@ -60,10 +63,11 @@ def resolve(path: str | Path) -> Plan:
     topology file's folder, so every later stage finds the same files wherever pdkit runs."""
     file = str(path)
     topology, positions = parse_topology(read_topology_text(path), file)
-    problems = _problems(topology)
+    placed = placement(topology)
+    problems = _problems(topology, placed)
     plan = None
     if not problems:
-        plan = build_plan(topology, Path(path).absolute().parent)
+        plan = build_plan(topology, Path(path).absolute().parent, placed)
         problems = _router_problems(plan)
     if problems or plan is None:
         located = [locate(p, positions, file) for p in problems]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from kit.sglang.monitoring import prometheus_config
+from kit.plan.monitoring import prometheus_config
 from kit.topology.plan import Command, MonitoringProcess, Plan, RouterProcess, WorkerProcess
 
 

@@ -1,0 +1,12 @@
+"""Topology -> Plan: the one floor where a deployment is resolved.
+
+    from kit.plan.resolve import resolve
+    plan = resolve("topologies/local.yaml")   # raises TopologyError with every problem
+
+`resolve` loads the topology (`kit.topology`), places it and chooses its RDMA devices once
+(`kit.topology.place.placement`), runs every check on that placement (`kit.topology.validate`,
+SGLang's in `kit.sglang.check`, the router's own parser in `kit.lb.config`), and assembles the
+Plan (`build`): each worker's argv and env from `kit.sglang.render`, its launch record
+(`launch`), the router's command from `kit.lb.render` or smg's (`router`), Prometheus
+(`monitoring`). The modules are imported on their own: loading SGLang's catalog is not free.
+"""

@@ -1,0 +1,110 @@
+"""A validated topology and its placement -> the Plan. Pure: no I/O, no clock, no randomness;
+the same topology always gives a byte-identical Plan.
+
+The placement (hosts, GPUs, ports, RDMA devices) is decided once, before validation, and
+handed in; each worker's argv and env come from `kit.sglang.render`, its launch record from
+`kit.plan.launch`, the router from `kit.plan.router`, Prometheus from `kit.plan.monitoring`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.net import bare_host
+from kit.plan.launch import worker_launch
+from kit.plan.monitoring import build_monitoring
+from kit.plan.router import build_router
+from kit.sglang import render
+from kit.topology.layout import HostLayout, host_root, process_name, unit_name
+from kit.topology.place import Placement
+from kit.topology.plan import HostPlan, ModelPlan, Plan, WorkerProcess
+from kit.topology.schema import Role, Topology
+
+
+def build_workers(
+    topology: Topology, placed: Placement, layouts: dict[str, HostLayout]
+) -> list[WorkerProcess]:
+    """Every worker process, instance by instance in placement order, node by node."""
+    workers = []
+    for p in placed.instances:
+        spec: Role = getattr(topology, p.role)
+        launch = worker_launch(topology, p)
+        for node in p.nodes:
+            host = topology.host(node.host)
+            nics = placed.nic(p, node)
+            ucx = render.ucx_net_devices(topology, nics)
+            device = None if ucx else render.ib_device(nics)
+            name = process_name(p.name, node.rank, p.nnodes)
+            workers.append(
+                WorkerProcess(
+                    name=name,
+                    instance_name=p.name,
+                    role=p.role,
+                    instance=p.index,
+                    node_rank=node.rank,
+                    nnodes=p.nnodes,
+                    host=host.name,
+                    address=bare_host(host.address),
+                    bind=render.bind_address(spec, host),
+                    gpus=node.gpus,
+                    launch=launch,
+                    http_port=p.http_port,
+                    bootstrap_port=p.bootstrap_port,
+                    dist_init_addr=render.dist_init_addr(topology, p),
+                    rdma_devices=nics.devices if nics else (),
+                    gpu_nics=nics.per_gpu if nics else {},
+                    ib_device=device,
+                    gid_index=topology.transfer.gid_index,
+                    unit=unit_name(topology.name, name),
+                    log_path=layouts[host.name].log_file(name),
+                    command=render.worker_command(topology, p, node, device),
+                    env=render.worker_env(topology, p.role, host, ucx),
+                )
+            )
+    return workers
+
+
+def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Plan:
+    """The Plan of a validated topology placed as `placed` (call only after validation passed).
+
+    `topology_dir` is the absolute folder of the topology file: relative host roots and key
+    files are taken from there."""
+    if placed.problems:  # validation runs first; this guards misuse of the API
+        raise ValueError(f"topology does not place: {placed.problems[0]}")
+    roots = {h.name: host_root(h.root, topology_dir) for h in topology.hosts}
+    layouts = {name: HostLayout(topology.name, root) for name, root in roots.items()}
+    workers = build_workers(topology, placed, layouts)
+    router = build_router(topology, workers, layouts[topology.router_host], topology_dir)
+    model = topology.model
+    return Plan(
+        name=topology.name,
+        engine=topology.engine,
+        sglang_version=topology.sglang_version,
+        model=ModelPlan(
+            path=model.path,
+            served_name=model.name,
+            revision=model.revision,
+            trust_remote_code=model.trust_remote_code,
+        ),
+        transfer_backend=topology.transfer.backend,
+        hosts=tuple(
+            HostPlan(
+                name=h.name,
+                address=bare_host(h.address),
+                connection=h.connection,
+                ssh_user=h.ssh.user,
+                ssh_port=h.ssh.port,
+                ssh_key=h.ssh.key,
+                gpus=h.gpus,
+                gpu_type=h.gpu_type,
+                service_manager=h.service_manager,
+                root=roots[h.name],
+                rdma_devices=h.rdma_devices,
+            )
+            for h in topology.hosts
+        ),
+        workers=tuple(workers),
+        router=router,
+        slo=topology.slo,
+        monitoring=build_monitoring(topology, workers, router, layouts),
+    )
