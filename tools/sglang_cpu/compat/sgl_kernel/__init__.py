@@ -85,17 +85,15 @@ class _StubModule(types.ModuleType):
         return _stub(f"{self.__name__.removeprefix('sgl_kernel.')}.{name}")
 
 
-# Every submodule SGLang 0.5.23 imports from (grep -rhoE "from sgl_kernel\.[a-z_]+" sglang/).
-for _sub in (
-    "elementwise",
-    "flash_attn",
-    "kvcacheio",
-    "mamba",
-    "quantization",
-    "scalar_type",
-    "speculative",
-    "utils",
-):
+# The submodules SGLang 0.5.23 imports from unguarded on the CPU path, at module import:
+#   mamba:       srt/layers/attention/linear/gdn_backend.py:184, kda_backend.py:39,
+#                srt/layers/attention/linear/kernels/gdn_triton.py:28 (`elif is_cpu():`)
+#   speculative: sglang/kernels/ops/speculative/reconstruct_tree.py:50 (`elif not _is_xpu:`)
+# The others it names (flash_attn, kvcacheio, quantization, scalar_type, utils, elementwise)
+# sit behind CUDA/XPU checks or a try/except ImportError with a pure-Python fallback
+# (srt/layers/quantization/utils.py:27, scalar_type): they must stay missing, so the import
+# fails and SGLang takes its fallback.
+for _sub in ("mamba", "speculative"):
     _module = _StubModule(f"{__name__}.{_sub}")
     sys.modules[_module.__name__] = _module
     globals()[_sub] = _module
