@@ -191,9 +191,12 @@ def main() -> None:
     t0 = time.monotonic()
 
     ensure_os_packages()
+    cfile = venv / "constraints-sglang-cpu.txt"
+    if cfile.exists() and cfile.read_text().split() != constraints:  # another torch line
+        log(f"{venv} was built for {cfile.read_text().split()}; rebuilding it from nothing")
+        shutil.rmtree(venv)
     if not (venv / "bin" / "python").exists():
         run([args.python, "-m", "venv", str(venv)])
-    cfile = venv / "constraints-sglang-cpu.txt"
     cfile.write_text("\n".join(constraints) + "\n")
 
     pip(venv, "-c", str(cfile), "torch", "torchvision")
