@@ -203,6 +203,30 @@ def probe_endpoints(server: Server) -> dict:
     return out
 
 
+def probe_openai(server: Server, model: str) -> dict:
+    """The OpenAI routes on the tiny model: its chat template must render, greedy must work."""
+    out = {}
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello world"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    completion = {
+        "model": model,
+        "prompt": "The quick brown fox",
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
+        status, text = http("POST", server.url + path, body)
+        try:
+            out[path] = {"status": status, "body": json.loads(text)}
+        except ValueError:
+            out[path] = {"status": status, "body": text[:500]}
+    return out
+
+
 def signature_lines(lines: list[str]) -> list[str]:
     return [line[:400] for line in lines if LOG_SIGNATURES.search(line)][:40]
 
@@ -285,6 +309,7 @@ def main() -> None:
                     flush=True,
                 )
             report["plain_output_ids"] = reference
+            report["plain_openai"] = probe_openai(plain, str(args.model))
             report["plain_endpoints"] = probe_endpoints(plain)
             report["plain_log_signatures"] = signature_lines(plain.log_lines())
             plain.stop()
