@@ -104,3 +104,17 @@ bench-size: $(VENV)/.stamp
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Real SGLang 0.5.23 on a CPU-only host (tools/sglang_cpu/): the engine itself, not only its
+# parser. One venv, rebuilt only when the installer or its patches change; the tiny model and
+# the smoke run's logs go under .pdkit/.
+SGLANG_CPU_VENV := .venv-sglang-cpu
+SGLANG_CPU_TORCH ?= 2.13.0
+.PHONY: sglang-cpu sglang-cpu-smoke
+$(SGLANG_CPU_VENV)/.stamp: tools/sglang_cpu/install.py $(wildcard tools/sglang_cpu/patches/*.diff)
+	$(PYTHON) tools/sglang_cpu/install.py --venv $(SGLANG_CPU_VENV) --torch $(SGLANG_CPU_TORCH)
+
+sglang-cpu: $(SGLANG_CPU_VENV)/.stamp
+
+sglang-cpu-smoke: $(SGLANG_CPU_VENV)/.stamp
+	$(SGLANG_CPU_VENV)/bin/python tools/sglang_cpu/smoke.py
