@@ -43,8 +43,10 @@ class Client:
         self.target = target
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
-        self.saw_pd_paths = target.pdkit_router
-        """pdkit's router answers with the PD path: once seen, failures are looked up there."""
+        self.router_knows_paths: bool | None = True if target.pdkit_router else None
+        """Whether the server can say where a lost request went (pdkit's router): True once an
+        answer carried the PD path, False once it refused the look-up, None until then (a
+        `--url` run whose first requests all hang still asks, and learns)."""
         headers = {"Content-Type": "application/json"}
         if target.api_key:
             headers["Authorization"] = f"Bearer {target.api_key}"
@@ -102,13 +104,14 @@ class Client:
             _fail(record, kind, detail)
         record.e2e_ms = (time.perf_counter() - started) * 1000
         # Only a request that got no answer at all needs asking (an answer names its path).
-        if not record.ok and record.status == 0 and self.saw_pd_paths:
+        if not record.ok and record.status == 0 and self.router_knows_paths is not False:
             await self._ask_router(record)
 
     def _path(self, record: RequestRecord, response: aiohttp.ClientResponse) -> None:
         headers = response.headers
         record.prefill = headers.get("X-PDKit-Prefill", "")
-        self.saw_pd_paths = self.saw_pd_paths or bool(record.prefill)
+        if record.prefill:
+            self.router_knows_paths = True
         record.decode = headers.get("X-PDKit-Decode", "")
         room = headers.get("X-PDKit-Bootstrap-Room")
         record.bootstrap_room = int(room) if room and room.isdigit() else None
@@ -184,6 +187,10 @@ class Client:
                 ) as response,
             ):
                 if response.status != 200:
+                    # Another router (or server) has no such look-up: stop asking it. A 404 from
+                    # pdkit's router (a request it never saw) carries its JSON error body.
+                    if response.status != 404 or response.content_type != "application/json":
+                        self.router_knows_paths = self.router_knows_paths or False
                     return
                 path = await response.json()
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):

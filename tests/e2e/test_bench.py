@@ -114,5 +114,7 @@ def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_pat
     assert f"requests through decode {cluster.decode.url} failed" in stdout
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     hung = [r for r in records if r["error_kind"] == "timeout"]
-    # The router answered nothing for these; pdkit bench asked it where they went.
-    assert all(r["decode"] == cluster.decode.url and r["status"] == 0 for r in hung)
+    # Every hung request is put on the stopped decode: from the answer's headers where its
+    # stream had begun before the stop, else by asking the router where it went.
+    assert all(r["decode"] == cluster.decode.url for r in hung)
+    assert any(r["status"] == 0 for r in hung)  # at least one got no answer at all
