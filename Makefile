@@ -52,7 +52,7 @@ $(ROUTER_VENV)/.stamp:
 	$(ROUTER_VENV)/bin/pip install -q sglang-router==0.3.2
 	touch $@
 
-deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp
+deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check kit tests tools benchmarks
@@ -103,18 +103,23 @@ bench-size: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_size
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) $(SGLANG_CPU_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # Real SGLang 0.5.23 on a CPU-only host (tools/sglang_cpu/): the engine itself, not only its
 # parser. One venv, rebuilt only when the installer or its patches change; the tiny model and
 # the smoke run's logs go under .pdkit/.
-SGLANG_CPU_VENV := .venv-sglang-cpu
 SGLANG_CPU_TORCH ?= 2.13.0
+# Cached outside the checkout (3.6 GB, 4-5 min to build), keyed by the installer's own digest of
+# its inputs: a fresh clone on the same machine reuses it; .venv-sglang-cpu links to it.
+PDKIT_CACHE ?= $(HOME)/.cache/pdkit
+SGLANG_CPU_VENV := .venv-sglang-cpu
+SGLANG_CPU_CACHED := $(PDKIT_CACHE)/sglang-cpu-$(SGLANG_VERSION)-torch$(SGLANG_CPU_TORCH)
+export PDKIT_SGLANG_CPU_PYTHON := $(abspath $(SGLANG_CPU_VENV))/bin/python
 .PHONY: sglang-cpu sglang-cpu-smoke
-$(SGLANG_CPU_VENV)/.stamp: tools/sglang_cpu/install.py $(wildcard tools/sglang_cpu/patches/*.diff)
-	$(PYTHON) tools/sglang_cpu/install.py --venv $(SGLANG_CPU_VENV) --torch $(SGLANG_CPU_TORCH)
 
-sglang-cpu: $(SGLANG_CPU_VENV)/.stamp
+sglang-cpu:
+	$(PYTHON) tools/sglang_cpu/install.py --venv $(SGLANG_CPU_CACHED) --torch $(SGLANG_CPU_TORCH)
+	ln -sfn $(SGLANG_CPU_CACHED) $(SGLANG_CPU_VENV)
 
-sglang-cpu-smoke: $(SGLANG_CPU_VENV)/.stamp
+sglang-cpu-smoke: sglang-cpu
 	$(SGLANG_CPU_VENV)/bin/python tools/sglang_cpu/smoke.py

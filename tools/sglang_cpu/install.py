@@ -22,6 +22,7 @@ pip runs under `nice -n 19` (the machine is shared).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -160,8 +161,28 @@ def apply_patch(site: Path, patch: Path) -> None:
     run([*base, "-N"])
 
 
-def verify(venv: Path) -> None:
-    compat = str(HERE / "compat")
+def inputs_digest(torch: str) -> str:
+    """sha256 of everything that decides the venv's content: this installer, its patches, the
+    compat layer and the torch line. The stamp records it: an unchanged digest is a venv that
+    is up to date, whatever the files' mtimes (a fresh clone reuses a venv cached outside it)."""
+    digest = hashlib.sha256(torch.encode())
+    for path in sorted(p for p in HERE.rglob("*") if p.is_file() and p.suffix in {".py", ".diff"}):
+        if "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(HERE)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def up_to_date(venv: Path, digest: str) -> bool:
+    try:
+        stamp = json.loads((venv / ".stamp").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stamp.get("inputs") == digest and (venv / "bin" / "python").exists())
+
+
+def verify(venv: Path, site: Path) -> None:
+    compat = str(site / "sgl_kernel")
     check = f"""
 import inspect
 import torch, torchvision, torchvision.transforms, sglang, sgl_kernel, mooncake.engine
@@ -185,6 +206,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     venv: Path = args.venv.resolve()
+    digest = inputs_digest(args.torch)
+    if up_to_date(venv, digest):
+        log(f"up to date: {venv}")
+        return
     stamp = venv / ".stamp"
     stamp.unlink(missing_ok=True)
     constraints, extra_patches, extra_reqs = TORCH_CHOICES[args.torch]
@@ -219,12 +244,25 @@ def main() -> None:
     )
     for name in COMMON_PATCHES + extra_patches:
         apply_patch(site, HERE / "patches" / name)
-    (site / "pdkit_sglang_cpu_compat.pth").write_text(str(HERE / "compat") + "\n")
+    # Copied in, not linked by a .pth: the venv may be cached outside this checkout and
+    # outlive it (make keeps it under ~/.cache/pdkit).
+    (site / "pdkit_sglang_cpu_compat.pth").unlink(missing_ok=True)
+    shutil.rmtree(site / "sgl_kernel", ignore_errors=True)
+    shutil.copytree(
+        HERE / "compat" / "sgl_kernel",
+        site / "sgl_kernel",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
 
-    verify(venv)
+    verify(venv, site)
     stamp.write_text(
         json.dumps(
-            {"sglang": SGLANG_VERSION, "torch": args.torch, "seconds": round(time.monotonic() - t0)}
+            {
+                "sglang": SGLANG_VERSION,
+                "torch": args.torch,
+                "inputs": digest,
+                "seconds": round(time.monotonic() - t0),
+            }
         )
         + "\n"
     )
