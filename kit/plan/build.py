@@ -16,6 +16,7 @@ from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
 from kit.sglang import render
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
+from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
 from kit.topology.plan import HostPlan, ModelPlan, Plan, WorkerProcess
 from kit.topology.schema import Role, Topology
@@ -50,6 +51,7 @@ def build_workers(
                     launch=launch,
                     http_port=p.http_port,
                     bootstrap_port=p.bootstrap_port,
+                    ports=process_ports(topology, p, node),
                     dist_init_addr=render.dist_init_addr(topology, p),
                     rdma_devices=nics.devices if nics else (),
                     gpu_nics=nics.per_gpu if nics else {},

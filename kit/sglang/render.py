@@ -126,6 +126,7 @@ def worker_args(
     dist_init = dist_init_addr(topology, p)
     if dist_init:
         args += ["--dist-init-addr", dist_init]
+    if p.nnodes > 1:
         args += ["--nnodes", str(p.nnodes), "--node-rank", str(node.rank)]
     if node.gpus and node.gpus[0] != 0:
         args += ["--base-gpu-id", str(node.gpus[0])]
@@ -139,7 +140,8 @@ def bind_address(spec: Role, host: Host) -> str:
 
 
 def dist_init_addr(topology: Topology, p: InstancePlacement) -> str | None:
-    """host:port of a multi-node instance's rank 0 (None for a single-node instance)."""
-    if p.nnodes == 1 or p.dist_init_port is None:
+    """host:port of the instance's rank 0 for torch's rendezvous and, with DP attention, the
+    ZMQ ports SGLang derives from it (None: a single-node instance without DP attention)."""
+    if p.dist_init_port is None:
         return None
     return host_port(topology.host(p.nodes[0].host).address, p.dist_init_port)

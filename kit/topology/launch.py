@@ -30,6 +30,12 @@ class Parallelism(BaseModel):
         return self.tp // self.dp if self.dp_attention else self.tp
 
     @property
+    def attention_dp(self) -> bool:
+        """Whether attention runs data-parallel (SGLang's attn_dp_size > 1), which moves its
+        ZMQ sockets to TCP ports (`kit.topology.ports.dist_init_ports`)."""
+        return self.dp_attention and self.dp > 1
+
+    @property
     def gpus(self) -> int:
         """GPUs of the whole instance, over all its nodes (pp stages included)."""
         return self.tp * self.pp * (1 if self.dp_attention else self.dp)

@@ -10,8 +10,9 @@ Rules (documented in docs/topology.md):
   instance of the other (a live change starts the new one and touches nothing else).
 - An instance larger than its hosts spans `nnodes = gpus_per_instance / gpus_per_host` whole,
   unused hosts of equal GPU count; every node gets the same ports, rank 0 serves HTTP.
-- Per host, instance k of a role gets port base + k (HTTP, bootstrap) and
-  dist-init base + k * DIST_INIT_STRIDE.
+- Per host, instance k of a role gets port base + k (HTTP, bootstrap) and, when it spans hosts
+  or runs DP attention, dist-init base + k * DIST_INIT_STRIDE (`kit.topology.listeners` lists
+  the ports SGLang derives from it).
 """
 
 from __future__ import annotations
@@ -205,5 +206,9 @@ def _assign_ports(
 
     http_port = take(f"{role}-http", http_base)
     bootstrap = take("bootstrap", bootstrap_base) if role == "prefill" else None
-    dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if len(nodes) > 1 else None
+    # A DP-attention instance gets a dist-init port on one host too: SGLang would otherwise
+    # derive its ZMQ ports from --port (+ 233 ..), and instances at ports k and k + 1 collide.
+    spec: Role = getattr(topology, role)
+    needs_dist_init = len(nodes) > 1 or spec.parallelism.attention_dp
+    dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if needs_dist_init else None
     return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init)

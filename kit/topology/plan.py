@@ -57,6 +57,22 @@ class HostPlan(Frozen):
     rdma_devices: tuple[str, ...] = Field(description="RDMA devices the topology lists.")
 
 
+class PortUse(Frozen):
+    """A port (or range) a process listens on, and who must reach it: the firewall rule."""
+
+    first: int
+    last: int = Field(description="Last port of the range (= first for one port).")
+    what: str = Field(description="What listens there, e.g. HTTP, bootstrap, DP handshake.")
+    reached_by: str = Field(
+        description="Who connects: clients (router, Prometheus, pdkit), decode hosts, the "
+        "instance's nodes, peer hosts (the other role's), or this host only (local)."
+    )
+
+    @property
+    def ports(self) -> range:
+        return range(self.first, self.last + 1)
+
+
 class WorkerProcess(Frozen):
     """One SGLang (or sim) server process: an instance, or one node of a multi-node instance."""
 
@@ -76,7 +92,15 @@ class WorkerProcess(Frozen):
     )
     http_port: int
     bootstrap_port: int | None = Field(description="Prefill only (on every node of it).")
-    dist_init_addr: str | None = Field(description="host:port of rank 0, multi-node only.")
+    ports: tuple[PortUse, ...] = Field(
+        (),
+        description="Every port the process listens on, those SGLang derives without a flag "
+        "included (the dist-init block, DP attention's ZMQ ports, the DP handshake, Mooncake's "
+        "RPC range).",
+    )
+    dist_init_addr: str | None = Field(
+        description="host:port of rank 0: multi-node or DP-attention instances only."
+    )
     rdma_devices: tuple[str, ...] = Field(
         description="RDMA devices the transfer engine of this process uses (none: no RDMA)."
     )

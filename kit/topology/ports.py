@@ -5,8 +5,8 @@ DECODE_HTTP = 30100
 BOOTSTRAP = 8998
 PREFILL_DIST_INIT = 5000
 DECODE_DIST_INIT = 5500
-# SGLang derives its inter-node ZMQ ports from the dist-init port: port+1 .. port+4+dp_size.
-# Instances on one rank-0 host are spaced this far apart so their blocks never overlap.
+# Instances on one rank-0 host get dist-init ports this far apart, so that the ports SGLang
+# derives from each (`dist_init_ports`) never overlap.
 DIST_INIT_STRIDE = 50
 ROUTER = 8000
 ROUTER_METRICS = 29000
@@ -15,6 +15,26 @@ PROMETHEUS = 9090
 MOONCAKE_RPC = range(15000, 17001)
 
 
-def dist_init_block(port: int, dp_size: int) -> range:
-    """Ports SGLang uses for a multi-node instance whose --dist-init-addr port is `port`."""
-    return range(port, port + 5 + dp_size)
+# SGLang 0.5.23 (`srt/server_args.py` PortArgs.init_new): with DP attention its ZMQ sockets
+# are TCP on the dist-init host, at the dist-init port (torch's store) and the six after it;
+# without --dist-init-addr that block starts at --port + ZMQ_TCP_PORT_DELTA. The DP controller's
+# handshake (`managers/data_parallel_controller.py`) binds dist-init port (else --port) + 13.
+ZMQ_TCP_PORT_DELTA = 233
+ZMQ_DERIVED_PORTS = 7
+DP_HANDSHAKE_PORT_DELTA = 13
+
+
+def dist_init_ports(http_port: int, dist_init_port: int | None, attention_dp: bool) -> range:
+    """The block SGLang binds from the dist-init port on an instance's rank-0 host: the port
+    itself (torch's rendezvous) and, with DP attention, its ZMQ ports. Without a dist-init port
+    a DP-attention instance derives the block from its HTTP port (`--port` + 233 ..)."""
+    if dist_init_port is None:
+        if not attention_dp:
+            return range(0)
+        dist_init_port = http_port + ZMQ_TCP_PORT_DELTA
+    return range(dist_init_port, dist_init_port + (ZMQ_DERIVED_PORTS if attention_dp else 1))
+
+
+def dp_handshake_port(http_port: int, dist_init_port: int | None) -> int:
+    """The DP controller's handshake port (DP attention): dist-init port + 13, else --port + 13."""
+    return (dist_init_port if dist_init_port is not None else http_port) + DP_HANDSHAKE_PORT_DELTA

@@ -143,7 +143,8 @@ class Role(RoleDefaults):
         None,
         ge=1,
         le=65535,
-        description=f"Multi-node instances: first --dist-init-addr port on the rank-0 host "
+        description=f"Multi-node and DP-attention instances: first --dist-init-addr port on the "
+        f"rank-0 host "
         f"(+{ports.DIST_INIT_STRIDE} per instance). Default: prefill {ports.PREFILL_DIST_INIT}, "
         f"decode {ports.DECODE_DIST_INIT}.",
     )

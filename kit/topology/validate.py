@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
+from kit.topology.listeners import process_ports
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
@@ -159,18 +160,15 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
                 )
             )
 
+    keys = {"HTTP": "port", "bootstrap": "bootstrap_port"}
     for p in placements:
-        spec: Role = getattr(topology, p.role)
         for node in p.nodes:
-            claim(node.host, p.http_port, f"{p.name} (HTTP)", (p.role, "port"))
-            if p.bootstrap_port is not None:
-                claim(
-                    node.host, p.bootstrap_port, f"{p.name} (bootstrap)", (p.role, "bootstrap_port")
-                )
-        if p.dist_init_port is not None:
-            dp = spec.dp if spec.dp_attention else 1
-            for port in ports.dist_init_block(p.dist_init_port, dp):
-                claim(p.nodes[0].host, port, f"{p.name} (dist-init)", (p.role, "dist_init_port"))
+            for use in process_ports(topology, p, node):
+                if use.what == "Mooncake RPC":
+                    continue  # a range the engine picks from at random, checked above
+                key = keys.get(use.what, "dist_init_port")
+                for port in use.ports:
+                    claim(node.host, port, f"{p.name} ({use.what})", (p.role, key))
     router = topology.router
     if router.host is not None and router.host not in {h.name for h in topology.hosts}:
         return problems  # the unknown router host is reported by _router
