@@ -42,6 +42,7 @@ def base_topology() -> dict:
             {
                 "name": "a",
                 "address": "10.0.0.1",
+                "network_interface": "eth0",
                 "gpus": 8,
                 "rdma_devices": list(nics.values()),
                 "gpu_nics": dict(nics),
@@ -49,6 +50,7 @@ def base_topology() -> dict:
             {
                 "name": "b",
                 "address": "10.0.0.2",
+                "network_interface": "eth0",
                 "gpus": 8,
                 "rdma_devices": list(nics.values()),
                 "gpu_nics": dict(nics),

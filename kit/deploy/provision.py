@@ -107,6 +107,9 @@ def provision_vars(
         "pdkit_base_rdma_tools": not sim,
         "pdkit_base_monitoring": plan.monitoring is not None and plan.monitoring.host == host.name,
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
+        # DeepEP's IBGDA needs the driver loaded with NVreg_EnableStreamMemOPs=1 and
+        # PeerMappingOverride=1 (reference sglang-pd.md section 9).
+        "pdkit_nvidia_require_ibgda": any(w.launch.moe_a2a_backend == "deepep" for w in workers),
         "pdkit_rdma_expected_devices": devices,
         "pdkit_rdma_required": plan.transfer_backend in RDMA_BACKENDS and bool(workers),
         # GPU memory is registered with the NIC only by real workers.

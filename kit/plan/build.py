@@ -60,7 +60,13 @@ def build_workers(
                     unit=unit_name(topology.name, name),
                     log_path=layouts[host.name].log_file(name),
                     command=render.worker_command(topology, p, node, device),
-                    env=render.worker_env(topology, p.role, host, ucx),
+                    env=render.worker_env(
+                        topology,
+                        p.role,
+                        host,
+                        ucx,
+                        render.collective_env(topology, p.role, host, nics, p.nnodes),
+                    ),
                 )
             )
     return workers

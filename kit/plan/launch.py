@@ -47,6 +47,10 @@ def _number(value: ArgValue) -> float | None:
         return None  # the catalog check reports it
 
 
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
     """The launch record of instance `p` (its rank-0 host's GPU type)."""
     spec: Role = getattr(topology, p.role)
@@ -73,6 +77,7 @@ def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
         chunked_prefill_size=_integer(args.get("chunked-prefill-size")),
         context_length=_integer(args.get("context-length")),
         enable_mixed_chunk=args.get("enable-mixed-chunk") is True,
+        moe_a2a_backend=_text(args.get("moe-a2a-backend")),
         num_reserved_decode_tokens=_integer(args.get("num-reserved-decode-tokens")),
         speed=speed,
     )

@@ -67,10 +67,42 @@ def ucx_net_devices(topology: Topology, choice: NicChoice | None) -> str | None:
     return f"{choice.devices[0]}:{UCX_PORT}"
 
 
-def worker_env(
-    topology: Topology, role: str, host: Host, ucx_devices: str | None = None
+def uses_deepep(topology: Topology, role: str) -> bool:
+    """Whether the role's MoE all-to-all runs on DeepEP (NVSHMEM over the RDMA NICs)."""
+    return role_args(topology, role).get("moe-a2a-backend") == "deepep"
+
+
+def collective_env(
+    topology: Topology, role: str, host: Host, nics: NicChoice | None, nnodes: int
 ) -> dict[str, str]:
+    """NCCL's, NVSHMEM's and gloo's devices for a multi-node or DeepEP process (empty
+    otherwise, and for engine sim): the process's own RDMA devices (its GPUs' NICs), the RoCE
+    GID index, and the interface that carries the host's address."""
+    if topology.engine != "sglang" or (nnodes == 1 and not uses_deepep(topology, role)):
+        return {}
     env: dict[str, str] = {}
+    devices = nics.devices if nics else ()
+    if devices:
+        env["NCCL_IB_HCA"] = "=" + ",".join(devices)  # `=`: exact names, not prefixes
+        env["NVSHMEM_HCA_LIST"] = ",".join(f"{d}:{UCX_PORT}" for d in devices)
+    gid_index = topology.transfer.gid_index
+    if gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = env["NVSHMEM_IB_GID_INDEX"] = str(gid_index)
+    if host.network_interface:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = host.network_interface
+    return env
+
+
+def worker_env(
+    topology: Topology,
+    role: str,
+    host: Host,
+    ucx_devices: str | None = None,
+    collective: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """A worker's environment: pdkit's variables (`collective`: `collective_env`'s), then the
+    user's `env`, which wins key by key."""
+    env: dict[str, str] = dict(collective or {})
     if topology.engine == "sim" and host.gpu_type:
         env["PDKIT_SIM_GPU"] = host.gpu_type
     # The address the transfer engine advertises to its peers.

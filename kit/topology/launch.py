@@ -65,6 +65,9 @@ class WorkerLaunch(BaseModel):
     chunked_prefill_size: int | None = Field(None, description="--chunked-prefill-size.")
     context_length: int | None = Field(None, description="--context-length.")
     enable_mixed_chunk: bool = Field(False, description="--enable-mixed-chunk.")
+    moe_a2a_backend: str | None = Field(
+        None, description="--moe-a2a-backend (deepep: provisioning checks the driver's IBGDA)."
+    )
     num_reserved_decode_tokens: int | None = Field(
         None, description="--num-reserved-decode-tokens."
     )

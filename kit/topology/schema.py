@@ -88,6 +88,13 @@ class Host(Strict):
         description="GPU index -> RDMA device, for hosts with one NIC per GPU (or per GPU pair). "
         "Rendered as the per-GPU JSON map of --disaggregation-ib-device.",
     )
+    network_interface: str | None = Field(
+        None,
+        description="The network interface that carries `address` (e.g. eth0, bond0; "
+        "`ip -o addr show to ADDRESS`). Rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME "
+        "for multi-node and DeepEP instances; a multi-node instance needs it, since gloo may "
+        "otherwise bind the 127.0.1.1 Ubuntu maps the host name to.",
+    )
     service_manager: ServiceManager = Field(
         "systemd",
         description="What runs pdkit's processes: systemd, or supervisord where "

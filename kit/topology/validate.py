@@ -30,7 +30,31 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
         problems += _port_collisions(topology, placements)
         problems += _addresses(topology, placements)
         problems += _rdma_coverage(topology, placed)
+        problems += _interfaces(topology, placements)
     return problems
+
+
+def _interfaces(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
+    """A host of a multi-node SGLang instance names the interface NCCL and gloo use."""
+    if topology.engine != "sglang":
+        return
+    seen: set[str] = set()
+    for p in placements:
+        if p.nnodes == 1:
+            continue
+        for node in p.nodes:
+            host = topology.host(node.host)
+            if host.network_interface or node.host in seen:
+                continue
+            seen.add(node.host)
+            yield Problem(
+                ("hosts", _host_index(topology, node.host), "network_interface"),
+                f"{p.name} spans hosts, and {node.host} does not say which interface carries "
+                f"{host.address}: gloo may bind the 127.0.1.1 the host name maps to, and the "
+                "ranks never meet.",
+                f"set it to the interface `ip -o addr show to {host.address}` names (it is "
+                "rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).",
+            )
 
 
 def _references(topology: Topology) -> Iterator[Problem]:

@@ -186,3 +186,11 @@ def test_nixl_hosts_get_the_same_rdma_checks(write_topology):
     a = host_vars(write_topology(data))["a"]
     assert a["pdkit_rdma_required"] is True
     assert a["pdkit_rdma_expected_devices"] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+
+
+def test_only_hosts_of_deepep_workers_must_have_the_ibgda_driver_options(write_topology):
+    data = base_topology()
+    data["decode"]["args"] = {"moe-a2a-backend": "deepep"}
+    hosts = host_vars(write_topology(data))
+    assert hosts["b"]["pdkit_nvidia_require_ibgda"] is True
+    assert hosts["a"]["pdkit_nvidia_require_ibgda"] is False

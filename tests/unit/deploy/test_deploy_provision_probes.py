@@ -168,3 +168,29 @@ def test_no_driver_is_reported_not_raised(tmp_path):
     assert facts["ok"] is False
     assert facts["error"]
     assert facts["gpus"] == []
+
+
+def test_nvidia_facts_read_the_drivers_ibgda_options(tmp_path):
+    proc = tmp_path / "proc"
+    write(
+        proc / "driver" / "nvidia" / "params",
+        'EnableStreamMemOPs: 1\nRegistryDwords: "PeerMappingOverride=1;"\n',
+    )
+    script = ROLES / "pdkit_nvidia" / "files" / "nvidia_facts.py"
+    env = {**os.environ, "PATH": str(tmp_path)}
+
+    def facts(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        return json.loads(done.stdout)["ibgda"]
+
+    assert facts(str(proc)) == {"stream_mem_ops": True, "peer_mapping_override": True}
+    write(proc / "driver" / "nvidia" / "params", 'EnableStreamMemOPs: 0\nRegistryDwords: ""\n')
+    off = {"stream_mem_ops": False, "peer_mapping_override": False}
+    assert facts(str(proc)) == off
+    assert facts(str(tmp_path / "none")) == off

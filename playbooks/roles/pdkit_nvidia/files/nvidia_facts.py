@@ -1,7 +1,12 @@
 """Print what the NVIDIA driver reports on this host as JSON (pdkit_nvidia's probe).
 
 {"ok": bool, "error": str, "gpus": [{"index", "name", "driver_version", "persistence_mode"}],
- "driver_version": str, "driver_branch": str, "cuda_version": str, "nvswitches": int}
+ "driver_version": str, "driver_branch": str, "cuda_version": str, "nvswitches": int,
+ "ibgda": {"stream_mem_ops": bool, "peer_mapping_override": bool}}
+
+`ibgda` reads the loaded driver's options (PROC/driver/nvidia/params; PROC is the first
+argument, default /proc): DeepEP's IBGDA needs NVreg_EnableStreamMemOPs=1 and
+NVreg_RegistryDwords="PeerMappingOverride=1;".
 
 Read-only; never fails: a missing driver is reported with ok=false and the error text.
 """
@@ -9,6 +14,7 @@ Read-only; never fails: a missing driver is reported with ok=false and the error
 import json
 import re
 import subprocess
+import sys
 
 FIELDS = ("index", "name", "driver_version", "persistence_mode")
 
@@ -21,9 +27,22 @@ def run(argv):
     return done.returncode, done.stdout, done.stderr
 
 
+def ibgda(proc):
+    try:
+        with open(proc + "/driver/nvidia/params", encoding="utf-8") as params:
+            text = params.read()
+    except OSError:
+        text = ""
+    return {
+        "stream_mem_ops": re.search(r"^EnableStreamMemOPs:\s*1\s*$", text, re.M) is not None,
+        "peer_mapping_override": re.search(r"PeerMappingOverride\s*=\s*1", text) is not None,
+    }
+
+
 def main():
     facts = {"ok": False, "error": "", "gpus": [], "driver_version": "", "driver_branch": "",
-             "cuda_version": "", "nvswitches": 0}
+             "cuda_version": "", "nvswitches": 0,
+             "ibgda": ibgda(sys.argv[1] if len(sys.argv) > 1 else "/proc")}
     rc, out, err = run(["nvidia-smi", "--query-gpu=" + ",".join(FIELDS), "--format=csv,noheader"])
     if rc != 0:
         facts["error"] = (err or out).strip() or f"nvidia-smi exited with {rc}"
