@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -49,6 +50,52 @@ def test_docs_one_host_1p1d_flags():
         "--prefill http://10.0.0.1:30000 8998 --decode "
         "http://10.0.0.1:30001 --host 0.0.0.0 --port 8000"
     )
+
+
+def test_large_scale_ep_recipe_renders_every_flag_and_a_nic_per_gpu():
+    plan = resolve(REPO / "topologies" / "deepseek-r1-ep.yaml")
+    prefill = [w for w in plan.workers if w.role == "prefill"]
+    decode = [w for w in plan.workers if w.role == "decode"]
+    assert [(len(prefill), prefill[0].launch.parallelism.ep)] == [(4, 32)]
+    assert [(len(decode), decode[0].launch.parallelism.ep)] == [(9, 72)]
+    both = (
+        "--enable-dp-attention",
+        "--moe-a2a-backend deepep",
+        "--moe-dense-tp-size 1",
+        "--enable-dp-lm-head",
+        "--disable-radix-cache",
+        "--enable-two-batch-overlap",
+        "--ep-num-redundant-experts 32",
+        "--page-size 1",
+    )
+    own = {
+        "prefill": (
+            "--tp-size 32 --dp-size 32",
+            "--deepep-mode normal",
+            "--chunked-prefill-size 524288",
+            "--max-total-tokens 131072",
+            "--init-expert-location /data/eplb/prefill_in4096.json",
+            "--ep-dispatch-algorithm dynamic",
+            "--eplb-algorithm deepseek",
+            "--deepep-config /data/deepep/prefill_config.json",
+        ),
+        "decode": (
+            "--tp-size 72 --dp-size 72",
+            "--deepep-mode low_latency",
+            "--mem-fraction-static 0.835",
+            "--max-running-requests 18432",
+            "--num-reserved-decode-tokens 102",
+        ),
+    }
+    nic_map = json.dumps({str(g): f"mlx5_{g}" for g in range(8)}, separators=(",", ":"))
+    for w in plan.workers:
+        args = " ".join(w.command.args)
+        for flag in (*both, *own[w.role], f"--nnodes {w.nnodes} --node-rank {w.node_rank}"):
+            assert flag in args, (w.name, flag)
+        assert w.ib_device == nic_map
+        assert w.env["NVSHMEM_HCA_LIST"] == ",".join(f"mlx5_{g}:1" for g in range(8))
+        assert w.env["NCCL_SOCKET_IFNAME"] == w.env["GLOO_SOCKET_IFNAME"] == "bond0"
+        assert w.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "100000"
 
 
 def test_docs_deepseek_v3_flags():

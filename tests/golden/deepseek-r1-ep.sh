@@ -1,0 +1,415 @@
+# pdkit plan 'deepseek-r1-ep': engine sglang, SGLang 0.5.23, model deepseek-ai/DeepSeek-R1, transfer mooncake
+
+## host prefill-0 (10.0.2.10)
+# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 0 of 4, dist-init 10.0.2.10:5000
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.10 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.10 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 32 \
+  --dp-size 32 \
+  --enable-dp-attention \
+  --ep-size 32 \
+  --dist-init-addr 10.0.2.10:5000 \
+  --nnodes 4 \
+  --node-rank 0 \
+  --chunked-prefill-size 524288 \
+  --deepep-config /data/deepep/prefill_config.json \
+  --deepep-mode normal \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-dispatch-algorithm dynamic \
+  --ep-num-redundant-experts 32 \
+  --eplb-algorithm deepseek \
+  --init-expert-location /data/eplb/prefill_in4096.json \
+  --max-total-tokens 131072 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --page-size 1
+# router (pdkit): :8000, policies prefill=prefix_affinity decode=least_inflight
+python -m kit.lb \
+  --prefill http://10.0.2.10:30000 8998 \
+  --decode http://10.0.2.20:30100 \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --prefill-policy prefix_affinity \
+  --decode-policy least_inflight
+
+## host prefill-1 (10.0.2.11)
+# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 1 of 4, dist-init 10.0.2.10:5000
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.11 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.11 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 32 \
+  --dp-size 32 \
+  --enable-dp-attention \
+  --ep-size 32 \
+  --dist-init-addr 10.0.2.10:5000 \
+  --nnodes 4 \
+  --node-rank 1 \
+  --chunked-prefill-size 524288 \
+  --deepep-config /data/deepep/prefill_config.json \
+  --deepep-mode normal \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-dispatch-algorithm dynamic \
+  --ep-num-redundant-experts 32 \
+  --eplb-algorithm deepseek \
+  --init-expert-location /data/eplb/prefill_in4096.json \
+  --max-total-tokens 131072 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --page-size 1
+
+## host prefill-2 (10.0.2.12)
+# prefill-0-node2 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 2 of 4, dist-init 10.0.2.10:5000
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.12 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.12 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 32 \
+  --dp-size 32 \
+  --enable-dp-attention \
+  --ep-size 32 \
+  --dist-init-addr 10.0.2.10:5000 \
+  --nnodes 4 \
+  --node-rank 2 \
+  --chunked-prefill-size 524288 \
+  --deepep-config /data/deepep/prefill_config.json \
+  --deepep-mode normal \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-dispatch-algorithm dynamic \
+  --ep-num-redundant-experts 32 \
+  --eplb-algorithm deepseek \
+  --init-expert-location /data/eplb/prefill_in4096.json \
+  --max-total-tokens 131072 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --page-size 1
+
+## host prefill-3 (10.0.2.13)
+# prefill-0-node3 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 3 of 4, dist-init 10.0.2.10:5000
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.13 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.13 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 32 \
+  --dp-size 32 \
+  --enable-dp-attention \
+  --ep-size 32 \
+  --dist-init-addr 10.0.2.10:5000 \
+  --nnodes 4 \
+  --node-rank 3 \
+  --chunked-prefill-size 524288 \
+  --deepep-config /data/deepep/prefill_config.json \
+  --deepep-mode normal \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-dispatch-algorithm dynamic \
+  --ep-num-redundant-experts 32 \
+  --eplb-algorithm deepseek \
+  --init-expert-location /data/eplb/prefill_in4096.json \
+  --max-total-tokens 131072 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --page-size 1
+
+## host decode-0 (10.0.2.20)
+# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 0 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.20 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.20 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 0 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-1 (10.0.2.21)
+# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 1 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.21 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.21 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 1 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-2 (10.0.2.22)
+# decode-0-node2 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 2 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.22 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.22 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 2 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-3 (10.0.2.23)
+# decode-0-node3 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 3 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.23 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.23 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 3 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-4 (10.0.2.24)
+# decode-0-node4 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 4 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.24 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.24 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 4 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-5 (10.0.2.25)
+# decode-0-node5 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 5 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.25 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.25 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 5 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-6 (10.0.2.26)
+# decode-0-node6 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 6 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.26 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.26 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 6 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-7 (10.0.2.27)
+# decode-0-node7 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 7 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.27 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.27 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 7 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
+
+## host decode-8 (10.0.2.28)
+# decode-0-node8 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 8 of 9, dist-init 10.0.2.20:5500
+GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.28 python -m sglang.launch_server \
+  --model-path deepseek-ai/DeepSeek-R1 \
+  --trust-remote-code \
+  --host 10.0.2.28 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake \
+  --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
+  --tp-size 72 \
+  --dp-size 72 \
+  --enable-dp-attention \
+  --ep-size 72 \
+  --dist-init-addr 10.0.2.20:5500 \
+  --nnodes 9 \
+  --node-rank 8 \
+  --deepep-mode low_latency \
+  --disable-radix-cache \
+  --enable-dp-lm-head \
+  --enable-metrics \
+  --enable-two-batch-overlap \
+  --ep-num-redundant-experts 32 \
+  --max-running-requests 18432 \
+  --mem-fraction-static 0.835 \
+  --moe-a2a-backend deepep \
+  --moe-dense-tp-size 1 \
+  --num-reserved-decode-tokens 102 \
+  --page-size 1
