@@ -127,6 +127,7 @@ def worker_record(
         "env": dict(sorted(env.items())),
         "secret_env": {},
         "url": worker.url if worker.serves_http else None,
+        "input_files": [list(pair) for pair in worker.input_files],
     }
 
 

@@ -60,6 +60,7 @@ def build_workers(
                     unit=unit_name(topology.name, name),
                     log_path=layouts[host.name].log_file(name),
                     command=render.worker_command(topology, p, node, device),
+                    input_files=render.input_files(topology, p.role),
                     env=render.worker_env(
                         topology,
                         p.role,

@@ -39,6 +39,29 @@ def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
     return merged
 
 
+PATH_FLAGS = (
+    "init-expert-location",
+    "deepep-config",
+    "expert-distribution-recorder-dir",
+    "chat-template",
+    "tokenizer-path",
+    "speculative-draft-model-path",
+    "load-format-config",
+)
+"""Flags whose value may name a file on the host; an absolute path there must exist on every
+host that runs the instance (SGLang opens it at start-up, or fails late)."""
+
+
+def input_files(topology: Topology, role: str) -> tuple[tuple[str, str], ...]:
+    """(--flag, path) of every absolute path a role's path-valued flags name."""
+    args = role_args(topology, role)
+    return tuple(
+        (f"--{flag}", value)
+        for flag in PATH_FLAGS
+        if isinstance(value := args.get(flag), str) and value.startswith("/")
+    )
+
+
 def role_env(topology: Topology, role: str) -> dict[str, str]:
     """The user's env for a role: transfer.env < defaults.env < role.env."""
     spec: Role = getattr(topology, role)

@@ -113,6 +113,11 @@ class WorkerProcess(Frozen):
     log_path: str = Field(description="Log file on the host (absolute).")
     command: Command
     env: dict[str, str]
+    input_files: tuple[tuple[str, str], ...] = Field(
+        (),
+        description="(flag, absolute path) of the files the flags name (--init-expert-location, "
+        "--deepep-config, ...): `pdkit up` checks each exists on the host before starting.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json` too
     @property
