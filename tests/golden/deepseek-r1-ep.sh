@@ -30,6 +30,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --eplb-algorithm deepseek \
   --init-expert-location /data/eplb/prefill_in4096.json \
   --max-total-tokens 131072 \
+  --mem-fraction-static 0.85 \
   --moe-a2a-backend deepep \
   --moe-dense-tp-size 1 \
   --page-size 1
@@ -72,6 +73,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --eplb-algorithm deepseek \
   --init-expert-location /data/eplb/prefill_in4096.json \
   --max-total-tokens 131072 \
+  --mem-fraction-static 0.85 \
   --moe-a2a-backend deepep \
   --moe-dense-tp-size 1 \
   --page-size 1
@@ -106,6 +108,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --eplb-algorithm deepseek \
   --init-expert-location /data/eplb/prefill_in4096.json \
   --max-total-tokens 131072 \
+  --mem-fraction-static 0.85 \
   --moe-a2a-backend deepep \
   --moe-dense-tp-size 1 \
   --page-size 1
@@ -140,6 +143,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --eplb-algorithm deepseek \
   --init-expert-location /data/eplb/prefill_in4096.json \
   --max-total-tokens 131072 \
+  --mem-fraction-static 0.85 \
   --moe-a2a-backend deepep \
   --moe-dense-tp-size 1 \
   --page-size 1
