@@ -17,7 +17,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help venv test test-unit check lint typecheck catalog up down bench-lb bench-admission bench-sim bench-status bench-bench bench-goodput bench-size clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-admission bench-sim bench-status bench-bench bench-goodput bench-size clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -52,7 +52,15 @@ $(ROUTER_VENV)/.stamp:
 	$(ROUTER_VENV)/bin/pip install -q sglang-router==0.3.2
 	touch $@
 
-deps: $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
+# What the tests need from the OS (Debian's names): the Mooncake transfer engine's libraries, the
+# multi-host test bed (network namespaces with their own sshd) and Prometheus (promtool checks
+# the rendered config; the monitoring e2e runs it). Installed as root, else the line to run.
+TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-client iproute2 prometheus
+
+os-packages:
+	@tools/os_packages.sh $(TEST_OS_PACKAGES)
+
+deps: os-packages $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check kit tests tools benchmarks

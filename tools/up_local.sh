@@ -15,29 +15,7 @@ packages=(libibverbs1 librdmacm1 libnuma1)
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
   packages+=(python3-venv)
 fi
-missing=()
-if command -v dpkg-query >/dev/null 2>&1; then
-  for package in "${packages[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
-      missing+=("$package")
-    fi
-  done
-else
-  echo "note: not a Debian-like system; make sure libibverbs, librdmacm and libnuma are installed." >&2
-fi
-
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "Installing OS packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "pdkit needs these OS packages: ${missing[*]}. Install them, then run make up again:" >&2
-    echo "  sudo apt-get install -y ${missing[*]}" >&2
-    exit 1
-  fi
-fi
+tools/os_packages.sh "${packages[@]}"
 
 make -s venv PYTHON="$PYTHON"
 exec .venv/bin/pdkit up "$TOPOLOGY"

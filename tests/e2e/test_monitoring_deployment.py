@@ -13,7 +13,6 @@ import asyncio
 import json
 import math
 import os
-import shutil
 import signal
 import time
 import urllib.error
@@ -37,11 +36,15 @@ from tests.support.local_deploy import (
     processes_of,
     write_topology,
 )
+from tests.support.requires import require_command
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="apt-get install prometheus"),
-]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def _prometheus_installed():
+    require_command("prometheus", "prometheus")
+
 
 UP_TIMEOUT_S = 240
 SCRAPE_INTERVAL_S = 1

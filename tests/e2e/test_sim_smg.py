@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from kit.deploy.routing import RouterAdmin
+from tests.support.requires import require_file
 from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
@@ -23,8 +24,7 @@ FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3"}
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    if not Path(SMG).exists():
-        pytest.skip(f"smg not installed at {SMG} (make .venv-smg/.stamp)")
+    require_file(SMG, "make deps (the smg venv, .venv-smg)")
     bootstrap = free_port()
     prefill = SimProcess(
         worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap), env=FAST

@@ -29,6 +29,7 @@ import yaml
 from kit.plan.resolve import resolve
 from kit.topology.plan import Plan, WorkerProcess
 from tests.conftest import REPO, run_pdkit
+from tests.support.requires import require_file
 
 pytestmark = pytest.mark.e2e
 
@@ -474,8 +475,8 @@ def test_wrong_model_still_loading_and_no_healthy_decode(tmp_path):
 # -- the smg router ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not SMG.exists(), reason=f"smg not installed at {SMG} (make deps)")
 def test_smg_router_ready_then_no_healthy_decode(tmp_path):
+    require_file(SMG, "make deps (the smg venv, .venv-smg)")
     topology = write_topology(tmp_path, "smg", router="smg")
     with running(topology, tmp_path) as cluster:
         for w in cluster.plan.workers:

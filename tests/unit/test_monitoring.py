@@ -4,7 +4,6 @@ inventory record and what `pdkit render` shows."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -17,6 +16,7 @@ from kit.plan.monitoring import prometheus_config
 from kit.plan.resolve import resolve
 from kit.plan.shell import plan_to_shell
 from tests.conftest import base_topology
+from tests.support.requires import require_command
 
 
 def with_monitoring(**monitoring: object) -> dict:
@@ -75,8 +75,8 @@ def test_smg_is_scraped_on_its_metrics_port_and_node_exporters_when_asked(write_
     assert config["global"]["scrape_interval"] == "2500ms"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus package")
 def test_prometheus_own_checker_accepts_the_configuration(write_topology, tmp_path):
+    require_command("promtool", "prometheus")
     plan = resolve(write_topology(with_monitoring(node_exporter_port=9100)))
     path = tmp_path / "prometheus.yml"
     path.write_text(prometheus_config(plan.monitoring, plan.name))

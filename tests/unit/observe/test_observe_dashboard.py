@@ -5,15 +5,14 @@ deployment is tests/e2e/test_monitoring_deployment.py.)"""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from kit.observe.dashboard import dashboard, dashboard_json, panel_queries, substitute
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
+from tests.support.requires import require_command
 
 
 def test_the_dashboard_is_grafana_json_with_variables_and_rows():
@@ -47,8 +46,8 @@ def test_a_topology_sets_the_deployment_and_the_slo_thresholds():
     assert model["uid"] == "pdkit-local"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's prometheus package")
 def test_every_query_is_promql_that_prometheus_parses(tmp_path):
+    require_command("promtool", "prometheus")
     queries = panel_queries(dashboard())
     rules = {
         "groups": [
