@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from kit.lb import migrate
 from kit.lb.admission import (
     PRIORITIES,
     PRIORITY_HEADER,
@@ -723,18 +724,27 @@ class Dispatcher:
                 ex.causes.append("client_disconnect")
                 return out
             except (UpstreamError, TimeoutError, LegError) as exc:
-                failure = self._stream_failure(pair, decode, exc)
-                ex.causes.append(failure.cause)
-                ex.cause = failure.cause
-                self._on_failure(failure)
+                cut = self._stream_failure(pair, decode, exc)
+                pair.cancel()  # a stalled leg is cancelled before the stream moves on
+                if isinstance(cut, LegError):
+                    self._blame(decode, cut)
                 try:
-                    await relay.fail(failure)
+                    failure = await self._migrate(ex, relay, cut)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
+                    return out
+                if failure is not None:
+                    ex.causes.append(failure.cause)
+                    ex.cause = failure.cause
+                    self._on_failure(failure)
+                    try:
+                        await relay.fail(failure)
+                    except ClientGone:
+                        ex.causes.append("client_disconnect")
             else:
                 if decode.failures:
                     self._pool.record_served(decode)
-                if ex.ticket is not None:
+                if ex.ticket is not None and not ex.migrations:
                     self._learn(ex, ex.ticket, relay, decode, (batch + decode.inflight) / 2)
             finished = True
             self._finish_in_background(pair)
@@ -743,6 +753,132 @@ class Dispatcher:
             self._watchdog.release(guard)
             decode.inflight -= 1
             ex.decode_s = time.monotonic() - pair.decode.started
+            if not finished:
+                pair.cancel()
+            elif upstream is not None:
+                upstream.release()
+
+    # -- migration ---------------------------------------------------------------------------
+
+    def _migration_refusal(self, ex: Exchange, cut: ApiError) -> tuple[str, str] | None:
+        """(label, why) when a cut stream is not continued; None when it is."""
+        if not self._config.migrate:
+            return "off", "migration is off (--no-migrate)"
+        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
+            return "limit", "the request ran out of time"
+        if ex.retries + ex.migrations >= self._config.retries:
+            return "budget", f"the request used its {self._config.retries} retries (--retries)"
+        why = migrate.refusal(ex.pd)
+        if why is not None:
+            return "inexact", f"a continuation would not be exact: {why}"
+        return None
+
+    async def _migrate(self, ex: Exchange, relay: StreamRelay, cut: ApiError) -> ApiError | None:
+        """Continue a stream whose decode died or stalled on fresh pairs, with the prompt
+        plus the tokens the client got (`kit.lb.migrate`); None when the stream ended well,
+        else the error its last event reports. ClientGone when the client left."""
+        excluded = {cut.blame} if isinstance(cut, LegError) else set()
+        while True:
+            refused = self._migration_refusal(ex, cut)
+            if refused is not None:
+                label, why = refused
+                self._metrics.migration_refused(label)
+                return ApiError(
+                    cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
+                )
+            sent = migrate.sent_so_far(ex.pd, relay.last_data)
+            following = migrate.continuation(ex.pd, sent)
+            if following is None:  # every token was sent: only the end was missing
+                await relay.finish()
+                return None
+            ex.migrations += 1
+            self._metrics.migrate("stalled" if cut.cause == "decode_stalled" else "died")
+            log.info("continuing a stream on another pair: %s", cut.message)
+            try:
+                prefill = await self._pick(ex, "prefill", None, excluded)
+                decode = await self._pick(ex, "decode", None, excluded)
+            except ApiError as error:
+                return ApiError(
+                    error.status,
+                    f"{cut.message}; the stream could not be continued: {error.message}",
+                    error.cause,
+                )
+            body, room = following.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
+            ex.path = PathRecord(
+                ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
+            )
+            self._recent.chose(ex.path)
+            send = self._send(ex.pd.path_bytes, body, ex.request_id)
+            try:
+                await self._continue(
+                    ex,
+                    relay,
+                    prefill=prefill,
+                    decode=decode,
+                    send=send,
+                    rejoin=migrate.Rejoin(sent),
+                )
+                return None
+            except LegError as error:
+                worker = prefill if error.blame == prefill.url else decode
+                self._blame(worker, error)
+                excluded.add(worker.url)
+                cut = error
+            except ApiError as error:
+                return error
+
+    async def _continue(
+        self,
+        ex: Exchange,
+        relay: StreamRelay,
+        *,
+        prefill: Worker,
+        decode: Worker,
+        send: _Send,
+        rejoin: migrate.Rejoin,
+    ) -> None:
+        """One attempt at the rest of a stream: both legs, then the new decode's events
+        rewritten into the client's stream; raises the attempt's error (LegError)."""
+        pair = self._start(ex, prefill, send, False)
+        guard = pair.guard = self._watchdog.watch(
+            pair.expire, total=self._request_timeout, idle=self._first_token_timeout
+        )
+        if not decode.inflight:
+            decode.progress_at = guard.last
+        decode.inflight += 1
+        finished = False
+        upstream: Connection | None = None
+        try:
+            try:
+                upstream = await self._open("decode", decode, send, pair.decode)
+            except LegError as error:
+                raise self._decode_failed(pair, decode, error) from None
+            try:
+                if upstream.status >= 300:
+                    data = await upstream.read()
+                    raise self._decode_status(
+                        pair, decode, upstream.status, upstream.content_type, data
+                    )
+                first = await upstream.first()
+                failed = first_event_error(first)
+                if failed is not None:
+                    raise self._decode_status(pair, decode, failed, "application/json", first)
+                guard.idle = self._stall_timeout
+                relay.rebind(guard, decode, rejoin)
+                await relay.run(upstream, first)
+            except (UpstreamError, TimeoutError) as exc:
+                raise self._stream_failure(pair, decode, exc) from None
+            except LegError as exc:
+                if exc is pair.prefill_error or pair.guard.expired:
+                    raise self._stream_failure(pair, decode, exc) from None
+                raise
+            if decode.failures:
+                self._pool.record_served(decode)
+            finished = True
+            self._finish_in_background(pair)
+        finally:
+            self._watchdog.release(guard)
+            decode.inflight -= 1
             if not finished:
                 pair.cancel()
             elif upstream is not None:
