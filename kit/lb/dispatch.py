@@ -692,7 +692,7 @@ class Dispatcher:
             except (UpstreamError, TimeoutError, LegError) as exc:
                 raise self._stream_failure(pair, decode, exc) from None
             failed = first_event_error(first)
-            if failed is not None:
+            if failed is not None and failed >= 500:  # a 4xx event is the worker's verdict
                 with contextlib.suppress(UpstreamError, TimeoutError, LegError):
                     first += await upstream.read()
                 raise self._decode_status(pair, decode, failed, "application/json", first)
