@@ -16,8 +16,10 @@ that the routable lists stay current:
        │                               out for a backoff growing with each such ejection
     (added)                     any ──admin remove──▶ draining ──in-flight 0──▶ (removed)
 
-An unhealthy worker is probed every `recovery_interval` s (at most 1 s), so that one that comes
-back is routable again within a second or two: requests held for its role are waiting.
+An unhealthy worker is probed every `recovery_interval` s (at most 0.5 s), and one that was out
+because it refused connections (it was down) is readmitted at its first good probe, so that a
+restarted worker is routable again within half a second of answering: requests held for its
+role are waiting.
 
 Times are `time.monotonic()` seconds, passed in so the rules are testable without a clock.
 """
@@ -59,8 +61,8 @@ class HealthRules:
 
     @property
     def recovery_interval(self) -> float:
-        """Seconds between probes of a worker that is out (at most 1 s)."""
-        return min(self.interval, 1.0)
+        """Seconds between probes of a worker that is out (at most 0.5 s)."""
+        return min(self.interval, 0.5)
 
     def backoff_for(self, repeats: int) -> float:
         """Ejection time (s) after the `repeats`-th connection error in a row (1-based)."""
@@ -215,8 +217,10 @@ class WorkerPool:
             worker.good_probes += 1
             worker.failed_probes = 0
             worker.last_probe_error = None
+            # A worker that refused connections was down; answering, it is back.
+            needed = 1 if worker.reason_kind == "connection_error" else rules.readmit_after
             if worker.state is State.PENDING or (
-                worker.state is State.UNHEALTHY and worker.good_probes >= rules.readmit_after
+                worker.state is State.UNHEALTHY and worker.good_probes >= needed
             ):
                 self._set(worker, State.HEALTHY, "", "", now)
             return
