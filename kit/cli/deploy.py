@@ -130,7 +130,9 @@ def restart(
     ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Restart processes one instance at a time, without dropping requests."""
+    """Restart processes one instance at a time, without dropping requests while another
+    instance of the role serves (its only instance: requests are held up to
+    router.faults.hold_timeout_s)."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import restart as deploy_restart  # noqa: PLC0415
 

@@ -361,8 +361,9 @@ def _capacity_notes(
         if serving[step.role] <= 1:
             notes.append(
                 f"{step.instance} is the only {step.role} serving when it is "
-                f"{'replaced' if step.kind == 'replace' else 'removed'}: requests fail until it "
-                "is back. To avoid it: scale the role up first."
+                f"{'replaced' if step.kind == 'replace' else 'removed'}: pdkit's router holds "
+                "requests for it up to router.faults.hold_timeout_s, and they fail past that "
+                "(with smg at once). To avoid it: scale the role up first."
             )
         if step.kind == "remove":
             serving[step.role] -= 1

@@ -18,6 +18,9 @@ The JSON object (`pdkit trace` reads it; times in ms, None as null):
     cause           why the request failed (a metrics cause label), else ""
     admission       "admitted", "rejected:REASON" (ttft, tpot), "off", or "skipped" (admission
                     is on but the request failed before it was judged: a bad body, a key)
+    retries         attempts sent again on a fresh pair before the client got a byte
+    migrations      times the stream was continued on another pair (its decode died or stalled)
+    held_ms         time spent waiting for a worker of a role that had none routable
 
 The line is built by hand (no json.dumps per request) from values that need no escaping: the
 request id is checked when it is read (kit.lb.dispatch.client_request_id), worker URLs are
@@ -45,7 +48,8 @@ FLUSH_BYTES = 64 * 1024
 _LINE = (
     'access {"ts":%.3f,"id":"%s","route":"%s","status":%d,"stream":%s,"prefill":%s,'
     '"decode":%s,"bootstrap_room":%s,"queued_ms":%s,"prefill_ms":%s,"decode_ms":%s,'
-    '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s"}'
+    '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s",'
+    '"retries":%d,"migrations":%d,"held_ms":%.3f}'
 )
 
 
@@ -98,6 +102,9 @@ class AccessLog:
                 relay.events if relay is not None else "null",
                 ex.cause,
                 ex.admission,
+                ex.retries,
+                ex.migrations,
+                ex.held_s * 1000,
             )
         )
 
@@ -134,6 +141,9 @@ class AccessLog:
                 "null",
                 cause,
                 admission,
+                0,
+                0,
+                0.0,
             )
         )
 

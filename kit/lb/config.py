@@ -83,8 +83,20 @@ class LbConfig:
     readmit_after: int = 2
     eject_backoff: float = 1.0
     eject_backoff_max: float = 30.0
-    # Requests.
-    retries: int = 2
+    # Requests. A failure before the client got a byte is retried on a fresh pair, and a
+    # stream whose decode dies or stalls is migrated, `retries` times in all per request, and
+    # no new attempt starts `retry_deadline` s after arrival. A request that finds no routable
+    # worker of a role waits up to `hold_timeout` s for one (at most `hold_max` at once).
+    retries: int = 3
+    retry_deadline: float = 60.0
+    hold_timeout: float = 5.0
+    hold_max: int = 256
+    eject_after_failures: int = 3
+    # Streams: the longest wait for the first token (0: --idle-timeout), and for each later
+    # one (0: derived from the TPOT objective, `stall_timeout_for`).
+    first_token_timeout: float = 30.0
+    stall_timeout: float = 0.0
+    migrate: bool = True
     max_body_bytes: int = 64 * MIB
     drain_grace: float = 30.0
     prefix_chars: int = 256
@@ -103,6 +115,21 @@ class LbConfig:
     access_log: bool = True
     log_level: str = "info"
     seed: int | None = None
+
+    @property
+    def stall_after(self) -> float:
+        """Seconds without a token after which a stream is stalled (migrated or ended)."""
+        return self.stall_timeout or stall_timeout_for(self.slo_tpot)
+
+
+STALL_TPOTS = 50
+MIN_STALL = 2.0
+
+
+def stall_timeout_for(tpot: float) -> float:
+    """The default stall timeout (s) for a TPOT objective of `tpot` s: 50 token times, at
+    least 2 s (a decode step that long is a stopped worker, not a busy one)."""
+    return max(STALL_TPOTS * tpot, MIN_STALL)
 
 
 EPILOG = """\
@@ -377,7 +404,57 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         "--retries",
         type=_positive(int, True),
         default=d.retries,
-        help=f"retries on other workers when a worker cannot be reached (default {d.retries})",
+        help="attempts after the first, per request: a failure before the client got a byte "
+        "(connection refused or reset, a 5xx, a transfer failure, no first token) is sent "
+        f"again on a fresh pair, a stream cut mid-way is migrated (default {d.retries})",
+    )
+    r.add_argument(
+        "--retry-deadline",
+        type=_positive(float),
+        default=d.retry_deadline,
+        help="seconds after arrival past which no new attempt starts "
+        f"(default {d.retry_deadline:g})",
+    )
+    r.add_argument(
+        "--hold-timeout",
+        type=_positive(float, True),
+        default=d.hold_timeout,
+        help="a request that finds no healthy prefill or decode waits this many seconds for "
+        f"one, then gets a 503 with Retry-After (default {d.hold_timeout:g}; 0 = no hold)",
+    )
+    r.add_argument(
+        "--hold-max",
+        type=_positive(int, True),
+        default=d.hold_max,
+        help=f"requests held at once; more get the 503 at once (default {d.hold_max})",
+    )
+    r.add_argument(
+        "--eject-after-failures",
+        type=_positive(int),
+        default=d.eject_after_failures,
+        help="failed requests in a row that eject a worker for a growing backoff "
+        f"(--eject-backoff); never the last one of its role (default {d.eject_after_failures})",
+    )
+    r.add_argument(
+        "--first-token-timeout",
+        type=_positive(float, True),
+        default=d.first_token_timeout,
+        help="streams: longest wait for the decode's first bytes before the request is sent "
+        f"again elsewhere (default {d.first_token_timeout:g}; 0 = --idle-timeout)",
+    )
+    r.add_argument(
+        "--stall-timeout",
+        type=_positive(float, True),
+        default=d.stall_timeout,
+        help=f"streams: seconds without a token after which the stream is stalled: migrated "
+        f"(or ended); default 0 = {STALL_TPOTS} x --slo-tpot-ms, at least {MIN_STALL:g} s",
+    )
+    r.add_argument(
+        "--migrate",
+        action=argparse.BooleanOptionalAction,
+        default=d.migrate,
+        help="continue a stream whose decode died or stalled on another pair, where the "
+        "continuation is exact (default on)",
     )
     r.add_argument(
         "--prefix-chars",
@@ -531,6 +608,13 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         eject_backoff=ns.eject_backoff,
         eject_backoff_max=ns.eject_backoff_max,
         retries=ns.retries,
+        retry_deadline=ns.retry_deadline,
+        hold_timeout=ns.hold_timeout,
+        hold_max=ns.hold_max,
+        eject_after_failures=ns.eject_after_failures,
+        first_token_timeout=ns.first_token_timeout,
+        stall_timeout=ns.stall_timeout,
+        migrate=ns.migrate,
         max_body_bytes=int(ns.max_body_mb * MIB),
         drain_grace=ns.drain_grace,
         prefix_chars=ns.prefix_chars,

@@ -9,10 +9,20 @@ cancels the prefill; a client that goes away cancels the handler and with it bot
 (closing an upstream connection makes SGLang abort the request). On pooled connections both
 requests go out at once, the prefill's first.
 
-Only a leg whose connection could not be made (nothing sent) is retried, on other workers, with
-new rooms, up to `retries` times, and only before anything reached the client. For streams the
-response is committed at the decode's first bytes, which come after the prefill is done, so a
-failing prefill still gets a clean HTTP error instead of a broken stream.
+Retries: an attempt that fails before anything reached the client (a worker unreachable or
+resetting the connection, a 5xx or an error event as a stream's first bytes, a transfer failure,
+no first token within --first-token-timeout) is sent again on a freshly chosen pair (workers
+that failed in this request are avoided while others are routable) with new rooms, within the
+request's budget (`retries`) and deadline (`retry_deadline`). Never after the first byte
+reached the client, never for a client that went away (its task is cancelled), never for a
+4xx that the worker meant. Each failure counts against the worker it blames (outlier
+ejection, `WorkerPool.record_failure`). For streams the response is committed at the decode's
+first bytes, which come after the prefill is done, so a failing prefill still gets a clean HTTP
+error (or a retry) instead of a broken stream; a stream cut later is migrated
+(`kit.lb.migrate`).
+
+Hold: a request that finds no routable worker of a role waits for one up to `hold_timeout` s
+(at most `hold_max` requests at once), then gets a 503 with Retry-After.
 
 The legs go through `kit.lb.upstream` (the router's own HTTP/1.1 client); their time limits
 are the watchdog's (a guard per leg, no timer per request).
@@ -21,7 +31,10 @@ are the watchdog's (a guard per leg, no timer per request).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -29,6 +42,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from kit.lb import migrate
 from kit.lb.admission import (
     PRIORITIES,
     PRIORITY_HEADER,
@@ -94,6 +108,9 @@ class Exchange:
     cause: str = ""  # why the request failed (a metrics cause), for the access log
     admission: str = "off"  # admitted, rejected:REASON, or off
     ticket: Ticket | None = None
+    retries: int = 0  # attempts sent again on a fresh pair before the client got a byte
+    migrations: int = 0  # times the stream was continued on another pair
+    held_s: float = 0.0  # seconds spent waiting for a worker of a role with none routable
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +155,11 @@ class _Pair:
     """The two legs of one attempt: the prefill runs as a task, the decode in the handler; a
     failed prefill ends the decode leg (its pending read raises the prefill's error)."""
 
-    __slots__ = ("decode", "guard", "prefill_error", "prefill_task", "reported")
+    __slots__ = ("decode", "guard", "prefill_error", "prefill_task", "prefill_url", "reported")
 
-    def __init__(self, prefill_task: asyncio.Task[bytes], decode: _Leg) -> None:
+    def __init__(self, prefill_task: asyncio.Task[bytes], decode: _Leg, prefill_url: str) -> None:
         self.prefill_task = prefill_task
+        self.prefill_url = prefill_url
         self.decode = decode
         self.prefill_error: LegError | None = None
         self.reported = False  # the prefill's error reached the client (or was raised)
@@ -224,6 +242,7 @@ class Dispatcher:
         rng: random.Random,
         worker_headers: dict[str, str],
         on_connection_error: Callable[[Worker, str], None],
+        on_worker_failure: Callable[[Worker, str], None],
         on_failure: Callable[[ApiError], None],
         recent: RecentRequests,
         admission: Admission | None = None,
@@ -236,13 +255,23 @@ class Dispatcher:
         self._metrics = metrics
         self._rng = rng
         self._on_connection_error = on_connection_error
+        self._on_worker_failure = on_worker_failure
+        self.held = 0  # requests waiting for a worker now
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
         self._background: set[asyncio.Task[bytes]] = set()
         self._prefill_timeout = config.prefill_timeout or None
         self._request_timeout = config.request_timeout or None
         self._idle_timeout = config.idle_timeout or None
-        self._watchdog = Watchdog(self._prefill_timeout, self._request_timeout, self._idle_timeout)
+        self._first_token_timeout = config.first_token_timeout or self._idle_timeout
+        self._stall_timeout = config.stall_after if config.migrate else self._idle_timeout
+        self._watchdog = Watchdog(
+            self._prefill_timeout,
+            self._request_timeout,
+            self._idle_timeout,
+            self._first_token_timeout,
+            self._stall_timeout,
+        )
         self._needs_key = any(p.needs_key for p in policies.values())
         fixed = {"Content-Type": "application/json", **worker_headers}
         self._fixed_headers = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
@@ -257,25 +286,65 @@ class Dispatcher:
 
     # -- selection ---------------------------------------------------------------------------
 
-    def _pick(self, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
+    async def _pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
+        """A worker of `role` for the next attempt: one that has not failed in this request
+        when there is such, else any routable one; with none routable, hold."""
         workers = self._pool.routable(role)
-        if exclude:
-            workers = [w for w in workers if w.url not in exclude]
         if not workers:
-            raise self._no_worker(role, exclude)
+            workers = await self._hold(ex, role, exclude)
+        if exclude:
+            workers = [w for w in workers if w.url not in exclude] or workers
         return self._policies[role].choose(workers, key)
 
-    def _no_worker(self, role: Role, exclude: set[str]) -> ApiError:
+    async def _hold(self, ex: Exchange, role: Role, exclude: set[str]) -> list[Worker]:
+        """Wait up to `hold_timeout` s for a routable worker of `role` (a restart, a worker
+        coming back from an ejection); the 503 with Retry-After when none comes."""
+        config = self._config
+        if not self._pool.role(role) or config.hold_timeout <= 0 or self.held >= config.hold_max:
+            raise self._no_worker(role, exclude, held=False)
+        started = time.monotonic()
+        deadline = started + config.hold_timeout
+        self.held += 1
+        self._metrics.held = self.held
+        self._metrics.hold(role)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._no_worker(role, exclude, held=True)
+                await self._pool.wait_change(left)
+                workers = self._pool.routable(role)
+                if workers:
+                    return workers
+        finally:
+            self.held -= 1
+            self._metrics.held = self.held
+            ex.held_s += time.monotonic() - started
+
+    def _no_worker(self, role: Role, exclude: set[str], *, held: bool) -> ApiError:
         all_workers = self._pool.role(role)
         if not all_workers:
             return ApiError(503, f"no {role} worker is configured", f"no_{role}")
         why = "; ".join(
-            f"{w.url} failed in this request"
-            if w.url in exclude
-            else f"{w.url} {w.state.value} ({w.reason})"
+            f"{w.url} {w.state.value} ({w.reason})"
+            + (", failed in this request" if w.url in exclude else "")
             for w in all_workers
         )
-        return ApiError(503, f"no healthy {role} worker available: {why}", f"no_{role}")
+        config = self._config
+        if held:
+            waited = f" (waited {config.hold_timeout:g} s, --hold-timeout)"
+        elif config.hold_timeout > 0 and self.held >= config.hold_max:
+            waited = f" ({self.held} requests already wait for a worker, --hold-max)"
+        else:
+            waited = ""
+        now = time.monotonic()
+        back = min((max(w.next_probe_at - now, 0.0) for w in all_workers), default=0.0)
+        return ApiError(
+            503,
+            f"no healthy {role} worker available{waited}: {why}",
+            f"no_{role}",
+            headers={"Retry-After": str(max(1, math.ceil(back)))},
+        )
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -339,10 +408,10 @@ class Dispatcher:
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
         excluded: set[str] = set()
-        attempt = 0
+        deadline = ex.started + self._config.retry_deadline
         while True:
-            prefill = self._pick("prefill", key, excluded)
-            decode = self._pick("decode", key, excluded)
+            prefill = await self._pick(ex, "prefill", key, excluded)
+            decode = await self._pick(ex, "decode", key, excluded)
             if admission is not None:
                 prefill = self._admit(
                     ex,
@@ -355,30 +424,46 @@ class Dispatcher:
             body, room = pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
-            send = _Send(
-                pd.path_bytes,
-                b"%sContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n"
-                % (self._fixed_headers, len(body), ex.request_id.encode()),
-                body,
-            )
+            send = self._send(pd.path_bytes, body, ex.request_id)
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
                 return await self._unary(ex, prefill, decode, send)
             except LegError as error:
-                if not error.unsent:
-                    raise
-                role: Role = "prefill" if error.role == "prefill" else "decode"
-                worker = prefill if role == "prefill" else decode
-                self._on_connection_error(worker, str(error))
+                worker = prefill if error.blame == prefill.url else decode
+                self._blame(worker, error)
                 excluded.add(worker.url)
-                others = [w for w in self._pool.routable(role) if w.url not in excluded]
-                if attempt >= self._config.retries or not others:
+                if not self._may_retry(ex, error, deadline):
                     raise
                 ex.causes.append(error.cause)
-                attempt += 1
-                self._metrics.retry(role)
-                log.info("retrying on another %s worker: %s", role, error.message)
+                ex.retries += 1
+                self._metrics.retry(error.role)
+                log.info("sending again on a fresh pair: %s", error.message)
+
+    def _send(self, path: bytes, body: bytes, request_id: str) -> _Send:
+        return _Send(
+            path,
+            b"%sContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n"
+            % (self._fixed_headers, len(body), request_id.encode()),
+            body,
+        )
+
+    def _blame(self, worker: Worker, error: LegError) -> None:
+        """Count a failed leg against the worker it blames (a 4xx is the request's fault)."""
+        if error.unsent:
+            self._on_connection_error(worker, str(error))
+        elif error.retryable:
+            self._on_worker_failure(worker, error.message)
+
+    def _may_retry(self, ex: Exchange, error: LegError, deadline: float) -> bool:
+        """Whether a failed attempt is sent again: nothing reached the client, the failure is
+        the worker's (not a 4xx), and the budget and deadline allow."""
+        return (
+            ex.out is None
+            and error.retryable
+            and ex.retries + ex.migrations < self._config.retries
+            and time.monotonic() < deadline
+        )
 
     # -- legs --------------------------------------------------------------------------------
 
@@ -471,6 +556,8 @@ class Dispatcher:
                 raw_body=data,
                 raw_content_type=content_type,
             )
+        if worker.failures:
+            self._pool.record_served(worker)
         return data if keep else b""
 
     def _start(self, ex: Exchange, prefill: Worker, send: _Send, keep: bool) -> _Pair:
@@ -481,7 +568,7 @@ class Dispatcher:
         if ex.ticket is not None:
             prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
         ex.sent_at = time.monotonic()
-        return _Pair(prefill_task, _Leg())
+        return _Pair(prefill_task, _Leg(), prefill.url)
 
     def _prefill_ended(self, ex: Exchange, task: asyncio.Task[bytes]) -> None:
         """Admission's accounting of a prefill leg (started when admitted): it left the queue,
@@ -541,6 +628,8 @@ class Dispatcher:
                 raise self._decode_failed(pair, decode, error) from None
             finally:
                 ex.decode_s = time.monotonic() - leg.started
+            if status >= 500:
+                raise self._decode_status(pair, decode, status, content_type, data)
             if status >= 300:
                 pair.cancel()
                 ex.causes.append("decode_status")
@@ -548,6 +637,8 @@ class Dispatcher:
                 prefill_data = await pair.prefill_task
                 data = merge_body(pd.merge, prefill_data, data)
             finished = True
+            if status < 300 and decode.failures:
+                self._pool.record_served(decode)
             self._finish_in_background(pair)
             return web.Response(
                 body=data,
@@ -567,7 +658,7 @@ class Dispatcher:
         keep = pd.merge is not Merge.NONE
         pair = self._start(ex, prefill, send, keep)
         guard = pair.guard = self._watchdog.watch(
-            pair.expire, total=self._request_timeout, idle=self._idle_timeout
+            pair.expire, total=self._request_timeout, idle=self._first_token_timeout
         )
         if not decode.inflight:
             decode.progress_at = guard.last  # a busy period begins
@@ -581,6 +672,10 @@ class Dispatcher:
                 raise self._decode_failed(pair, decode, error) from None
             if upstream.status >= 300:
                 data = await self._read_error(pair, decode, upstream)
+                if upstream.status >= 500:
+                    raise self._decode_status(
+                        pair, decode, upstream.status, upstream.content_type, data
+                    )
                 pair.cancel()
                 ex.causes.append("decode_status")
                 finished = True
@@ -596,6 +691,12 @@ class Dispatcher:
                 first = await upstream.first()
             except (UpstreamError, TimeoutError, LegError) as exc:
                 raise self._stream_failure(pair, decode, exc) from None
+            failed = first_event_error(first)
+            if failed is not None and failed >= 500:  # a 4xx event is the worker's verdict
+                with contextlib.suppress(UpstreamError, TimeoutError, LegError):
+                    first += await upstream.read()
+                raise self._decode_status(pair, decode, failed, "application/json", first)
+            guard.idle = self._stall_timeout
             out = web.StreamResponse(
                 status=upstream.status,
                 headers=self._response_headers(ex, upstream.content_type or "text/event-stream"),
@@ -623,16 +724,27 @@ class Dispatcher:
                 ex.causes.append("client_disconnect")
                 return out
             except (UpstreamError, TimeoutError, LegError) as exc:
-                failure = self._stream_failure(pair, decode, exc)
-                ex.causes.append(failure.cause)
-                ex.cause = failure.cause
-                self._on_failure(failure)
+                cut = self._stream_failure(pair, decode, exc)
+                pair.cancel()  # a stalled leg is cancelled before the stream moves on
+                if isinstance(cut, LegError):
+                    self._blame(decode, cut)
                 try:
-                    await relay.fail(failure)
+                    failure = await self._migrate(ex, relay, cut)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
+                    return out
+                if failure is not None:
+                    ex.causes.append(failure.cause)
+                    ex.cause = failure.cause
+                    self._on_failure(failure)
+                    try:
+                        await relay.fail(failure)
+                    except ClientGone:
+                        ex.causes.append("client_disconnect")
             else:
-                if ex.ticket is not None:
+                if decode.failures:
+                    self._pool.record_served(decode)
+                if ex.ticket is not None and not ex.migrations:
                     self._learn(ex, ex.ticket, relay, decode, (batch + decode.inflight) / 2)
             finished = True
             self._finish_in_background(pair)
@@ -641,6 +753,132 @@ class Dispatcher:
             self._watchdog.release(guard)
             decode.inflight -= 1
             ex.decode_s = time.monotonic() - pair.decode.started
+            if not finished:
+                pair.cancel()
+            elif upstream is not None:
+                upstream.release()
+
+    # -- migration ---------------------------------------------------------------------------
+
+    def _migration_refusal(self, ex: Exchange, cut: ApiError) -> tuple[str, str] | None:
+        """(label, why) when a cut stream is not continued; None when it is."""
+        if not self._config.migrate:
+            return "off", "migration is off (--no-migrate)"
+        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
+            return "limit", "the request ran out of time"
+        if ex.retries + ex.migrations >= self._config.retries:
+            return "budget", f"the request used its {self._config.retries} retries (--retries)"
+        why = migrate.refusal(ex.pd)
+        if why is not None:
+            return "inexact", f"a continuation would not be exact: {why}"
+        return None
+
+    async def _migrate(self, ex: Exchange, relay: StreamRelay, cut: ApiError) -> ApiError | None:
+        """Continue a stream whose decode died or stalled on fresh pairs, with the prompt
+        plus the tokens the client got (`kit.lb.migrate`); None when the stream ended well,
+        else the error its last event reports. ClientGone when the client left."""
+        excluded = {cut.blame} if isinstance(cut, LegError) else set()
+        while True:
+            refused = self._migration_refusal(ex, cut)
+            if refused is not None:
+                label, why = refused
+                self._metrics.migration_refused(label)
+                return ApiError(
+                    cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
+                )
+            sent = migrate.sent_so_far(ex.pd, relay.last_data)
+            following = migrate.continuation(ex.pd, sent)
+            if following is None:  # every token was sent: only the end was missing
+                await relay.finish()
+                return None
+            ex.migrations += 1
+            self._metrics.migrate("stalled" if cut.cause == "decode_stalled" else "died")
+            log.info("continuing a stream on another pair: %s", cut.message)
+            try:
+                prefill = await self._pick(ex, "prefill", None, excluded)
+                decode = await self._pick(ex, "decode", None, excluded)
+            except ApiError as error:
+                return ApiError(
+                    error.status,
+                    f"{cut.message}; the stream could not be continued: {error.message}",
+                    error.cause,
+                )
+            body, room = following.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
+            ex.path = PathRecord(
+                ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
+            )
+            self._recent.chose(ex.path)
+            send = self._send(ex.pd.path_bytes, body, ex.request_id)
+            try:
+                await self._continue(
+                    ex,
+                    relay,
+                    prefill=prefill,
+                    decode=decode,
+                    send=send,
+                    rejoin=migrate.Rejoin(sent),
+                )
+                return None
+            except LegError as error:
+                worker = prefill if error.blame == prefill.url else decode
+                self._blame(worker, error)
+                excluded.add(worker.url)
+                cut = error
+            except ApiError as error:
+                return error
+
+    async def _continue(
+        self,
+        ex: Exchange,
+        relay: StreamRelay,
+        *,
+        prefill: Worker,
+        decode: Worker,
+        send: _Send,
+        rejoin: migrate.Rejoin,
+    ) -> None:
+        """One attempt at the rest of a stream: both legs, then the new decode's events
+        rewritten into the client's stream; raises the attempt's error (LegError)."""
+        pair = self._start(ex, prefill, send, False)
+        guard = pair.guard = self._watchdog.watch(
+            pair.expire, total=self._request_timeout, idle=self._first_token_timeout
+        )
+        if not decode.inflight:
+            decode.progress_at = guard.last
+        decode.inflight += 1
+        finished = False
+        upstream: Connection | None = None
+        try:
+            try:
+                upstream = await self._open("decode", decode, send, pair.decode)
+            except LegError as error:
+                raise self._decode_failed(pair, decode, error) from None
+            try:
+                if upstream.status >= 300:
+                    data = await upstream.read()
+                    raise self._decode_status(
+                        pair, decode, upstream.status, upstream.content_type, data
+                    )
+                first = await upstream.first()
+                failed = first_event_error(first)
+                if failed is not None:
+                    raise self._decode_status(pair, decode, failed, "application/json", first)
+                guard.idle = self._stall_timeout
+                relay.rebind(guard, decode, rejoin)
+                await relay.run(upstream, first)
+            except (UpstreamError, TimeoutError) as exc:
+                raise self._stream_failure(pair, decode, exc) from None
+            except LegError as exc:
+                if exc is pair.prefill_error or pair.guard.expired:
+                    raise self._stream_failure(pair, decode, exc) from None
+                raise
+            if decode.failures:
+                self._pool.record_served(decode)
+            finished = True
+            self._finish_in_background(pair)
+        finally:
+            self._watchdog.release(guard)
+            decode.inflight -= 1
             if not finished:
                 pair.cancel()
             elif upstream is not None:
@@ -670,11 +908,17 @@ class Dispatcher:
             return ApiError(
                 504, f"the request took longer than --request-timeout {limit:g} s", "timeout"
             )
+        config = self._config
+        if guard.idle == self._first_token_timeout and guard.idle != self._stall_timeout:
+            flag = "--first-token-timeout" if config.first_token_timeout else "--idle-timeout"
+        elif config.migrate:
+            flag = "--stall-timeout"
+        else:
+            flag = "--idle-timeout"
         return LegError(
             504,
-            f"decode worker {decode.url} sent nothing for {self._config.idle_timeout:g} s "
-            "(--idle-timeout)",
-            "decode_timeout",
+            f"decode worker {decode.url} sent nothing for {guard.idle or 0:g} s ({flag})",
+            "decode_stalled" if flag == "--stall-timeout" else "decode_timeout",
             role="decode",
             worker=decode.url,
         )
@@ -687,6 +931,25 @@ class Dispatcher:
             return pair.take_error()
         return _leg_error("decode", decode, exc)
 
+    def _decode_status(
+        self, pair: _Pair, decode: Worker, status: int, content_type: str, data: bytes
+    ) -> LegError:
+        """A decode's own error status (or a stream's first event that is an error). One
+        that came while the prefill leg had not ended blames the prefill: SGLang's decode
+        reports a prefill it lost ("Lost connection with prefill instance")."""
+        pending = not pair.prefill_task.done()
+        snippet = data[:300].decode("utf-8", "replace")
+        return LegError(
+            status,
+            f"decode worker {decode.url} answered {status}: {snippet}",
+            "decode_status",
+            role="decode",
+            worker=decode.url,
+            raw_body=data if data.lstrip().startswith(b"{") else None,
+            raw_content_type=content_type or "application/json",
+            blame=pair.prefill_url if pending else None,
+        )
+
     async def _read_error(self, pair: _Pair, decode: Worker, upstream: Connection) -> bytes:
         try:
             return await upstream.read()
@@ -695,6 +958,30 @@ class Dispatcher:
 
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:
         return {"Content-Type": content_type, **path_headers(ex)}
+
+
+def first_event_error(first: bytes) -> int | None:
+    """The status of a stream whose first event is an error (SGLang sends its failures after
+    the 200 head: `data: {"error": {...}}` or `data: {"object": "error", ...}`), else None; a
+    status under 500 counts as 500 only when the event names none."""
+    head = first.lstrip()
+    if not head.startswith(b"data:"):
+        return None
+    payload = head[5:].lstrip()
+    if not (
+        payload.startswith(b'{"error"')
+        or payload.startswith(b'{"object":"error"')
+        or payload.startswith(b'{"object": "error"')
+    ):
+        return None
+    line = payload.split(b"\n", 1)[0]
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return 502
+    error = event.get("error", event) if isinstance(event, dict) else {}
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) and 400 <= code <= 599 else 502
 
 
 def path_headers(ex: Exchange) -> dict[str, str]:

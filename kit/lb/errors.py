@@ -98,8 +98,10 @@ class LegError(ApiError):
     """One leg of a PD request failed.
 
     `role` is ``prefill`` or ``decode``; `worker` is the worker's URL. `unsent` is true when the
-    request never left the load balancer (the connection could not be made), which is the only
-    case where retrying on another worker is safe.
+    request never left the load balancer (the connection could not be made). `blame` is the
+    URL of the worker the failure counts against (outlier ejection): the leg's own worker,
+    except a decode that failed while its prefill had not finished (SGLang's decode reports
+    a prefill it lost: "Lost connection with prefill instance").
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class LegError(ApiError):
         unsent: bool = False,
         raw_body: bytes | None = None,
         raw_content_type: str | None = None,
+        blame: str | None = None,
     ) -> None:
         super().__init__(
             status, message, cause, raw_body=raw_body, raw_content_type=raw_content_type
@@ -120,6 +123,14 @@ class LegError(ApiError):
         self.role = role
         self.worker = worker
         self.unsent = unsent
+        self.blame = worker if blame is None else blame
+
+    @property
+    def retryable(self) -> bool:
+        """Whether sending the request again elsewhere may succeed: the worker was not
+        reached, or failed on its side (5xx, a broken connection, a timeout). A 4xx is the
+        worker's verdict on the request and is passed on."""
+        return self.unsent or self.status >= 500
 
 
 def _is_json_object(body: bytes, content_type: str | None) -> bool:

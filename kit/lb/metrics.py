@@ -14,7 +14,11 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_time_to_first_token_seconds{route}       histogram (streams)
     pdkit_lb_inter_token_latency_seconds{route}       histogram (streams)
     pdkit_lb_errors_total{cause}                      counter
-    pdkit_lb_retries_total{role}                      counter
+    pdkit_lb_retries_total{role}                      counter (the role whose leg failed)
+    pdkit_lb_migrations_total{reason}                 counter (died, stalled)
+    pdkit_lb_migrations_refused_total{reason}         counter (why a cut stream was not continued)
+    pdkit_lb_held_total{role}                         counter (requests that waited for a worker)
+    pdkit_lb_held_requests                            gauge
     pdkit_lb_inflight_requests                        gauge
     pdkit_lb_draining                                 gauge (1 after SIGTERM)
     pdkit_lb_worker_inflight{worker,role}             gauge
@@ -118,6 +122,10 @@ class LbMetrics:
         self.requests: dict[tuple[str, int], int] = {}
         self.errors: dict[str, int] = {}
         self.retries: dict[str, int] = {}
+        self.migrations: dict[str, int] = {}
+        self.migrations_refused: dict[str, int] = {}
+        self.holds: dict[str, int] = {}
+        self.held = 0
         self.inflight = 0
         self.draining = False
         self.duration = _Family(
@@ -167,6 +175,15 @@ class LbMetrics:
     def retry(self, role: str) -> None:
         self.retries[role] = self.retries.get(role, 0) + 1
 
+    def migrate(self, reason: str) -> None:
+        self.migrations[reason] = self.migrations.get(reason, 0) + 1
+
+    def migration_refused(self, reason: str) -> None:
+        self.migrations_refused[reason] = self.migrations_refused.get(reason, 0) + 1
+
+    def hold(self, role: str) -> None:
+        self.holds[role] = self.holds.get(role, 0) + 1
+
     def admit(self, priority: str) -> None:
         self.admitted[priority] = self.admitted.get(priority, 0) + 1
 
@@ -190,10 +207,34 @@ class LbMetrics:
         for cause, count in sorted(self.errors.items()):
             errors.add_metric([cause], count)
         retries = CounterMetricFamily(
-            "pdkit_lb_retries", "Retries on another worker", labels=["role"]
+            "pdkit_lb_retries",
+            "Requests sent again on a fresh pair before the client got a byte, by the role "
+            "whose leg failed",
+            labels=["role"],
         )
         for role, count in sorted(self.retries.items()):
             retries.add_metric([role], count)
+        migrations = CounterMetricFamily(
+            "pdkit_lb_migrations",
+            "Streams continued on another pair, by why the decode leg ended (died, stalled)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.migrations.items()):
+            migrations.add_metric([reason], count)
+        refused = CounterMetricFamily(
+            "pdkit_lb_migrations_refused",
+            "Cut streams that could not be continued exactly (they end with an error event)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.migrations_refused.items()):
+            refused.add_metric([reason], count)
+        holds = CounterMetricFamily(
+            "pdkit_lb_held",
+            "Requests that waited for a worker of a role that had none routable",
+            labels=["role"],
+        )
+        for role, count in sorted(self.holds.items()):
+            holds.add_metric([role], count)
         yield from (
             requests,
             self.duration.family(),
@@ -201,6 +242,12 @@ class LbMetrics:
             self.itl.family(),
             errors,
             retries,
+            migrations,
+            refused,
+            holds,
+        )
+        yield GaugeMetricFamily(
+            "pdkit_lb_held_requests", "Requests waiting for a worker now", value=self.held
         )
         yield GaugeMetricFamily(
             "pdkit_lb_inflight_requests", "Client requests in flight", value=self.inflight

@@ -7,8 +7,10 @@ the router's own options (the topology's `router:`), which `kit.lb.config` parse
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
+from kit.lb.config import LbConfig, stall_timeout_for
 from kit.net import bare_host
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.plan import WorkerProcess
@@ -63,6 +65,67 @@ def admission_args(topology: Topology) -> list[str]:
     ]
 
 
+def fault_args(topology: Topology) -> list[str]:
+    """pdkit router flags for `router.faults`: only those that differ from the router's own
+    defaults (which are the schema's), so a topology that leaves them alone renders none.
+    The stall timeout follows the topology's TPOT objective unless set."""
+    faults = topology.router.faults
+    d = LbConfig(prefill=(), decode=())
+    stall = (faults.stall_timeout_ms or 0) / 1000 or stall_timeout_for(topology.slo.tpot_ms / 1000)
+    default_stall = stall_timeout_for(d.slo_tpot)
+    admission = topology.router.admission
+    if admission.enabled:  # the router derives it from the --slo-tpot-ms it is given
+        default_stall = stall_timeout_for((admission.tpot_ms or topology.slo.tpot_ms) / 1000)
+    values: list[tuple[str, float | int, float | int]] = [
+        ("--retries", faults.retries, d.retries),
+        ("--retry-deadline", faults.retry_deadline_s, d.retry_deadline),
+        ("--eject-after-failures", faults.eject_after_failures, d.eject_after_failures),
+        ("--hold-timeout", faults.hold_timeout_s, d.hold_timeout),
+        ("--first-token-timeout", faults.first_token_timeout_s, d.first_token_timeout),
+        ("--stall-timeout", stall, default_stall),
+    ]
+    args: list[str] = []
+    for flag, value, default in values:
+        if value != default:
+            args += [flag, f"{value:g}"]
+    if faults.eject_backoff_s != d.eject_backoff:
+        args += ["--eject-backoff", f"{faults.eject_backoff_s:g}"]
+        if faults.eject_backoff_s > d.eject_backoff_max:
+            args += ["--eject-backoff-max", f"{faults.eject_backoff_s:g}"]
+    if not faults.migrate:
+        args.append("--no-migrate")
+    return args
+
+
+def smg_fault_args(topology: Topology) -> list[str]:
+    """smg 1.13's flags for `router.faults`: `--retry-max-retries` counts every attempt
+    (its `--disable-retries` is 1), so it is our retries + 1; the circuit breaker opens after
+    our failures in a row and stays open for our first ejection time."""
+    faults = topology.router.faults
+    if faults.retries == 0:
+        retry = ["--disable-retries"]
+    else:
+        retry = [
+            "--retry-max-retries",
+            str(faults.retries + 1),
+            "--retry-initial-backoff-ms",
+            f"{faults.retry_backoff_ms:g}",
+        ]
+    return [
+        *retry,
+        "--cb-failure-threshold",
+        str(faults.eject_after_failures),
+        "--cb-timeout-duration-secs",
+        str(max(1, math.ceil(faults.eject_backoff_s))),
+    ]
+
+
 def settings_args(topology: Topology, policies: dict[str, str]) -> list[str]:
-    """pdkit's router options: listen address, policies, admission, then `router.args`."""
-    return common_args(topology, policies) + admission_args(topology) + extra_args(topology)
+    """pdkit's router options: listen address, policies, admission, faults, then
+    `router.args`."""
+    return (
+        common_args(topology, policies)
+        + admission_args(topology)
+        + fault_args(topology)
+        + extra_args(topology)
+    )

@@ -79,6 +79,7 @@ class LoadBalancer:
             readmit_after=config.readmit_after,
             backoff=config.eject_backoff,
             backoff_max=config.eject_backoff_max,
+            eject_after_failures=config.eject_after_failures,
         )
         self.pool = WorkerPool(rules, listener=self._on_transition)
         now = time.monotonic()
@@ -225,6 +226,7 @@ class LoadBalancer:
             rng=self.rng,
             worker_headers=self._worker_headers,
             on_connection_error=self._on_connection_error,
+            on_worker_failure=self._on_worker_failure,
             on_failure=self._log_failure,
             recent=self.recent,
             admission=self.admission,
@@ -292,6 +294,11 @@ class LoadBalancer:
 
     def _on_connection_error(self, worker: Worker, detail: str) -> None:
         backoff = self.pool.record_connection_error(worker, detail, time.monotonic())
+        if backoff is not None and self._monitor is not None:
+            self._monitor.wake(worker)
+
+    def _on_worker_failure(self, worker: Worker, detail: str) -> None:
+        backoff = self.pool.record_failure(worker, detail, time.monotonic())
         if backoff is not None and self._monitor is not None:
             self._monitor.wake(worker)
 

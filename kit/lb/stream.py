@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from kit.lb.errors import ApiError
-from kit.lb.logprobs import StreamMerger
 from kit.lb.metrics import Histogram
 from kit.lb.upstream import Connection
 from kit.lb.watchdog import Guard
@@ -31,6 +31,12 @@ from kit.lb.workers import Worker
 DONE_EVENT = b"data: [DONE]\n\n"
 # A stream that never shows an event boundary is flushed anyway past this many bytes.
 MAX_PENDING = 1024 * 1024
+
+
+class EventRewriter(Protocol):
+    """Rewrites one `data:` payload (logprobs merged, or a migrated stream rejoined)."""
+
+    def event(self, payload: bytes) -> bytes: ...
 
 
 class ClientGone(Exception):
@@ -53,7 +59,7 @@ class StreamRelay:
         itl: Histogram,
         guard: Guard,
         worker: Worker,
-        merger: StreamMerger | None = None,
+        merger: EventRewriter | None = None,
     ) -> None:
         self._out = out
         self._request = request
@@ -71,6 +77,16 @@ class StreamRelay:
         self._last_event_at: float | None = None  # None until the first event went out
         self._done_sent = False
         self.events = 0
+        self.last_data: bytes | None = None  # the last events the client got (migration)
+
+    def rebind(self, guard: Guard, worker: Worker, merger: EventRewriter | None) -> None:
+        """Continue the same client stream from another decode (a migration): its events go
+        through `merger`; token timing carries on (no second TTFT)."""
+        self._guard = guard
+        self._worker = worker
+        self._merger = merger
+        self._pending = b""
+        self._upstream = None
 
     async def run(self, upstream: Connection, first: bytes) -> None:
         """Forward `first` and the rest of `upstream` until its end.
@@ -140,6 +156,7 @@ class StreamRelay:
         events = data.count(b"data:")
         if events:
             self._account(data, events, now)
+            self.last_data = data
         return data
 
     def _write(self, data: bytes) -> None:
@@ -158,6 +175,17 @@ class StreamRelay:
         if self._pending:
             data, self._pending = self._pending, b""
             self._write(self._prepare(data))
+
+    async def finish(self) -> None:
+        """End the stream with `[DONE]` (a migrated stream whose last token had been sent)."""
+        self._pending = b""
+        if self._done_sent:
+            return
+        self._done_sent = True
+        try:
+            await self._out.write(DONE_EVENT)
+        except ConnectionError as exc:
+            raise ClientGone(str(exc)) from exc
 
     async def fail(self, error: ApiError) -> None:
         """End the stream with an error event and `[DONE]` (drops an incomplete tail)."""
@@ -196,7 +224,7 @@ class StreamRelay:
         self._last_event_at = now
 
 
-def merge_events(merger: StreamMerger, data: bytes) -> bytes:
+def merge_events(merger: EventRewriter, data: bytes) -> bytes:
     """Rewrite every `data:` line of complete SSE events with `merger`."""
     lines = data.split(b"\n")
     for i, line in enumerate(lines):

@@ -9,14 +9,24 @@ that the routable lists stay current:
                                    failure: a busy SGLang answers /health late)
        ▲                            │  ▲                                      │
        │                            │  └──────`readmit_after` good probes─────┘
-       │                            └──connection error: out for a backoff──▶ unhealthy
+       │                            ├──connection error: out for a backoff──▶ unhealthy
+       │                            └──`eject_after_failures` failed requests in a row──▶ unhealthy
+       │                               (5xx, transport, timeouts, stalls: outlier detection as
+       │                               in Envoy), while another worker of its role is routable;
+       │                               out for a backoff growing with each such ejection
     (added)                     any ──admin remove──▶ draining ──in-flight 0──▶ (removed)
+
+An unhealthy worker is probed every `recovery_interval` s (at most 0.5 s), and one that was out
+because it refused connections (it was down) is readmitted at its first good probe, so that a
+restarted worker is routable again within half a second of answering: requests held for its
+role are waiting.
 
 Times are `time.monotonic()` seconds, passed in so the rules are testable without a clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
 from collections.abc import Callable, Iterator
@@ -47,6 +57,12 @@ class HealthRules:
     readmit_after: int = 2
     backoff: float = 1.0
     backoff_max: float = 30.0
+    eject_after_failures: int = 3
+
+    @property
+    def recovery_interval(self) -> float:
+        """Seconds between probes of a worker that is out (at most 0.5 s)."""
+        return min(self.interval, 0.5)
 
     def backoff_for(self, repeats: int) -> float:
         """Ejection time (s) after the `repeats`-th connection error in a row (1-based)."""
@@ -74,6 +90,9 @@ class Worker:
     failed_probes: int = 0
     good_probes: int = 0
     connection_errors: int = 0
+    # Failed requests in a row (any cause but the client's), and outlier ejections in a row.
+    failures: int = 0
+    failure_ejections: int = 0
     next_probe_at: float = 0.0
     probes_ok: int = 0
     probes_failed: int = 0
@@ -131,6 +150,7 @@ class WorkerPool:
         self._workers: dict[str, Worker] = {}
         self._routable: dict[Role, list[Worker]] = {"prefill": [], "decode": []}
         self._listener = listener
+        self._waiters: list[asyncio.Future[None]] = []
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(list(self._workers.values()))
@@ -172,17 +192,35 @@ class WorkerPool:
         within `busy_grace` s."""
         return worker.inflight > 0 and now - worker.progress_at < self.rules.busy_grace
 
+    async def wait_change(self, timeout: float) -> None:
+        """Wait until the routable workers change, or `timeout` s (no error either way)."""
+        if timeout <= 0:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
     def record_probe(self, worker: Worker, ok: bool, detail: str, now: float) -> None:
         """Apply one active health probe result; schedules the next probe."""
         rules = self.rules
-        worker.next_probe_at = now + rules.interval
+        out = worker.state is State.UNHEALTHY
+        worker.next_probe_at = now + (rules.recovery_interval if out else rules.interval)
         if ok:
             worker.probes_ok += 1
             worker.good_probes += 1
             worker.failed_probes = 0
             worker.last_probe_error = None
+            # A worker that refused connections was down; answering, it is back.
+            needed = 1 if worker.reason_kind == "connection_error" else rules.readmit_after
             if worker.state is State.PENDING or (
-                worker.state is State.UNHEALTHY and worker.good_probes >= rules.readmit_after
+                worker.state is State.UNHEALTHY and worker.good_probes >= needed
             ):
                 self._set(worker, State.HEALTHY, "", "", now)
             return
@@ -218,9 +256,39 @@ class WorkerPool:
         self._set(worker, State.UNHEALTHY, reason, "connection_error", now)
         return backoff
 
+    def record_failure(self, worker: Worker, detail: str, now: float) -> float | None:
+        """Outlier detection: one more request failed on `worker` (a 5xx, a broken
+        connection, a timeout, a stall). After `eject_after_failures` in a row it is out for
+        a backoff that grows with each such ejection, unless it is the last routable worker
+        of its role (then the failures only count: ejecting it would fail every request).
+
+        Returns the backoff in seconds when this failure ejected it, else None.
+        """
+        worker.failures += 1
+        if worker.state is not State.HEALTHY or worker.failures < self.rules.eject_after_failures:
+            return None
+        if not any(w is not worker for w in self._routable[worker.role]):
+            return None
+        worker.failure_ejections += 1
+        backoff = self.rules.backoff_for(worker.failure_ejections)
+        worker.failures = 0
+        worker.good_probes = 0
+        worker.next_probe_at = now + backoff
+        reason = (
+            f"{self.rules.eject_after_failures} requests failed in a row: {detail} "
+            f"(out for at least {backoff:g} s)"
+        )
+        self._set(worker, State.UNHEALTHY, reason, "failures", now)
+        return backoff
+
     def record_success(self, worker: Worker) -> None:
-        """A request went through: the connection-error backoff starts over."""
+        """A connection went through: the connection-error backoff starts over."""
         worker.connection_errors = 0
+
+    def record_served(self, worker: Worker) -> None:
+        """A request's leg ended well on `worker`: its failure counts start over."""
+        worker.failures = 0
+        worker.failure_ejections = 0
 
     def _set(self, worker: Worker, state: State, reason: str, kind: str, now: float) -> None:
         old = worker.state
@@ -241,3 +309,7 @@ class WorkerPool:
             self._routable[role] = [
                 w for w in self._workers.values() if w.role == role and w.routable
             ]
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)

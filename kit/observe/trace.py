@@ -64,6 +64,9 @@ class AccessRecord:
     tokens: int | None = None
     cause: str | None = None
     admission: str | None = None
+    retries: int = 0
+    migrations: int = 0
+    held_ms: float | None = None
     in_flight: bool = False
     age_ms: float | None = None
     """In flight: how long it had been running when the router was asked."""
@@ -172,6 +175,9 @@ def parse_access(line: str) -> AccessRecord | None:
         tokens=_int(data.get("tokens")),
         cause=str(data["cause"]) if data.get("cause") else None,
         admission=str(data["admission"]) if data.get("admission") else None,
+        retries=_int(data.get("retries")) or 0,
+        migrations=_int(data.get("migrations")) or 0,
+        held_ms=_number(data.get("held_ms")) or None,
     )
 
 
@@ -255,6 +261,15 @@ def _router_steps(access: AccessRecord, origin: float, prefill: str, decode: str
     if access.queued_ms:
         admission = f" (admission {access.admission})" if access.admission else ""
         steps.append(Step(start, dispatched, "router", f"dispatch{admission}"))
+    if access.held_ms:
+        steps.append(
+            Step(start, start + access.held_ms, "router", "held: no routable worker of a role")
+        )
+    if access.retries:
+        again = "once" if access.retries == 1 else f"{access.retries} times"
+        steps.append(
+            Step(start, dispatched, "router", f"sent again on a fresh pair {again} (a leg failed)")
+        )
     if access.in_flight and access.age_ms is not None:
         steps.append(Step(start, start + access.age_ms, "router", "waiting for the answer"))
     if access.prefill_ms is not None:
@@ -271,7 +286,10 @@ def _router_steps(access: AccessRecord, origin: float, prefill: str, decode: str
         ended = f"answered {access.status}" if access.status is not None else "ended"
         tokens = f", {access.tokens} tokens" if access.tokens is not None else ""
         cause = f" ({access.cause})" if access.cause else ""
-        steps.append(Step(start + access.e2e_ms, None, "router", f"{ended}{tokens}{cause}"))
+        moved = ""
+        if access.migrations:
+            moved = f", stream migrated {access.migrations}x (legs shown: the last pair)"
+        steps.append(Step(start + access.e2e_ms, None, "router", f"{ended}{tokens}{cause}{moved}"))
     return steps
 
 

@@ -26,11 +26,16 @@ ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
 
 def smg_settings_args(topology: Topology, policies: dict[str, str]) -> list[str]:
     """smg's own options after `launch --pd-disaggregation`: listen address, policies, its
-    Prometheus listener, then `router.args`."""
+    Prometheus listener, retries and circuit breaker (`router.faults`), then `router.args`."""
     router = topology.router
     metrics = ["--prometheus-host", bare_host(router.bind)]
     metrics += ["--prometheus-port", str(router.metrics_port)]
-    return lb.common_args(topology, policies) + metrics + lb.extra_args(topology)
+    return (
+        lb.common_args(topology, policies)
+        + metrics
+        + lb.smg_fault_args(topology)
+        + lb.extra_args(topology)
+    )
 
 
 def build_router(

@@ -45,6 +45,10 @@ smg \
   --decode-policy round_robin \
   --prometheus-host 0.0.0.0 \
   --prometheus-port 29000 \
+  --retry-max-retries 4 \
+  --retry-initial-backoff-ms 50 \
+  --cb-failure-threshold 3 \
+  --cb-timeout-duration-secs 1 \
   --api-key "$PDKIT_ROUTER_API_KEY"
 
 ## host gpu-b (10.0.2.2)

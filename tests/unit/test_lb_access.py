@@ -29,6 +29,9 @@ KEYS = {
     "tokens",
     "cause",
     "admission",
+    "retries",
+    "migrations",
+    "held_ms",
 }
 
 

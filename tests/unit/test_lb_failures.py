@@ -165,17 +165,20 @@ def test_an_unreachable_decode_is_retried_on_another():
     run(scenario())
 
 
-def test_no_reachable_worker_is_a_502_then_503_with_the_reason():
+def test_no_reachable_worker_is_a_503_with_the_reason_and_retry_after():
     async def scenario():
         async with running_cluster(
-            1, 1, args=["--eject-backoff", "30", "--eject-backoff-max", "30"]
+            1,
+            1,
+            args=["--eject-backoff", "30", "--eject-backoff-max", "30", "--hold-timeout", "0"],
         ) as c:
             await c.decode[0].stop()
-            status, body, _ = await c.post("/generate", {"text": "x"})
-            assert status == 502 and "cannot reach decode worker" in body["error"]["message"]
-            status, body, _ = await c.post("/generate", {"text": "x"})
-            assert status == 503 and "no healthy decode worker" in body["error"]["message"]
-            assert "connection error" in body["error"]["message"]
+            for _ in range(2):
+                status, body, headers = await c.post("/generate", {"text": "x"})
+                assert status == 503 and "no healthy decode worker" in body["error"]["message"]
+                assert "connection error" in body["error"]["message"]
+                assert body["error"]["type"] == "service_unavailable"
+                assert int(headers["Retry-After"]) >= 1
             status, _, _ = await c.get("/readiness")
             assert status == 503
 
@@ -251,7 +254,7 @@ def test_a_prefill_that_takes_too_long_is_a_504():
 
 def test_a_stalled_stream_ends_with_a_timeout_event():
     async def scenario():
-        async with running_cluster(1, 1, args=["--idle-timeout", "0.2"]) as c:
+        async with running_cluster(1, 1, args=["--idle-timeout", "0.2", "--no-migrate"]) as c:
             c.decode[0].token_delay = 1.0
             status, raw, _ = await c.post("/generate", {"text": "x", "stream": True})
             events = sse_events(raw)
@@ -264,10 +267,10 @@ def test_a_stalled_stream_ends_with_a_timeout_event():
 
 def test_a_stream_whose_decode_never_answers_is_a_504_before_anything_is_sent():
     async def scenario():
-        async with running_cluster(1, 1, args=["--idle-timeout", "0.2"]) as c:
+        async with running_cluster(1, 1, args=["--first-token-timeout", "0.2"]) as c:
             c.decode[0].hang = True
             status, body, _ = await c.post("/generate", {"text": "x", "stream": True})
-            assert status == 504 and "--idle-timeout" in body["error"]["message"]
+            assert status == 504 and "--first-token-timeout" in body["error"]["message"]
             await c.wait_for(lambda: c.decode[0].cancelled, what="decode leg cancelled")
 
     run(scenario())

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from kit.lb.config import parse_args
 from kit.plan.resolve import resolve
 from kit.plan.shell import plan_to_shell
 from tests.conftest import REPO, TOPOLOGIES, base_topology
@@ -141,7 +142,7 @@ def test_per_gpu_nic_map_uses_the_instance_gpus():
 def test_router_secret_is_referenced_never_inlined():
     plan = resolve(REPO / "topologies" / "qwen3-2p1d-nicmap.yaml")
     shell = plan_to_shell(plan)
-    assert '--prometheus-port 29000 \\\n  --api-key "$PDKIT_ROUTER_API_KEY"\n' in shell
+    assert '--cb-timeout-duration-secs 1 \\\n  --api-key "$PDKIT_ROUTER_API_KEY"\n' in shell
     assert "PDKIT_API_KEY" not in " ".join(plan.router.command.args)
 
 
@@ -153,6 +154,33 @@ def test_smg_router_gets_every_prefill_bootstrap_port():
         "--prefill http://10.0.2.1:30001 8999 --decode http://10.0.2.2:30100"
     )
     assert "--prometheus-port 29000" in args
+
+
+def test_smg_gets_the_topologys_retry_and_circuit_breaker_settings(write_topology):
+    data = base_topology()
+    data["router"] = {
+        "kind": "smg",
+        "faults": {"retries": 2, "eject_after_failures": 4, "eject_backoff_s": 2.5},
+    }
+    args = " ".join(resolve(write_topology(data, "smg.yaml")).router.command.args)
+    assert "--retry-max-retries 3 --retry-initial-backoff-ms 50" in args  # attempts in all
+    assert "--cb-failure-threshold 4 --cb-timeout-duration-secs 3" in args
+    data["router"]["faults"] = {"retries": 0}
+    args = " ".join(resolve(write_topology(data, "smg0.yaml")).router.command.args)
+    assert "--disable-retries" in args and "--retry-max-retries" not in args
+
+
+def test_pdkit_router_gets_only_the_fault_settings_that_differ_from_its_defaults(write_topology):
+    data = base_topology()
+    plain = resolve(write_topology(data, "a.yaml")).router.command.args
+    assert not {"--retries", "--hold-timeout", "--stall-timeout"} & set(plain)
+    data["router"] = {"faults": {"hold_timeout_s": 8, "migrate": False, "retries": 1}}
+    data["slo"] = {"ttft_ms": 400, "tpot_ms": 80}
+    args = " ".join(resolve(write_topology(data, "b.yaml")).router.command.args)
+    assert "--retries 1" in args and "--hold-timeout 8" in args and "--no-migrate" in args
+    assert "--stall-timeout 4" in args  # 50 x the topology's TPOT objective
+    config = parse_args([*resolve(write_topology(data, "b.yaml")).router.command.args], environ={})
+    assert config.hold_timeout == 8 and config.stall_after == 4 and not config.migrate
 
 
 def test_sim_engine_renders_the_same_argv_as_sglang(write_topology):

@@ -104,10 +104,11 @@ def test_a_changed_flag_replaces_only_that_instance_and_says_which_flag(record_o
     assert (step.kind, step.instance) == ("replace", "decode-0")
     assert step.reasons == ("--max-running-requests 256 -> 64",)
     assert step.old_url == step.new_url
-    # One decode: the plan warns that decode requests fail while it restarts.
+    # One decode: the plan warns that decode requests wait, then fail, while it restarts.
     assert changes.notes == (
-        "decode-0 is the only decode serving when it is replaced: requests fail until it is "
-        "back. To avoid it: scale the role up first.",
+        "decode-0 is the only decode serving when it is replaced: pdkit's router holds "
+        "requests for it up to router.faults.hold_timeout_s, and they fail past that (with "
+        "smg at once). To avoid it: scale the role up first.",
     )
 
 

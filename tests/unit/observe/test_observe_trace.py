@@ -228,3 +228,17 @@ def test_the_routers_own_access_line_is_read_back(caplog):
     assert (access.prefill, access.decode) == ("http://[fd00::1]:30000", None)
     assert (access.queued_ms, access.prefill_ms, access.e2e_ms) == (2.0, 500.0, 750.0)
     assert access.cause == "decode_unavailable" and access.arrived is not None
+
+
+def test_retries_holds_and_migrations_show_in_the_routers_steps():
+    line = access_line(retries=1, migrations=2, held_ms=800.0, queued_ms=900.0)
+    access = parse_access(line)
+    assert access is not None
+    assert (access.retries, access.migrations, access.held_ms) == (1, 2, 800.0)
+    trace = build_trace(access, None, None)
+    whats = [s.what for s in trace.steps if s.process == "router"]
+    assert "held: no routable worker of a role" in whats
+    assert "sent again on a fresh pair once (a leg failed)" in whats
+    assert any("stream migrated 2x" in w for w in whats)
+    old = parse_access(access_line())  # a line from a router without these keys
+    assert old is not None and (old.retries, old.migrations, old.held_ms) == (0, 0, None)

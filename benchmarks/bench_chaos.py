@@ -1,0 +1,369 @@
+"""`make bench-chaos`: what a worker fault costs the clients, pdkit's router against smg 1.13.
+
+For each router and each fault, a fresh local sim deployment (`python -m kit.sim` workers,
+the real PD protocol over Mooncake TCP emulation) behind the router, under a steady open-loop
+load of streamed `/generate` requests (`input_ids` prompts, so a cut stream can be continued
+exactly), and one fault injected after a warm-up:
+
+    kill-prefill    SIGKILL a prefill; it comes back 1 s later on its port (as supervisord
+                    restarts it)                                              2P2D
+    stop-prefill    SIGSTOP a prefill for --stop-seconds, then SIGCONT        2P2D
+    kill-decode     SIGKILL a decode; back 1 s later                          2P2D
+    stop-decode     SIGSTOP a decode for --stop-seconds, then SIGCONT         2P2D
+    kill-only-decode  the same as kill-decode with one decode                 2P1D
+    restart-only-decode  SIGTERM the only decode, start it again at once      2P1D
+                    (what `pdkit restart` does to it, without the drain)
+
+One row per (fault, router): requests sent during the fault window (from the fault to
+--tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
+timed-out stream), and for pdkit the router's own counts over the run (retried, migrated,
+held, from /metrics); TTFT and TPOT p99 over the window. smg has no such counters (n/a).
+
+Ports come from --port-base (default 44600, the range hand-started servers use here). Logs
+go to .bench/chaos/. Subsets: --faults, --routers; --rate, --tokens, --stop-seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.sim_launch import SimProcess, worker_argv
+
+REPO = Path(__file__).resolve().parents[1]
+LOG_DIR = REPO / ".bench" / "chaos"
+SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_GPU": "H100-SXM"}
+FAULTS = {
+    "kill-prefill": (2, 2),
+    "stop-prefill": (2, 2),
+    "kill-decode": (2, 2),
+    "stop-decode": (2, 2),
+    "kill-only-decode": (2, 1),
+    "restart-only-decode": (2, 1),
+}
+ROUTERS = ("pdkit", "smg")
+
+
+@dataclass
+class Result:
+    """One request as the client saw it (times in s, monotonic)."""
+
+    sent: float
+    ok: bool = False
+    error: str = ""
+    ttft: float | None = None
+    tpot: float | None = None
+
+
+@dataclass
+class Row:
+    fault: str
+    router: str
+    shape: str
+    sent: int = 0
+    failed: int = 0
+    retried: str = "n/a"
+    migrated: str = "n/a"
+    held: str = "n/a"
+    ttft_p99: float | None = None
+    tpot_p99: float | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Cluster:
+    """Sim workers and one router on fixed ports from `base`."""
+
+    def __init__(self, prefills: int, decodes: int, router: str, base: int, log_dir: Path) -> None:
+        self.router = router
+        self.log_dir = log_dir
+        self.workers: list[SimProcess] = []
+        self.prefill: list[SimProcess] = []
+        self.decode: list[SimProcess] = []
+        gpu = 0
+        for i in range(prefills):
+            argv = worker_argv(
+                port=base + i,
+                mode="prefill",
+                bootstrap_port=base + 50 + i,
+                extra=["--base-gpu-id", str(gpu)],
+            )
+            self.prefill.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
+            gpu += 1
+        for i in range(decodes):
+            argv = worker_argv(port=base + 20 + i, mode="decode", extra=["--base-gpu-id", str(gpu)])
+            self.decode.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
+            gpu += 1
+        self.workers = [*self.prefill, *self.decode]
+        self.port = base + 90
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._base = base
+
+    def router_argv(self) -> list[str]:
+        workers: list[str] = []
+        for i, p in enumerate(self.prefill):
+            workers += ["--prefill", p.url, str(self._base + 50 + i)]
+        for d in self.decode:
+            workers += ["--decode", d.url]
+        listen = ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.router == "pdkit":
+            # health probes every second, as a deployment with `router.args: {health-interval: 1}`
+            return [sys.executable, "-m", "kit.lb", *workers, *listen, "--health-interval", "1"]
+        smg = os.environ.get("PDKIT_SMG", str(REPO / ".venv-smg/bin/smg"))
+        # what kit.plan.router renders for smg from the topology's default router.faults
+        faults = ["--retry-max-retries", "4", "--retry-initial-backoff-ms", "50"]
+        faults += ["--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "1"]
+        metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(self._base + 91)]
+        health = ["--health-check-interval-secs", "1"]
+        return [smg, "launch", "--pd-disaggregation", *workers, *listen, *metrics, *faults, *health]
+
+    async def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        for w in self.workers:
+            await asyncio.to_thread(w.wait_ready, 60.0)
+        log = (self.log_dir / f"router-{self.router}.log").open("wb")
+        self.proc = subprocess.Popen(
+            self.router_argv(),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.get(self.url + "/readiness") as r:
+                        if r.status == 200:
+                            await asyncio.sleep(2.0)  # let every worker pass its probes
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if self.proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"router {self.router} did not get ready; see {self.log_dir}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        for w in self.workers:
+            w.kill(signal.SIGCONT)
+            w.stop(grace_s=2.0)
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, tokens: int, seq: int) -> Result:
+    result = Result(time.monotonic())
+    prompt = [(seq * 31 + i) % 30000 + 100 for i in range(256)]
+    body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": tokens}}
+    times: list[float] = []
+    try:
+        async with session.post(
+            url + "/generate", json=body, timeout=aiohttp.ClientTimeout(total=120)
+        ) as r:
+            if r.status != 200:
+                result.error = f"HTTP {r.status}"
+                await r.read()
+                return result
+            done = False
+            async for line in r.content:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                if b'"error"' in payload[:12]:
+                    result.error = "error event"
+                    return result
+                times.append(time.monotonic())
+            if not done:
+                result.error = "stream cut"
+                return result
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        result.error = type(exc).__name__
+        return result
+    result.ok = bool(times)
+    if times:
+        result.ttft = times[0] - result.sent
+        if len(times) > 1:
+            result.tpot = (times[-1] - times[0]) / (len(times) - 1)
+    return result
+
+
+def p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+async def counters(url: str) -> dict[str, float]:
+    """pdkit's retries, migrations and holds so far (sums over labels)."""
+    out = {"retries": 0.0, "migrations": 0.0, "held": 0.0}
+    names = {
+        "pdkit_lb_retries_total": "retries",
+        "pdkit_lb_migrations_total": "migrations",
+        "pdkit_lb_held_total": "held",
+    }
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        m = re.match(r"^(pdkit_lb_\w+_total)(?:\{[^}]*\})? ([0-9.e+]+)$", line)
+        if m and m.group(1) in names:
+            out[names[m.group(1)]] += float(m.group(2))
+    return out
+
+
+async def inject(fault: str, c: Cluster, stop_s: float) -> None:
+    """The fault; returns when the worker is back."""
+    victim = c.prefill[0] if fault in {"kill-prefill", "stop-prefill"} else c.decode[0]
+    if fault.startswith("stop"):
+        victim.kill(signal.SIGSTOP)
+        await asyncio.sleep(stop_s)
+        victim.kill(signal.SIGCONT)
+        return
+    if fault.startswith("kill"):
+        victim.kill(signal.SIGKILL)
+        await asyncio.to_thread(victim.proc.wait, 10)  # type: ignore[union-attr]
+        await asyncio.sleep(1.0)  # supervisord's restart delay, about
+    else:  # restart: SIGTERM, then start again
+        await asyncio.to_thread(victim.stop, 10.0)
+    victim.start()
+    await asyncio.to_thread(victim.wait_ready, 60.0)
+
+
+async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
+    prefills, decodes = FAULTS[fault]
+    log_dir = LOG_DIR / f"{fault}-{router}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    c = Cluster(prefills, decodes, router, args.port_base, log_dir)
+    row = Row(fault, router, f"{prefills}P{decodes}D")
+    try:
+        await c.start()
+        before = await counters(c.url) if router == "pdkit" else None
+        results: list[Result] = []
+        tasks: set[asyncio.Task[Result]] = set()
+        window: list[float] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            def finished(task: asyncio.Task[Result]) -> None:
+                tasks.discard(task)
+                results.append(task.result())
+
+            async def load(until: asyncio.Event) -> None:
+                seq = 0
+                gap = 1.0 / args.rate
+                nxt = time.monotonic()
+                while not until.is_set():
+                    task = asyncio.create_task(one_request(session, c.url, args.tokens, seq))
+                    tasks.add(task)
+                    task.add_done_callback(finished)
+                    seq += 1
+                    nxt += gap
+                    await asyncio.sleep(max(nxt - time.monotonic(), 0))
+
+            stop = asyncio.Event()
+            loader = asyncio.create_task(load(stop))
+            await asyncio.sleep(args.warmup)
+            window.append(time.monotonic())
+            await inject(fault, c, args.stop_seconds)
+            await asyncio.sleep(args.tail_seconds)
+            window.append(time.monotonic())
+            stop.set()
+            await loader
+            if tasks:
+                await asyncio.wait(tasks, timeout=150)
+        if before is not None:
+            after = await counters(c.url)
+            row.retried = f"{after['retries'] - before['retries']:.0f}"
+            row.migrated = f"{after['migrations'] - before['migrations']:.0f}"
+            row.held = f"{after['held'] - before['held']:.0f}"
+        inside = [r for r in results if window[0] <= r.sent <= window[1]]
+        row.sent = len(inside)
+        failed = [r for r in inside if not r.ok]
+        row.failed = len(failed)
+        for r in failed:
+            row.errors[r.error] = row.errors.get(r.error, 0) + 1
+        row.ttft_p99 = p99([r.ttft for r in inside if r.ttft is not None])
+        row.tpot_p99 = p99([r.tpot for r in inside if r.tpot is not None])
+    finally:
+        c.stop()
+    return row
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def table(rows: list[Row], args: argparse.Namespace) -> str:
+    lines = [
+        f"bench-chaos: {args.rate:g} req/s of streamed /generate ({args.tokens} tokens, 256-token "
+        f"prompts), fault after {args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
+        f"to {args.tail_seconds:g} s after the worker is back",
+        "",
+        "| fault | shape | router | sent | failed | retried | migrated | held | TTFT p99 ms "
+        "| TPOT p99 ms | failures |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or ""
+        lines.append(
+            f"| {r.fault} | {r.shape} | {r.router} | {r.sent} | {r.failed} | {r.retried} | "
+            f"{r.migrated} | {r.held} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
+        )
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    rows = []
+    for fault in args.faults:
+        for router in args.routers:
+            print(f"-- {fault} / {router}", file=sys.stderr, flush=True)
+            rows.append(await run_case(fault, router, args))
+    text = table(rows, args)
+    print(text)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    (LOG_DIR / "report.md").write_text(text + "\n")
+    (LOG_DIR / "rows.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_chaos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
+    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
+    p.add_argument("--rate", type=float, default=8.0, help="requests per second (default 8)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per stream (default 64)")
+    p.add_argument("--warmup", type=float, default=4.0, help="s of load before the fault")
+    p.add_argument("--stop-seconds", type=float, default=20.0, help="SIGSTOP length (default 20)")
+    p.add_argument("--tail-seconds", type=float, default=5.0, help="s of load after recovery")
+    p.add_argument("--port-base", type=int, default=44600)
+    return asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

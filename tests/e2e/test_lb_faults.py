@@ -1,0 +1,119 @@
+"""Worker faults behind pdkit's load balancer with real emulated workers (`python -m kit.sim`):
+a decode killed mid-stream, and the only decode restarting, cost no request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from contextlib import ExitStack
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kit.lb.config import parse_args
+from kit.lb.server import LoadBalancer
+from tests.support.lb_cluster import FAST_HEALTH, run
+from tests.support.sim_launch import SimProcess, free_port, worker_argv
+
+pytestmark = pytest.mark.e2e
+
+SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_GPU": "H100-SXM"}
+
+
+def _sims(stack: ExitStack, decodes: int) -> tuple[SimProcess, int, list[SimProcess]]:
+    boot = free_port()
+    prefill = SimProcess(
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=boot), env=SIM_ENV
+    )
+    decode = [
+        SimProcess(
+            worker_argv(port=free_port(), mode="decode", extra=["--base-gpu-id", str(1 + i)]),
+            env=SIM_ENV,
+        )
+        for i in range(decodes)
+    ]
+    for sim in (prefill, *decode):
+        stack.enter_context(sim)
+    for sim in (prefill, *decode):
+        sim.wait_ready()
+    return prefill, boot, decode
+
+
+async def _router(prefill: SimProcess, boot: int, decode: list[SimProcess], *extra: str):
+    argv = ["--prefill", prefill.url, str(boot)]
+    for sim in decode:
+        argv += ["--decode", sim.url]
+    argv += ["--host", "127.0.0.1", "--port", "1", *FAST_HEALTH, *extra]
+    lb = LoadBalancer(parse_args(argv, {}))
+    await lb.start()
+    runner = web.ServerRunner(lb.make_server())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    for _ in range(200):
+        if lb.readiness_report()[0] and all(w.routable for w in lb.pool):
+            break
+        await asyncio.sleep(0.05)
+    return lb, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, seq: int, tokens: int) -> dict:
+    body = {
+        "input_ids": [100 + seq, 200, 300, 400],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": tokens},
+    }
+    async with session.post(url + "/generate", json=body) as r:
+        raw = await r.read()
+    events = [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
+    assert r.status == 200, raw[:300]
+    assert events[-1] == b"[DONE]", raw[-300:]
+    last = json.loads(events[-2])
+    assert "error" not in last, last
+    return last
+
+
+def test_a_decode_killed_mid_stream_costs_no_request():
+    async def scenario(prefill, boot, decode):
+        lb, runner, url = await _router(prefill, boot, decode)
+        try:
+            async with aiohttp.ClientSession() as session:
+                streams = [asyncio.create_task(_stream(session, url, i, 300)) for i in range(8)]
+                await asyncio.sleep(1.0)  # tokens are flowing on both decodes
+                decode[0].kill(signal.SIGKILL)
+                finished = await asyncio.gather(*streams)
+            for last in finished:
+                # one stream: every id sent, usage as for the original prompt (the sim's own
+                # tokens depend on the prompt, so a continuation may meet its EOS sooner)
+                meta = last["meta_info"]
+                assert len(last["output_ids"]) == meta["completion_tokens"] <= 300
+                assert meta["prompt_tokens"] == 4 and meta["finish_reason"] is not None
+            assert lb.metrics.migrations.get("died", 0) >= 1
+        finally:
+            await runner.cleanup()
+            await lb.close()
+
+    with ExitStack() as stack:
+        run(scenario(*_sims(stack, 2)), timeout=60)
+
+
+def test_the_only_decode_restarting_within_the_hold_costs_no_request():
+    async def scenario(prefill, boot, decode):
+        lb, runner, url = await _router(prefill, boot, decode, "--hold-timeout", "10")
+        try:
+            async with aiohttp.ClientSession() as session:
+                decode[0].kill(signal.SIGKILL)
+                decode[0].proc.wait(5)
+                requests = [asyncio.create_task(_stream(session, url, i, 8)) for i in range(4)]
+                await asyncio.sleep(1.0)
+                decode[0].start()  # as supervisord restarts it
+                await asyncio.gather(*requests)
+            assert lb.metrics.holds.get("decode", 0) >= 1
+        finally:
+            await runner.cleanup()
+            await lb.close()
+
+    with ExitStack() as stack:
+        run(scenario(*_sims(stack, 1)), timeout=60)
