@@ -12,6 +12,7 @@ from kit.cli.app import app, console, err_console, resolve_plan
 from kit.cli.options import (
     DrainTimeoutOpt,
     ExtraVarsOpt,
+    ForceOpt,
     JsonOpt,
     ParallelOpt,
     StateDirOpt,
@@ -71,6 +72,7 @@ def up(
     ] = False,
     parallel: ParallelOpt = 1,
     drain_timeout: DrainTimeoutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Install and start every process of a topology, in order, and wait until it serves."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
@@ -87,6 +89,7 @@ def up(
         parallel=parallel,
         drain_timeout=drain_timeout,
         diff_only=diff,
+        force=force,
     )
     deploy_up(context, console, options)
 
@@ -98,8 +101,11 @@ def up(
     "Rolling: one instance at a time (--parallel N: N, keeping one of each role serving) is "
     "taken out of the router and drained, stopped, started, waited for (/health), checked by "
     "the KV transfer gate and put back. All node ranks of a multi-node instance restart "
-    "together. `router` restarts the router, which drains its in-flight requests first. Refuses "
-    "when the topology differs from what runs (`pdkit up` applies that)."
+    "together. A role's only instance: with free GPUs a stand-in (the role's next instance) "
+    "starts, is gated and joins first and leaves after; without, requests are held when it is "
+    "expected back within router.faults.hold_timeout_s, else the restart refuses, naming the "
+    "gap, unless --force. `router` restarts the router, which drains its in-flight requests "
+    "first. Refuses when the topology differs from what runs (`pdkit up` applies that)."
 )
 def restart(
     topology: TopologyArg,
@@ -128,11 +134,12 @@ def restart(
         bool,
         typer.Option("--no-gate", help="Skip the KV transfer check before each instance rejoins."),
     ] = False,
+    force: ForceOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Restart processes one instance at a time, without dropping requests while another
-    instance of the role serves (its only instance: requests are held up to
-    router.faults.hold_timeout_s)."""
+    """Restart processes one instance at a time without dropping requests: another instance
+    of the role serves meanwhile (a role's only one: a stand-in on free GPUs, else the router's
+    hold when it restarts within it; else refused without --force)."""
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import restart as deploy_restart  # noqa: PLC0415
 
@@ -143,6 +150,7 @@ def restart(
         gate=not no_gate,
         parallel=parallel,
         drain_timeout=drain_timeout,
+        force=force,
     )
     deploy_restart(context, console, options, selector)
 

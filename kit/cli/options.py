@@ -49,6 +49,14 @@ ParallelOpt = Annotated[
         help="Instances replaced at a time in a live change (one of each role keeps serving).",
     ),
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace a role's only instance even when no GPU is free for a stand-in and it "
+        "would be out longer than the router's hold (requests fail meanwhile).",
+    ),
+]
 DrainTimeoutOpt = Annotated[
     float | None,
     typer.Option(

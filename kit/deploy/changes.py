@@ -179,7 +179,6 @@ def diff(
         unchanged=tuple(unchanged),
         router=_single(old, new, "router", restart),
         monitoring=_single(old, new, "monitoring", restart),
-        notes=tuple(_capacity_notes(ordered, before)),
         serving={
             role: sum(p[0].role == role for p in after.values()) for role in ("prefill", "decode")
         },
@@ -291,7 +290,7 @@ def _reconnect_decodes(
     return out, kept
 
 
-def _holds(processes: Iterable[ProcessRecord]) -> set[Resource]:
+def holds(processes: Iterable[ProcessRecord]) -> set[Resource]:
     held: set[Resource] = set()
     for p in processes:
         held |= {(p.host, "gpu", g) for g in p.gpus}
@@ -305,10 +304,10 @@ def _holds(processes: Iterable[ProcessRecord]) -> set[Resource]:
 def order(steps: Sequence[Step]) -> list[Step]:
     """Steps in the order to run them (see the module doc), each with `after` filled in.
     `DeployError` when two steps each need what the other holds (no live order exists)."""
-    frees = {s.instance: _holds(s.old) for s in steps}
+    frees = {s.instance: holds(s.old) for s in steps}
     waits: dict[str, set[str]] = {}
     for step in steps:
-        takes = _holds(step.new)
+        takes = holds(step.new)
         waits[step.instance] = {
             other.instance
             for other in steps
@@ -346,28 +345,21 @@ def _natural(name: str) -> str:
     return re.sub(r"\d+", lambda m: m.group().zfill(6), name)
 
 
-def _capacity_notes(
-    steps: Sequence[Step], before: dict[str, tuple[ProcessRecord, ...]]
-) -> list[str]:
-    """Where a role is left without a serving instance while a step runs."""
+def only_instances(changes: Changes, before: DeploymentRecord) -> list[Step]:
+    """The replacements that leave their role without another serving instance while they run
+    (the role's only instance): `kit.deploy.surge` decides how each is covered."""
     serving = {"prefill": 0, "decode": 0}
-    for processes in before.values():
+    for processes in before.instances().values():
         serving[processes[0].role] += 1
-    notes = []
-    for step in steps:
+    alone = []
+    for step in changes.steps:
         if step.kind == "add":
             serving[step.role] += 1
-            continue
-        if serving[step.role] <= 1:
-            notes.append(
-                f"{step.instance} is the only {step.role} serving when it is "
-                f"{'replaced' if step.kind == 'replace' else 'removed'}: pdkit's router holds "
-                "requests for it up to router.faults.hold_timeout_s, and they fail past that "
-                "(with smg at once). To avoid it: scale the role up first."
-            )
-        if step.kind == "remove":
+        elif step.kind == "remove":
             serving[step.role] -= 1
-    return notes
+        elif serving[step.role] <= 1:
+            alone.append(step)
+    return alone
 
 
 def waves(changes: Changes, parallel: int) -> list[list[Step]]:

@@ -22,17 +22,27 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.changes import Changes, Step, waves
+from kit.deploy.changes import Changes, Step, only_instances, waves
 from kit.deploy.context import DeployContext
 from kit.deploy.gate import transfer_gate
 from kit.deploy.routing import Drained, RouterAdmin
-from kit.deploy.state import DeploymentRecord, ProcessRecord, save_record
+from kit.deploy.runner import playbooks_dir
+from kit.deploy.state import (
+    DeploymentRecord,
+    ProcessRecord,
+    build_record,
+    load_starts,
+    save_record,
+    save_starts,
+    templates_digest,
+)
 from kit.deploy.steps import (
     DRAIN_TIMEOUT_S,
     WORKER_TIMEOUT_S,
@@ -43,8 +53,11 @@ from kit.deploy.steps import (
     router_key,
     wait_until_ready,
 )
+from kit.deploy.surge import OnlyInstance, decide, stand_in, start_estimate
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
+from kit.plan.resolve import resolve_surge
+from kit.topology.plan import Plan
 
 Mode = Literal["up", "restart"]
 ROUTED_TIMEOUT_S = 60.0
@@ -80,6 +93,8 @@ class LiveChange:
     secret_env: dict[str, str]
     target: DeploymentRecord
     mode: Mode = "up"
+    surge_plans: dict[str, Plan | str] = dataclasses.field(default_factory=dict)
+    """By role: the Plan with one more instance of it (a surge's stand-in), or why none."""
 
     @property
     def worker_timeout(self) -> float:
@@ -142,9 +157,54 @@ class LiveChange:
             return str(exc)
         return None
 
+    def _surge_plan(self, role: str) -> Plan | str:
+        if role not in self.surge_plans:
+            self.surge_plans[role] = resolve_surge(self.ctx.topology_file, role)
+        return self.surge_plans[role]
+
+    def _record_of(self, plan: Plan) -> DeploymentRecord:
+        digest = templates_digest(playbooks_dir(self.ctx.private_dir))
+        return build_record(plan, self.ctx.hosts, digest)
+
+    def cover_only_instances(
+        self, changes: Changes, recorded: DeploymentRecord
+    ) -> list[OnlyInstance]:
+        """How each replacement of a role's only instance is covered (`kit.deploy.surge`):
+        a surge where one more instance fits on free GPUs, else the hold where the instance
+        starts within it, else `DeployError` naming the gap (unless `--force`)."""
+        measured = load_starts(self.ctx.state_dir)
+        covers: list[OnlyInstance] = []
+        refused: list[str] = []
+        for step in only_instances(changes, recorded):
+            plan = self._surge_plan(step.role)
+            if isinstance(plan, str):
+                candidate: tuple[tuple[ProcessRecord, ...], str] = ((), plan)
+            else:
+                candidate = stand_in(self._record_of(plan), self.target, recorded)
+            estimate = start_estimate(step.instance, self.ctx.plan.engine, measured)
+            hold = self.ctx.plan.router.hold_timeout_s
+            decided = decide(step, candidate, estimate, hold, force=self.options.force)
+            if isinstance(decided, str):
+                refused.append(decided)
+            else:
+                covers.append(decided)
+        if refused:
+            command = "pdkit up" if self.mode == "up" else "pdkit restart"
+            raise DeployError(
+                f"{'; '.join(refused)}. Nothing was changed. To fix: free GPUs for one more "
+                "instance of the role (pdkit then starts a stand-in first), scale the role up "
+                "first, or raise router.faults.hold_timeout_s above the start time; or run "
+                f"`{command}` again with --force to accept the gap."
+            )
+        return covers
+
     def apply(self, changes: Changes, recorded: DeploymentRecord) -> None:
         """Apply `changes` (from `recorded` to the target record); see the module doc."""
         ctx, console = self.ctx, self.console
+        covers = {c.step.instance: c for c in self.cover_only_instances(changes, recorded)}
+        surges = {name for name, cover in covers.items() if cover.path == "surge"}
+        for cover in covers.values():
+            console.print(f"  {cover.line()}", markup=False, highlight=False)
         if self.mode == "up" and changes.unchanged:
             names = [p.name for p in self.target.processes if p.instance in changes.unchanged]
             console.print(
@@ -155,7 +215,12 @@ class LiveChange:
             self._wait_workers(names, "serving")
         record = recorded
         for wave in waves(changes, self.options.parallel):
-            record = self._wave(wave, record)
+            surged = [s for s in wave if s.instance in surges]
+            for step in surged:
+                record = self._surge(covers[step.instance], record)
+            rest = [s for s in wave if s not in surged]
+            if rest:
+                record = self._wave(rest, record)
         if self.mode == "up" or changes.router:
             self._router(changes)
         monitoring = self.target.process(ctx.plan.monitoring.name) if ctx.plan.monitoring else None
@@ -179,6 +244,29 @@ class LiveChange:
             gate=self.options.gate and not changes.steps and self.mode == "up",
         )
 
+    def _surge(self, cover: OnlyInstance, record: DeploymentRecord) -> DeploymentRecord:
+        """The surge path of `cover.step`: its stand-in in (started, gated, routed), the step,
+        the stand-in out (drained, stopped, its service definitions deleted)."""
+        step = cover.step
+        plan = self._surge_plan(step.role)
+        assert not isinstance(plan, str)
+        surge = dataclasses.replace(
+            self, ctx=dataclasses.replace(self.ctx, plan=plan), target=self._record_of(plan)
+        )
+        name = cover.stand_in_name
+        self.console.print(
+            f"[bold]Surge[/]: {escape(name)} stands in while {escape(step.instance)} is replaced"
+        )
+        why = (f"stand-in while {step.instance} is replaced",)
+        add = Step("add", name, step.role, new=cover.stand_in, reasons=why)
+        remove = Step("remove", name, step.role, old=cover.stand_in, reasons=("surge done",))
+        record = surge._wave([add], record)
+        record = surge._wave([step], record)
+        record = surge._wave([remove], record)
+        self.console.print(f"  deleting the service definitions of {name}", markup=False)
+        self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
+        return record
+
     def _wave(self, wave: list[Step], record: DeploymentRecord) -> DeploymentRecord:
         """One wave of steps; returns the record as it stands after it."""
         self.console.print(f"[bold]{escape('; '.join(s.describe() for s in wave))}[/]")
@@ -196,8 +284,11 @@ class LiveChange:
         if not joining:
             return record
         names = [p.name for s in joining for p in s.new]
+        started = time.monotonic()
         self._run("deploy.yml", "workers", self._inventory(only=names))
         self._wait_workers(names, "joining")
+        took = time.monotonic() - started
+        save_starts(self.ctx.state_dir, {s.instance: took for s in joining})
         if self.options.gate:
             self._gate(joining, record)
         asyncio.run(self._join(joining))

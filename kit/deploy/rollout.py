@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.changes import diff
+from kit.deploy.changes import Changes, diff
 from kit.deploy.context import DeployContext
 from kit.deploy.layout import display_path
 from kit.deploy.live import LiveChange, print_changes
 from kit.deploy.runner import playbooks_dir
 from kit.deploy.services import can_probe, host_processes
-from kit.deploy.state import build_record, forget_record, load_record, save_record, templates_digest
+from kit.deploy.state import (
+    DeploymentRecord,
+    build_record,
+    forget_record,
+    load_record,
+    save_record,
+    save_starts,
+    templates_digest,
+)
 from kit.deploy.steps import (
     WORKER_TIMEOUT_S,
     UpOptions,
@@ -53,6 +62,8 @@ def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:
         if options.diff_only:
             _header(ctx, console, "pdkit up --diff")
             print_changes(console, changes)
+            if recorded is not None:
+                _print_covers(LiveChange(ctx, console, options, {}, target), changes, recorded)
             console.print("Nothing was changed (--diff).")
             return
         secret_env = playbook_secret_env(ctx)
@@ -107,6 +118,17 @@ def restart(ctx: DeployContext, console: Console, options: UpOptions, selector: 
         save_record(ctx.state_dir, target)
 
 
+def _print_covers(live: LiveChange, changes: Changes, recorded: DeploymentRecord) -> None:
+    """`pdkit up --diff`: how each replacement of a role's only instance would be covered."""
+    try:
+        covers = live.cover_only_instances(changes, recorded)
+    except DeployError as exc:
+        live.console.print(f"  pdkit up would refuse: {exc}", style="yellow", markup=False)
+        return
+    for cover in covers:
+        live.console.print(f"  {cover.line()}", markup=False, highlight=False)
+
+
 def _instance_of(ctx: DeployContext, process: str) -> str:
     found = ctx.plan.process(process)
     return getattr(found, "instance_name", found.name)
@@ -127,14 +149,22 @@ def _up(
     plan = ctx.plan
     _header(ctx, console, "pdkit up")
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
+    started = time.monotonic()
     result = play(
         ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
     worker_timeout = options.worker_timeout or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {worker_timeout:.0f} s)")
+    played = time.monotonic() - started
     statuses = wait_until_ready(ctx, console, worker_targets(plan), worker_timeout, None)
     raise_unless_ready(ctx, statuses, stage="workers")
+    instance = {w.name: w.instance_name for w in plan.workers}
+    starts: dict[str, float] = {}
+    for status in statuses:  # an instance is up once its slowest node is
+        name = instance[status.target.name]
+        starts[name] = max(starts.get(name, 0.0), played + status.elapsed)
+    save_starts(ctx.state_dir, starts)
 
     console.print("[bold]Router[/]: installing and starting (Ansible, deploy.yml --tags router)")
     result = play(

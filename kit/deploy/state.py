@@ -31,6 +31,8 @@ from kit.topology.plan import Plan
 
 RECORD_FILE = "deployed.json"
 RECORD_FORMAT = 1
+STARTS_FILE = "starts.json"
+"""Each instance's last measured start, seconds (`kit.deploy.surge` estimates from it)."""
 TEMPLATES = Path("roles") / "pdkit_process" / "templates"
 """The templates every process's files are rendered from, under the playbooks folder."""
 
@@ -229,6 +231,25 @@ def save_record(state_dir: Path, record: DeploymentRecord) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def load_starts(state_dir: Path) -> dict[str, float]:
+    """Each instance's last measured start (seconds from its deploy to /health), by name;
+    empty when none was measured or the file cannot be read (it is only an estimate's source)."""
+    try:
+        data = json.loads((state_dir / STARTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+
+
+def save_starts(state_dir: Path, measured: dict[str, float]) -> None:
+    """Add `measured` (seconds by instance) to the recorded starts."""
+    starts = load_starts(state_dir) | {k: round(v, 2) for k, v in measured.items()}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / STARTS_FILE).write_text(json.dumps(starts, indent=2, sort_keys=True) + "\n")
 
 
 def forget_record(state_dir: Path) -> None:

@@ -65,6 +65,9 @@ class UpOptions:
     """Seconds an instance leaving the router may take to finish its requests (None: 60)."""
     diff_only: bool = False
     """`pdkit up --diff`: print what would change, change nothing."""
+    force: bool = False
+    """`--force`: replace a role's only instance even when no GPU is free for a stand-in and
+    it would be out longer than the router's hold (kit.deploy.surge)."""
 
 
 @contextmanager

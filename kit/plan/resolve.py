@@ -55,6 +55,26 @@ def _router_problems(plan: Plan) -> list[Problem]:
     ]
 
 
+def resolve_surge(path: str | Path, role: str) -> Plan | str:
+    """The Plan of the topology at `path` with one more instance of `role` (`pdkit restart`'s
+    and `pdkit up`'s surge: a stand-in on free GPUs and ports while the role's only instance is
+    replaced), or why there is none: the first problem the extra instance makes (no free GPU,
+    a port taken). Placement puts every other instance where it is without the extra one (it is
+    placed last of its role; a caller checks that nothing else moved)."""
+    file = str(path)
+    topology, _ = parse_topology(read_topology_text(path), file)
+    spec = getattr(topology, role)
+    grown = topology.model_copy(update={role: spec.model_copy(update={"count": spec.count + 1})})
+    placed = placement(grown)
+    problems = _problems(grown, placed)
+    if not problems:
+        plan = build_plan(grown, Path(path).absolute().parent, placed)
+        problems = _router_problems(plan)
+        if not problems:
+            return plan
+    return f"{problems[0].message}"
+
+
 def resolve(path: str | Path) -> Plan:
     """The Plan of the topology at `path`; `TopologyError` with every problem, each located
     at its file:line:col and listed in file order, when it cannot be deployed.

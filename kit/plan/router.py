@@ -86,4 +86,5 @@ def build_router(
         worker_args=workers_,
         settings_args=settings,
         env={},
+        hold_timeout_s=router.faults.hold_timeout_s if router.kind == "pdkit" else 0.0,
     )

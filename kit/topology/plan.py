@@ -169,6 +169,11 @@ class RouterProcess(Frozen):
         "restarts it."
     )
     env: dict[str, str]
+    hold_timeout_s: float = Field(
+        0.0,
+        description="Seconds the router holds a request while a role has no serving worker "
+        "(pdkit: router.faults.hold_timeout_s; smg holds none: 0).",
+    )
 
     @property
     def url(self) -> str:

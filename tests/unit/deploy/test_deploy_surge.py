@@ -1,0 +1,141 @@
+"""Replacing a role's only instance (kit.deploy.surge): a stand-in on free GPUs when one more
+instance fits, else the router's hold when the instance starts within it, else a refusal that
+names the gap (or, with --force, the gap taken)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from kit.deploy.changes import diff, only_instances
+from kit.deploy.inventory import deploy_hosts
+from kit.deploy.state import build_record, load_starts, save_starts
+from kit.deploy.surge import EXPECTED_START_S, decide, stand_in, start_estimate
+from kit.plan.resolve import resolve, resolve_surge
+from tests.conftest import REPO
+
+PYTHON = "/venv/bin/python"
+
+
+@pytest.fixture
+def local(tmp_path):
+    """A function: local.yaml with `gpus` GPUs -> (record, surge record or why none) for a
+    surge of `role`."""
+    data = yaml.safe_load((REPO / "topologies" / "local.yaml").read_text())
+
+    def build(gpus, role="decode", hold=None):
+        data["hosts"][0]["gpus"] = gpus
+        if hold is not None:
+            data["router"]["faults"] = {"hold_timeout_s": hold}
+        path = tmp_path / "local.yaml"
+        path.write_text(yaml.safe_dump(data))
+        plan = resolve(path)
+        record = build_record(plan, deploy_hosts(plan, PYTHON), "t1")
+        surge = resolve_surge(path, role)
+        if isinstance(surge, str):
+            return plan, record, surge
+        return plan, record, build_record(surge, deploy_hosts(surge, PYTHON), "t1")
+
+    return build
+
+
+def _restart(record, instance):
+    (step,) = only_instances(diff(record, record, restart=[instance]), record)
+    return step
+
+
+def test_a_free_gpu_gives_the_only_decode_a_stand_in_on_it(local):
+    # 4 GPUs, 2P1D: prefills on 0 and 1, decode-0 on 3; GPU 2 is free.
+    _, record, surge = local(4)
+    processes, why = stand_in(surge, record, record)
+    assert why == ""
+    (stand,) = processes
+    assert (stand.name, stand.gpus) == ("decode-1", (2,))
+    assert stand.http_port == record.process("decode-0").http_port + 1
+    cover = decide(
+        _restart(record, "decode-0"),
+        (processes, why),
+        start_estimate("decode-0", "sim", {}),
+        5.0,
+        force=False,
+    )
+    assert not isinstance(cover, str) and cover.path == "surge"
+    assert cover.line() == (
+        "decode-0 is the only decode: surge: decode-1 starts first on localhost GPU 2, port "
+        f"{stand.http_port} (free) and serves while decode-0 is replaced, then leaves"
+    )
+
+
+def test_a_stand_in_needs_its_gpus_free_of_every_running_process(local):
+    _, record, surge = local(4)
+    # What runs still holds GPU 2 (e.g. a decode the topology dropped, not yet removed).
+    running = record.model_copy(
+        update={
+            "processes": (
+                *record.processes,
+                record.process("decode-0").model_copy(update={"name": "old", "gpus": (2,)}),
+            )
+        }
+    )
+    assert stand_in(surge, record, running) == ((), "gpu 2 on localhost is in use")
+
+
+def test_without_a_free_gpu_there_is_no_stand_in_and_the_reason_says_so(local):
+    _, _, why = local(3)
+    assert isinstance(why, str)
+    assert "decode instance 1 needs 1 GPUs" in why and "localhost: 0 of 3" in why
+
+
+def test_an_instance_that_starts_within_the_hold_relies_on_it(local):
+    _, record, why = local(3, hold=30.0)
+    step = _restart(record, "decode-0")
+    estimate = start_estimate("decode-0", "sim", {"decode-0": 4.2})
+    cover = decide(step, ((), why), estimate, 30.0, force=False)
+    assert not isinstance(cover, str) and cover.path == "hold"
+    assert "hold: it is expected back within the router's hold (30 s" in cover.line()
+    assert "start 4 s, its last start on these hosts, measured" in cover.line()
+
+
+def test_a_start_longer_than_the_hold_is_refused_naming_the_gap_unless_forced(local):
+    _, record, why = local(3, hold=1.0)
+    step = _restart(record, "decode-0")
+    estimate = start_estimate("decode-0", "sglang", {})
+    assert estimate.seconds == EXPECTED_START_S["sglang"]
+    refused = decide(step, ((), why), estimate, 1.0, force=False)
+    assert isinstance(refused, str)
+    assert refused.startswith(
+        "decode-0 would leave the decodes without an instance for at least 110 s (pdkit's "
+        "figure for engine sglang; none measured yet; plus its drain and the KV transfer gate)"
+    )
+    assert "the router holds requests only 1 s" in refused
+    forced = decide(step, ((), why), estimate, 1.0, force=True)
+    assert not isinstance(forced, str) and forced.path == "gap"
+    assert "forced: decode-0 would leave the decodes without an instance" in forced.line()
+
+
+def test_smg_holds_nothing_so_without_a_stand_in_a_restart_needs_force(local):
+    plan, record, why = local(3)
+    assert plan.router.hold_timeout_s == 5.0
+    smg = plan.router.model_copy(update={"kind": "smg", "hold_timeout_s": 0.0})
+    refused = decide(
+        _restart(record, "decode-0"),
+        ((), why),
+        start_estimate("decode-0", "sim", {"decode-0": 0.5}),
+        smg.hold_timeout_s,
+        force=False,
+    )
+    assert isinstance(refused, str)
+
+
+def test_a_role_with_two_instances_needs_no_cover(local):
+    _, record, _ = local(4, role="prefill")
+    assert only_instances(diff(record, record, restart=["prefill-0"]), record) == []
+
+
+def test_measured_starts_are_kept_per_instance_in_the_state_dir(tmp_path):
+    assert load_starts(tmp_path) == {}
+    save_starts(tmp_path, {"decode-0": 3.14159})
+    save_starts(tmp_path, {"prefill-0": 2.0})
+    assert load_starts(tmp_path) == {"decode-0": 3.14, "prefill-0": 2.0}
+    (tmp_path / "starts.json").write_text("not json")
+    assert load_starts(tmp_path) == {}
