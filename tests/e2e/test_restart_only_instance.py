@@ -1,0 +1,91 @@
+"""`pdkit restart ... decode` of a deployment's only decode (local.yaml, sim workers): with a
+free GPU a stand-in serves while it restarts and no request fails under load; without one and a
+hold shorter than its start, the restart is refused, naming the gap, and `--force` proceeds."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.e2e.test_live_ops import BENCH_RATE, _bench
+from tests.e2e.test_up_local import deployment, pdkit, pids  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+def _deploy(deployment_, gpus: int, hold: float | None = None):
+    topology, name, data = deployment_
+    data["hosts"][0]["gpus"] = gpus
+    if hold is not None:
+        data["router"]["faults"] = {"hold_timeout_s": hold}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    first = pdkit("up", str(topology))
+    assert first.returncode == 0, first.stdout + first.stderr
+    return topology, name
+
+
+def test_restarting_the_only_decode_with_a_free_gpu_surges_and_fails_no_request(
+    deployment,  # noqa: F811
+    tmp_path,
+):
+    # 4 GPUs, 2P1D: prefills on GPUs 0 and 1, decode-0 on 3, GPU 2 free for the stand-in.
+    topology, name = _deploy(deployment, gpus=4)
+    before = pids(topology, name)
+    bench = _bench(topology, tmp_path / "bench")
+    started = time.monotonic()
+    try:
+        time.sleep(3.0)  # the load runs before the restart begins
+        restart = pdkit("restart", str(topology), "decode")
+        ops_s = time.monotonic() - started
+        output, _ = bench.communicate(timeout=200)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert restart.returncode == 0, restart.stdout + restart.stderr
+    assert bench.returncode == 0, output
+    out = restart.stdout
+    assert "decode-0 is the only decode: surge: decode-1 starts first on localhost GPU 2" in out
+    assert "Surge: decode-1 stands in while decode-0 is replaced" in out
+    assert "decode-1: in the router" in out and "out of the router, drained" in out
+
+    after = pids(topology, name)
+    assert set(after) == {"prefill-0", "prefill-1", "decode-0", "router"}  # the stand-in left
+    assert after["decode-0"] != before["decode-0"]
+    for kept in ("prefill-0", "prefill-1", "router"):
+        assert after[kept] == before[kept]
+    # What runs is what the topology places: a later `pdkit up` has nothing to change.
+    diff = pdkit("up", str(topology), "--diff", timeout=60)
+    assert "no change: every process runs with the topology's settings" in diff.stdout
+
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "bench" / "requests.jsonl").read_text().splitlines()
+    ]
+    failed = [r for r in records if not r["ok"]]
+    assert records and not failed, failed[:5]
+    # The load covered the restart.
+    assert max(r["sent_s"] for r in records) > ops_s - 5, (ops_s, BENCH_RATE)
+
+
+def test_without_a_free_gpu_a_start_longer_than_the_hold_is_refused_unless_forced(
+    deployment,  # noqa: F811
+):
+    # 3 GPUs, 2P1D: none free; a hold of 0.5 s is shorter than any sim start with its playbook.
+    topology, name = _deploy(deployment, gpus=3, hold=0.5)
+    before = pids(topology, name)
+    refused = pdkit("restart", str(topology), "decode")
+    assert refused.returncode != 0
+    text = " ".join((refused.stdout + refused.stderr).split())
+    assert "decode-0 would leave the decodes without an instance for at least" in text
+    assert "its last start on these hosts, measured" in text
+    assert "the router holds requests only 0.5 s" in text and "--force" in text
+    assert pids(topology, name) == before  # nothing was changed
+
+    forced = pdkit("restart", str(topology), "decode", "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "forced: decode-0 would leave the decodes without an instance" in forced.stdout
+    after = pids(topology, name)
+    assert after["decode-0"] != before["decode-0"] and after["router"] == before["router"]
