@@ -93,7 +93,6 @@ class Changes:
     """Why the router restarts (empty: it keeps running)."""
     monitoring: tuple[str, ...] = ()
     """Why Prometheus restarts (empty: it keeps running or there is none)."""
-    notes: tuple[str, ...] = ()
     serving: dict[str, int] = field(default_factory=dict)
     """Instances per role in the topology (what `waves` keeps serving)."""
 

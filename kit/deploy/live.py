@@ -7,6 +7,11 @@ Per wave of steps (`--parallel`, one by default):
     joining (add, replace)     deployed (deploy.yml --tags workers, those processes only),
                                /health, the KV transfer gate against the serving instances of
                                the other role, into the router, routed to
+First, before anything changes, each replacement of a role's only instance is covered
+(`kit.deploy.surge`): a surge runs it as three waves in the Plan of the topology with one more
+instance of the role (add the stand-in, the replacement, remove the stand-in, then its service
+definitions deleted); the hold and a forced gap run it as any other step; a refusal raises.
+Each joining wave's start (deploy to /health) is measured per instance for the next estimate.
 The record (`kit.deploy.state`) is saved after each wave, so a failed run leaves it saying what
 runs; an instance that failed to join is left out of it and joins on the next `pdkit up`.
 
@@ -69,8 +74,6 @@ def print_changes(console: Console, changes: Changes) -> None:
     console.print("[bold]Changes[/]:")
     for line in changes.lines():
         console.print(f"  {line}", markup=False, highlight=False)
-    for note in changes.notes:
-        console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
 
 
 def _drained_line(drained: Drained) -> str:

@@ -7,7 +7,9 @@ up:      with nothing recorded as running (or a router that does not answer), ev
          the KV transfer gate (kit.deploy.gate: one PD request per prefill x decode pair;
          --no-gate skips it) -> endpoint, curl line, status table, Prometheus' first scrapes);
          on a running deployment, only the difference, live (kit.deploy.live).
-restart: the selected instances replaced live, one wave at a time (kit.deploy.live).
+restart: the selected instances replaced live, one wave at a time (kit.deploy.live); a role's
+         only instance with a stand-in on free GPUs first, else within the router's hold, else
+         refused unless --force (kit.deploy.surge).
 down:    down.yml (router first, then workers, then the deployment's supervisord); logs stay.
 
 Every failure raises `DeployError` with what failed (host, task or process, its stderr or log

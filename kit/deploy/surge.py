@@ -158,8 +158,12 @@ def decide(
         return decided
     if force:
         return OnlyInstance(step, "gap", why_no_surge=why, estimate=estimate, hold_s=hold_s)
+    held = (
+        f"the router holds requests only {hold_s:g} s (router.faults.hold_timeout_s)"
+        if hold_s > 0
+        else "the router holds no request (smg, or router.faults.hold_timeout_s 0)"
+    )
     return (
-        f"{decided.gap_phrase()}, and no GPU is free for a stand-in ({why}); the router "
-        f"holds requests only {hold_s:g} s (router.faults.hold_timeout_s), so requests would "
-        "fail"
+        f"{decided.gap_phrase()}, and no GPU is free for a stand-in ({why}); {held}, so "
+        "requests would fail"
     )

@@ -72,7 +72,7 @@ def resolve_surge(path: str | Path, role: str) -> Plan | str:
         problems = _router_problems(plan)
         if not problems:
             return plan
-    return f"{problems[0].message}"
+    return problems[0].message.rstrip(".")
 
 
 def resolve(path: str | Path) -> Plan:
