@@ -1,4 +1,6 @@
-"""`pdkit restart` refuses, changing nothing, when nothing runs or the topology changed."""
+"""`pdkit restart` refuses, changing nothing, when nothing runs, the topology changed, or its
+role's only instance would be out longer than the hold; `pdkit up --diff` says how the only
+instance is covered."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from kit.deploy import DeployContext, UpOptions, restart
+from kit.deploy import DeployContext, UpOptions, restart, up
 from kit.deploy.runner import playbooks_dir
 from kit.deploy.state import build_record, save_record, templates_digest
 from kit.errors import DeployError
@@ -55,3 +57,36 @@ def test_an_unknown_process_is_named_with_the_closest_one(tmp_path):
     record(ctx)
     with pytest.raises(DeployError, match="Did you mean 'decode-0'"):
         restart(ctx, Console(file=io.StringIO()), UpOptions(), "decode-9")
+
+
+def test_restarting_the_only_decode_without_a_free_gpu_past_the_hold_changes_nothing(tmp_path):
+    # local.yaml: 3 GPUs, 2P1D, none free; no start measured, so the sim's 5 s against a 5 s hold.
+    ctx = context(tmp_path)
+    record(ctx)
+    with pytest.raises(DeployError) as refused:
+        restart(ctx, Console(file=io.StringIO()), UpOptions(), "decode")
+    message = str(refused.value)
+    assert message.startswith(
+        "decode-0 would leave the decodes without an instance for at least 5 s (pdkit's figure "
+        "for engine sim; none measured yet;"
+    )
+    assert "localhost: 0 of 3" in message and "Nothing was changed" in message
+    assert "`pdkit restart` again with --force" in message
+
+
+def test_up_diff_says_a_changed_only_decode_gets_a_stand_in_on_the_free_gpu(tmp_path):
+    def four(data):
+        data["hosts"][0]["gpus"] = 4
+
+    record(context(tmp_path, edit=four))
+
+    def changed(data):
+        four(data)
+        data["decode"]["args"]["max-running-requests"] = 64
+
+    out = io.StringIO()
+    up(context(tmp_path, edit=changed), Console(file=out, width=300), UpOptions(diff_only=True))
+    text = out.getvalue()
+    assert "1. replace decode-0 (--max-running-requests 256 -> 64)" in text
+    assert "decode-0 is the only decode: surge: decode-1 starts first on localhost GPU 2" in text
+    assert "Nothing was changed (--diff)." in text
