@@ -263,7 +263,16 @@ class LiveChange:
         why = (f"stand-in while {step.instance} is replaced",)
         add = Step("add", name, step.role, new=cover.stand_in, reasons=why)
         remove = Step("remove", name, step.role, old=cover.stand_in, reasons=("surge done",))
-        record = surge._wave([add], record)
+        try:
+            record = surge._wave([add], record)
+        except DeployError as exc:
+            # Nothing else was touched: take the stand-in away again and say so.
+            self._run("stop.yml", None, surge._inventory(stop=cover.stand_in))
+            self._run("deploy.yml", "workers", self._inventory(only=[], remove_others=True))
+            raise DeployError(
+                f"{exc}\nThe stand-in {name} was stopped and its service definitions deleted; "
+                f"{step.instance} was not touched and serves as before."
+            ) from exc
         record = surge._wave([step], record)
         record = surge._wave([remove], record)
         self.console.print(f"  deleting the service definitions of {name}", markup=False)

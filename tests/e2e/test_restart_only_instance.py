@@ -5,6 +5,7 @@ hold shorter than its start, the restart is refused, naming the gap, and `--forc
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -89,3 +90,20 @@ def test_without_a_free_gpu_a_start_longer_than_the_hold_is_refused_unless_force
     assert "forced: decode-0 would leave the decodes without an instance" in forced.stdout
     after = pids(topology, name)
     assert after["decode-0"] != before["decode-0"] and after["router"] == before["router"]
+
+
+def test_a_stand_in_that_cannot_start_is_taken_away_and_the_decode_left_serving(
+    deployment,  # noqa: F811
+):
+    topology, name = _deploy(deployment, gpus=4)
+    before = pids(topology, name)
+    _, _, data = deployment
+    # Something else listens on the stand-in's port (decode port + 1): it cannot start.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", data["decode"]["port"] + 1))
+        squatter.listen()
+        failed = pdkit("restart", str(topology), "decode", "--timeout", "20")
+    assert failed.returncode != 0
+    text = failed.stdout + failed.stderr
+    assert "The stand-in decode-1 was stopped and its service definitions deleted" in text
+    assert pids(topology, name) == before  # decode-0 untouched, no decode-1 left
