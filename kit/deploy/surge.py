@@ -72,7 +72,7 @@ class OnlyInstance:
         return self.stand_in[0].instance if self.stand_in else ""
 
     def gap_phrase(self) -> str:
-        """`decode-0 would leave the decodes without an instance for about 6 s (...)`."""
+        """`decode-0 would leave the decodes without an instance for at least 6 s (...)`."""
         assert self.estimate is not None
         return (
             f"{self.step.instance} would leave the {self.step.role}s without an instance for at "
