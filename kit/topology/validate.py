@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
+from kit.topology.cpu_hosts import cpu_host_problems
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
@@ -24,6 +25,7 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
     problems += _monitoring(topology)
     placed = placed or placement(topology)
     problems += placed.problems
+    problems += cpu_host_problems(topology, placed)
     if not placed.problems:
         placements = list(placed.instances)
         problems += _port_collisions(topology, placements)
@@ -163,6 +165,8 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
         spec: Role = getattr(topology, p.role)
         for node in p.nodes:
             claim(node.host, p.http_port, f"{p.name} (HTTP)", (p.role, "port"))
+            if p.nccl_port is not None:
+                claim(node.host, p.nccl_port, f"{p.name} (NCCL)", (p.role, "nccl_port"))
             if p.bootstrap_port is not None:
                 claim(
                     node.host, p.bootstrap_port, f"{p.name} (bootstrap)", (p.role, "bootstrap_port")
@@ -246,6 +250,8 @@ def _rdma_coverage(topology: Topology, placed: Placement) -> Iterator[Problem]:
             choice = placed.nic(p, node)
             if choice is None:
                 return
+            if host.device == "cpu":
+                continue  # kit.topology.cpu_hosts says what a CPU host cannot do
             index = _host_index(topology, node.host)
             problem: Problem | None = None
             if choice.mode == "list":
