@@ -43,7 +43,9 @@ from tests.support.real_sglang import (
 )
 from tests.support.sim_launch import request_json
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang]
+# Starting real servers takes minutes here: the module's set-up (the pair and the colocated
+# server) and the live change (two starts of a decode) get more than the suite's 300 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
 
 UP_TIMEOUT_S = 900
 MODEL = "tiny-llama"
