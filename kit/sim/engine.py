@@ -457,8 +457,8 @@ class Engine:
             return
         addr = self._bootstrap_addr(state.inp)
         prefix = (
-            f"Decode handshake failed for request rank=0 req.rid={seq.rid!r} "
-            f"req.bootstrap_room={state.inp.bootstrap_room}"
+            f"Decode handshake failed for request rank=0 decode_req.req.rid={seq.rid!r} "
+            f"decode_req.req.bootstrap_room={state.inp.bootstrap_room}"
         )
         looked_up = time.monotonic()
         try:
@@ -540,9 +540,14 @@ class Engine:
             got, expected = self.kv.checksum(pages, length), int(answer["checksum"])
         except PdError as exc:
             self.pd.transfer_failed += 1
+            # SGLang's words: `{decode_req.req.rid=}` and its KVTransferError's str
+            # (srt/disaggregation/decode.py:2864, common/conn.py:115).
+            cause = str(exc)
+            if not cause.startswith("KVTransferError("):
+                cause = f"KVTransferError(bootstrap_room={room}): {cause}"
             message = (
-                f"Decode transfer failed for request rank=0 req.rid={seq.rid!r} "
-                f"req.bootstrap_room={room} with exception {exc}"
+                f"Decode transfer failed for request rank=0 decode_req.req.rid={seq.rid!r} "
+                f"decode_req.req.bootstrap_room={room} with exception {cause}"
             )
             logger.error(message)
             self._drop(rank_index, seq, FinishReason("abort", status_code=500, message=message))
