@@ -127,6 +127,10 @@ class RealServer:
             return bool(answer.status == 200)
         return False
 
+    def alive(self) -> bool:
+        """The server process still runs (a scheduler that crashes takes it down with it)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
