@@ -112,12 +112,27 @@ KNOWN: dict[str, str] = {
     "/server_info|body|$.* only in real": "SGLang lists every server argument (about 400); the "
     "sim those it honours (the rest under `ignored`)",
     "/get_server_info|body|*only in real": "the same (deprecated route)",
-    "*|body|$.choices[].matched_stop real number sim null": "the tiny model ended on its EOS "
-    "(a value, not a shape: the sim's answers end at their drawn length)",
     "/v1/loads|body|$.accelerator real null sim str": "SGLang on CPU names no accelerator; the "
     "sim names the GPU it emulates",
     "/v1/loads|body|$.loads[].decode_moments only in real": "SGLang's decode-length moments",
     "/flush_cache|content-type|*": "SGLang's /flush_cache answers with no content type",
+    "cmp-logprobs-negative|body|$.choices[].logprobs.top_logprobs[] only in sim": (
+        "with logprobs -1 SGLang gives empty top_logprobs, the sim one entry per token"
+    ),
+    "chat-max-tokens-huge|message|*": (
+        "with this test's 128-token context both refuse with the same status but not with the "
+        "corpus's words, written for a 131072-token context"
+    ),
+    "*server_info|body|$*.max_running_requests real null sim number": (
+        "SGLang reports the flag's value (unset: null), the sim the limit it resolved"
+    ),
+    "*server_info|body|$.max_total_tokens real number sim null": (
+        "the sim is not given the CPU profile's --max-total-tokens (its KV pool is the "
+        "emulated GPU's)"
+    ),
+    "*server_info|body|$.random_seed real number sim null": (
+        "SGLang draws and reports a seed when none is given; the sim reports the flag"
+    ),
     "/metrics|family|* only in real": "families the sim does not model (CUDA graphs, speculative "
     "decoding, SWA/Mamba pools, routing keys, HTTP counters, process CPU, ...); the ones pdkit "
     "reads are modelled",
@@ -134,6 +149,17 @@ KNOWN: dict[str, str] = {
     "this gauge with the scheduler's pid",
     "/metrics|labels|sglang:*_tokens_total real+['is_streaming'] sim+[]": "SGLang splits the "
     "token counters by streaming",
+}
+
+
+# Differences of values that show in the shape and come and go between runs (the real model's
+# greedy choice can change with its batch): listed, not required to be seen.
+SOMETIMES: dict[str, str] = {
+    "*|body|$.choices[].matched_stop real number sim null": "the tiny model ended on its EOS "
+    "(a value, not a shape: the sim's answers end at their drawn length)",
+    "gen-stream|first-chunk|$.meta_info.*": "SGLang coalesces a short stream's tokens when it "
+    "runs ahead of its output: the first chunk may already be the last (finish_reason, "
+    "e2e_latency set)",
 }
 
 
@@ -202,7 +228,7 @@ def _matches(difference: str, pattern: str) -> bool:
 
 def test_the_sim_answers_like_sglang_or_the_difference_is_listed(servers):
     found = _observed(*servers)
-    new = [d for d in found if not any(_matches(d, p) for p in KNOWN)]
+    new = [d for d in found if not any(_matches(d, p) for p in (*KNOWN, *SOMETIMES))]
     stale = [p for p in KNOWN if not any(_matches(d, p) for d in found)]
     assert not new, "differences not in KNOWN (fix the sim, or list them with the reason):\n" + (
         "\n".join(new)
@@ -212,7 +238,7 @@ def test_the_sim_answers_like_sglang_or_the_difference_is_listed(servers):
 
 def test_every_known_difference_is_in_the_sims_docs():
     docs = " ".join((REPO / "docs" / "sim.md").read_text().split())
-    reasons = {*KNOWN.values(), *NOT_SENT.values()}
+    reasons = {*KNOWN.values(), *SOMETIMES.values(), *NOT_SENT.values()}
     missing = [why for why in reasons if " ".join(why.split()) not in docs]
     assert not missing, f"docs/sim.md's table lacks these reasons: {missing}"
 
