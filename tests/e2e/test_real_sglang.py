@@ -36,7 +36,7 @@ from tests.conftest import run_pdkit
 from tests.support.local_deploy import free_ports, processes_of
 from tests.support.real_sglang import (
     GREEDY,
-    Colocated,
+    RealServer,
     sglang_python,
     tiny_model,
     write_topology,
@@ -64,7 +64,7 @@ class Deployment:
     name: str
     data: dict
     up: subprocess.CompletedProcess[str]
-    colocated: Colocated
+    colocated: RealServer
     start_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -90,10 +90,10 @@ class Deployment:
 def real(tmp_path_factory):
     python = sglang_python()
     folder = tmp_path_factory.mktemp("real-sglang")
-    model = tiny_model(python, folder)
+    model = tiny_model(folder / "tiny-llama")
     name = f"real-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(folder, name, model, python)
-    colocated = Colocated(python, model, folder / "colocated.log")  # starts with the pair
+    colocated = RealServer(model, folder).launch()  # starts with the pair
     deployment = None
     try:
         started = time.monotonic()

@@ -1,13 +1,14 @@
 """The real SGLang 0.5.23 on this machine's CPU, for end-to-end tests: its interpreter (`make
 sglang-cpu`), the tiny model (`tools/tiny_model.py`, run as a program: tests import no tool), a
-copy of topologies/local-sglang.yaml with its own name, root and free ports, and a colocated
-reference server started with kit's CPU profile.
+copy of topologies/local-sglang.yaml with its own name, root and free ports, and a plain
+(colocated) server started with kit's CPU profile (`kit.sglang.cpu`), always stopped.
 
 A test that cannot find the environment fails naming what to build; it never skips.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -38,22 +39,25 @@ def sglang_python() -> str:
         pytest.fail(
             f"the real SGLang CPU environment is not at {python}: run `make sglang-cpu` "
             "(tools/sglang_cpu/install.py; 4-5 min, cached in ~/.cache/pdkit), or set "
-            "PDKIT_SGLANG_CPU_PYTHON"
+            "PDKIT_SGLANG_CPU_PYTHON",
+            pytrace=False,
         )
     return python
 
 
-def tiny_model(python: str, folder: Path) -> Path:
-    """The tiny Llama in `folder` (generated, deterministic, well under a second)."""
-    out = folder / "tiny-llama"
-    result = subprocess.run(
-        [python, str(REPO / "tools" / "tiny_model.py"), "--out", str(out), "--seed", "0"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"tools/tiny_model.py failed: {result.stderr}")
+def tiny_model(out: Path) -> Path:
+    """The tiny Llama (seed 0) in the folder `out`, generated unless there (deterministic,
+    well under a second)."""
+    if not (out / "config.json").exists():
+        tool = str(REPO / "tools" / "tiny_model.py")
+        result = subprocess.run(
+            [sglang_python(), tool, "--out", str(out), "--seed", "0"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            pytest.fail(f"tools/tiny_model.py failed: {result.stderr}")
     return out
 
 
@@ -75,46 +79,76 @@ def write_topology(folder: Path, name: str, model: Path, python: str) -> tuple[P
     return path, data
 
 
-class Colocated:
-    """A plain (not disaggregated) real SGLang server: the tokens PD must reproduce."""
+class RealServer:
+    """A plain (not disaggregated) `python -m sglang.launch_server` on the CPU, in its own
+    session, logging to a file: the tokens PD must reproduce, and the sim's wire reference.
 
-    def __init__(self, python: str, model: Path, log: Path) -> None:
+    `launch()` returns at once (so that it starts beside other servers); `wait_ready()` waits
+    for /health; `start()` does both."""
+
+    def __init__(self, model: Path, log_dir: Path, extra: list[str] | None = None) -> None:
         self.port, nccl = free_ports(2)
-        argv = [python, "-m", "sglang.launch_server", "--model-path", str(model)]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"sglang-{self.port}.log"
+        argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--nccl-port", str(nccl)]
         argv += [f"--{cpu.DEVICE_FLAG}", "cpu"]
         argv += [arg for flag, value in cpu.args("null").items() for arg in (f"--{flag}", value)]
-        env = dict(os.environ) | {"SGLANG_HOST_IP": "127.0.0.1"}
-        env |= cpu.env("127.0.0.1", "mooncake_tcp")
-        self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        self.argv = argv + list(extra or [])
+        self.env = dict(os.environ) | {"SGLANG_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
+        self.env |= cpu.env("127.0.0.1", "mooncake_tcp")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.start_s: float | None = None
+
+    def launch(self) -> RealServer:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
             )
         self.started = time.monotonic()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self
 
     def wait_ready(self) -> float:
-        """Seconds from launch to the first /health 200."""
+        """Seconds from launch to the first /health 200 (fails the test past the timeout, or
+        when the server exits)."""
         while time.monotonic() - self.started < START_TIMEOUT_S:
-            if self.process.poll() is not None:
-                pytest.fail(f"the colocated SGLang exited: {self.log.read_text()[-3000:]}")
-            try:
+            if not self.alive():
+                pytest.fail(f"the real SGLang server exited:\n{self.log()[-3000:]}")
+            with contextlib.suppress(OSError):
                 if request_json(self.url + "/health", timeout_s=5)[0] == 200:
-                    return time.monotonic() - self.started
-            except OSError:
-                pass
+                    self.start_s = time.monotonic() - self.started
+                    return self.start_s
             time.sleep(1)
-        pytest.fail(f"the colocated SGLang never answered /health: {self.log.read_text()[-3000:]}")
+        self.stop()
+        pytest.fail(f"the real SGLang server never answered /health:\n{self.log()[-3000:]}")
+
+    def start(self) -> RealServer:
+        self.launch().wait_ready()
+        return self
+
+    def alive(self) -> bool:
+        """The server process still runs (a scheduler that crashes takes it down with it)."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # children that outlived their parent
+        self.proc.wait()
