@@ -18,6 +18,7 @@ from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
 from kit.topology.plan import Command
 from kit.topology.schema import ArgValue, Host, Role, Topology
+from kit.topology.timeouts import timeouts_env, user_env
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "kit.sim"
@@ -64,8 +65,7 @@ def input_files(topology: Topology, role: str) -> tuple[tuple[str, str], ...]:
 
 def role_env(topology: Topology, role: str) -> dict[str, str]:
     """The user's env for a role: transfer.env < defaults.env < role.env."""
-    spec: Role = getattr(topology, role)
-    return {**topology.transfer.env, **topology.defaults.env, **spec.env}
+    return user_env(topology, role)
 
 
 def ib_device(choice: NicChoice | None) -> str | None:
@@ -136,6 +136,9 @@ def worker_env(
         env[name] = str(gid_index)
     if ucx_devices:
         env["UCX_NET_DEVICES"] = ucx_devices
+    # Both timeouts on both roles: a prefill_complete prefill waits both, and a role switch
+    # turns one role into the other.
+    env.update(timeouts_env(topology.transfer.timeouts))
     env.update(role_env(topology, role))
     return dict(sorted(env.items()))
 
