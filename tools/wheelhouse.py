@@ -1,6 +1,6 @@
 """Build a wheelhouse for hosts without a package index (`pdkit provision --wheelhouse DIR`).
 
-    python -m tools.wheelhouse --out wheelhouse --engine sglang --cuda 12
+    python -m tools.wheelhouse --out wheelhouse --engine sglang
     python -m tools.wheelhouse --out wheelhouse --engine sim --from-installed
 
 Default: `pip download` (on this control machine, which reaches the index) of every package the
@@ -10,7 +10,8 @@ hosts' venv needs, as binary wheels for the hosts' Python and platform (`--pytho
 (kit.deploy.wheels), so the hosts must run this Python on this platform (engine sim, tests).
 
 What the venv needs, per engine (the pdkit_python role installs the same list):
-  sglang: sglang==<version>, the Mooncake build for the hosts' CUDA, pdkit, supervisor;
+  sglang: sglang==<version>, the Mooncake build for the CUDA of the torch SGLang pins (13 for
+          SGLang 0.5.23's torch 2.14.1: mooncake-transfer-engine-cuda13), pdkit, supervisor;
   sim:    pdkit with the non-CUDA Mooncake build (pdkit[sim]), supervisor.
 """
 
@@ -34,6 +35,8 @@ from kit.deploy.wheels import (
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_DEFAULTS = REPO / "playbooks/roles/pdkit_python/defaults/main.yml"
+TORCH_CUDA = 13
+"""CUDA major version of the torch SGLang 0.5.23 pins (torch 2.14.1, cuda-toolkit 13.0)."""
 
 
 def role_defaults() -> dict:
@@ -68,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for the wheels.")
     parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
-    parser.add_argument("--cuda", type=int, default=12, help="CUDA major version of the hosts.")
+    parser.add_argument(
+        "--cuda",
+        type=int,
+        default=TORCH_CUDA,
+        help="CUDA major version of the torch SGLang pins, which picks the Mooncake build "
+        f"(default {TORCH_CUDA}: SGLang 0.5.23's torch 2.14.1; not the driver's)",
+    )
     parser.add_argument("--sglang-version", default=role_defaults()["pdkit_python_sglang_version"])
     parser.add_argument("--python-version", help="Hosts' Python, e.g. 3.11 (pip download).")
     parser.add_argument("--platform", help="Hosts' platform tag, e.g. manylinux_2_28_x86_64.")
