@@ -22,6 +22,8 @@ export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
 	@echo "make down        stop it"
+	@echo "make up-sglang   bring up topologies/local-sglang.yaml (the real SGLang on the CPU, 1 prefill + 1 decode + router)"
+	@echo "make down-sglang stop it"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
@@ -126,7 +128,8 @@ PDKIT_CACHE ?= $(HOME)/.cache/pdkit
 SGLANG_CPU_VENV := .venv-sglang-cpu
 SGLANG_CPU_CACHED := $(PDKIT_CACHE)/sglang-cpu-$(SGLANG_VERSION)-torch$(SGLANG_CPU_TORCH)
 export PDKIT_SGLANG_CPU_PYTHON := $(abspath $(SGLANG_CPU_VENV))/bin/python
-.PHONY: sglang-cpu sglang-cpu-smoke
+.PHONY: sglang-cpu sglang-cpu-smoke up-sglang down-sglang
+TINY_MODEL := .pdkit/models/tiny-llama
 
 sglang-cpu:
 	$(PYTHON) tools/sglang_cpu/install.py --venv $(SGLANG_CPU_CACHED) --torch $(SGLANG_CPU_TORCH)
@@ -134,3 +137,14 @@ sglang-cpu:
 
 sglang-cpu-smoke: sglang-cpu
 	$(SGLANG_CPU_VENV)/bin/python tools/sglang_cpu/smoke.py
+
+# The tiny model topologies/local-sglang.yaml serves (generated, deterministic, not committed).
+$(TINY_MODEL)/config.json: tools/tiny_model.py | sglang-cpu
+	$(SGLANG_CPU_VENV)/bin/python tools/tiny_model.py --out $(TINY_MODEL) --seed 0
+
+# The real engine on this machine: SGLang 0.5.23 on the CPU behind pdkit's router.
+up-sglang: $(VENV)/.stamp sglang-cpu $(TINY_MODEL)/config.json
+	$(VENV)/bin/pdkit up topologies/local-sglang.yaml
+
+down-sglang: $(VENV)/.stamp
+	$(VENV)/bin/pdkit down topologies/local-sglang.yaml

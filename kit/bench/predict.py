@@ -52,6 +52,10 @@ class Prediction:
 
 
 def _instance(worker: WorkerProcess) -> tuple[InstanceConfig, float]:
+    if worker.launch.device == "cpu":
+        raise PdkitError(
+            f"{worker.name} runs on a CPU host (device: cpu); kit/perf models GPUs only"
+        )
     try:
         config = InstanceConfig.from_launch(worker.launch)
     except UnknownGpuError as exc:

@@ -18,6 +18,7 @@ from kit.cli.options import (
     TopologyArg,
     VerboseOpt,
     pair_timeout,
+    reference_url,
 )
 from kit.errors import PdkitError
 
@@ -63,6 +64,7 @@ def up(
         ),
     ] = False,
     gate_timeout: Annotated[float | None, pair_timeout("--gate-timeout")] = None,
+    gate_reference: Annotated[str | None, reference_url("--gate-reference")] = None,
     diff: Annotated[
         bool,
         typer.Option(
@@ -83,7 +85,9 @@ def up(
         router_timeout=router_timeout,
         verbose=verbose,
         gate=not no_gate,
-        gate_options=DoctorOptions(timeout_s=gate_timeout or DEFAULT_TIMEOUT_S),
+        gate_options=DoctorOptions(
+            timeout_s=gate_timeout or DEFAULT_TIMEOUT_S, reference_url=gate_reference
+        ),
         parallel=parallel,
         drain_timeout=drain_timeout,
         diff_only=diff,

@@ -10,7 +10,14 @@ from typing import Annotated
 import typer
 
 from kit.cli.app import app, console, resolve_plan
-from kit.cli.options import ConcurrencyOpt, JsonOpt, ProbeTimeoutOpt, TopologyArg, pair_timeout
+from kit.cli.options import (
+    ConcurrencyOpt,
+    JsonOpt,
+    ProbeTimeoutOpt,
+    TopologyArg,
+    pair_timeout,
+    reference_url,
+)
 
 
 @app.command(
@@ -78,15 +85,19 @@ def status(
 @app.command(
     epilog="Examples:\n\n  pdkit doctor topologies/local.yaml\n\n"
     "  pdkit doctor topologies/local.yaml --json | jq '.pairs[] | {prefill, decode, state}'\n\n"
-    "Sends one real PD request (one output token, its own bootstrap room) straight to every "
-    "prefill x decode pair, every DP rank included, and prints the matrix: TTFT and the KV "
-    "transfer time and speed the prefill reports, or the failure with its cause from both "
-    "workers' logs and the fix. Ends with the model's KV bytes per token and the transfer time "
-    "of --input-len tokens at the measured speed, against the TTFT objective. Exit status 0 "
-    "when every pair moved KV, 1 otherwise. `pdkit up` runs the same check last."
+    "Sends one real PD request (a fixed prompt, greedy, 8 output tokens, its own bootstrap "
+    "room) straight to every prefill x decode pair, every DP rank included, and prints the "
+    "matrix: TTFT and the KV transfer time and speed the prefill reports, or the failure with "
+    "its cause from both workers' logs and the fix. Every pair must give the same tokens, and "
+    "with --reference URL (a colocated server of the same model) that server's; a pair that "
+    "disagrees is named with what it gave. Ends with the model's KV bytes per token and the "
+    "transfer time of --input-len tokens at the measured speed, against the TTFT objective. "
+    "Exit status 0 when every pair moved KV and gave the expected tokens, 1 otherwise. "
+    "`pdkit up` runs the same check last."
 )
 def doctor(
     topology: TopologyArg,
+    *,
     as_json: JsonOpt = False,
     timeout: Annotated[float | None, pair_timeout("--timeout")] = None,
     parallel: Annotated[
@@ -100,6 +111,7 @@ def doctor(
     input_len: Annotated[
         int, typer.Option("--input-len", min=1, help="Input tokens for the KV cost line.")
     ] = 2048,
+    reference: Annotated[str | None, reference_url("--reference")] = None,
 ) -> None:
     """Prove KV moves across every prefill x decode pair; name the cause when it does not."""
     from kit.deploy import DeployContext  # noqa: PLC0415
@@ -107,7 +119,9 @@ def doctor(
     from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
     context = DeployContext.build(resolve_plan(topology), topology)
-    options = DoctorOptions(timeout_s=timeout or DEFAULT_TIMEOUT_S, parallel=parallel)
+    options = DoctorOptions(
+        timeout_s=timeout or DEFAULT_TIMEOUT_S, parallel=parallel, reference_url=reference
+    )
     raise typer.Exit(run_doctor(context, console, options, as_json=as_json, input_tokens=input_len))
 
 

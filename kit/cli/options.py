@@ -73,6 +73,17 @@ def pair_timeout(flag: str) -> Any:  # typer.Option is typed Any
     )
 
 
+def reference_url(flag: str) -> Any:  # typer.Option is typed Any
+    """The token check's reference: `--gate-reference` of up, `--reference` of doctor."""
+    return typer.Option(
+        flag,
+        help="URL of a colocated server of the same model (--disaggregation-mode null): every "
+        "pair's tokens must equal its answer (default: the pairs must agree).",
+        metavar="URL",
+        show_default=False,
+    )
+
+
 # The probes of `pdkit health` and `pdkit status`.
 ProbeTimeoutOpt = Annotated[
     float,

@@ -1,8 +1,10 @@
 """The KV transfer gate: the last stage of `pdkit up`, and `pdkit doctor`.
 
 Readiness only says that every worker answers `/health`, which moves no KV. The gate sends one
-real PD request to every prefill x decode pair (`kit.observe.doctor`) and fails `pdkit up` with
-the pair, what was seen and the cause found in both workers' logs, read here the way
+real PD request to every prefill x decode pair (`kit.observe.doctor`): greedy and fixed, so every
+pair must give the same tokens (and a colocated reference server's, `DoctorOptions.reference_url`).
+It fails `pdkit up` with the pair, what was seen (for wrong tokens: what it gave against the
+reference's or the majority's) and the cause found in both workers' logs, read here the way
 `pdkit logs` reads them (local file, or `tail` over SSH).
 """
 
@@ -16,7 +18,14 @@ from kit.deploy.context import DeployContext
 from kit.deploy.logs import tail
 from kit.errors import DeployError
 from kit.observe.doctor import LOG_LINES, DoctorOptions, LogReader
-from kit.observe.doctor_view import check, doctor, failure_lines, matrix_table, summary
+from kit.observe.doctor_view import (
+    check,
+    doctor,
+    failure_lines,
+    matrix_table,
+    summary,
+    token_line,
+)
 
 
 def log_reader(ctx: DeployContext, lines: int = LOG_LINES) -> LogReader:
@@ -31,18 +40,28 @@ def transfer_gate(ctx: DeployContext, console: Console, options: DoctorOptions) 
     pairs = len(plan.role("prefill")) * len(plan.role("decode"))
     console.print(
         f"[bold]Gate[/]: one PD request per prefill x decode pair ({pairs} pair(s), "
-        f"timeout {options.timeout_s:g} s each)"
+        f"timeout {options.timeout_s:g} s each), tokens compared with "
+        + (f"the reference {options.reference_url}" if options.reference_url else "each other")
     )
     matrix = check(plan, options, log_reader(ctx))
     console.print(matrix_table(matrix))
     if matrix.ok:
-        console.print(f"  {summary(matrix)}", style="dim", markup=False, highlight=False)
+        for line in (token_line(matrix), summary(matrix)):
+            console.print(f"  {line}", style="dim", markup=False, highlight=False)
         return
     topology = shlex.quote(str(ctx.topology_file))
-    failed = ", ".join(p.name for p in matrix.failed)
+    moved = [p for p in matrix.failed if p.state != "wrong"]
+    wrong = [p for p in matrix.failed if p.state == "wrong"]
+    what = []
+    if moved:
+        what.append(f"{len(moved)} did not move KV ({', '.join(p.name for p in moved)})")
+    if wrong:
+        what.append(f"{len(wrong)} gave wrong tokens ({', '.join(p.name for p in wrong)})")
+    if matrix.reference_error:
+        what.append("the reference gave no answer")
     lines = [
-        f"The KV transfer gate failed: {len(matrix.failed)} of {len(matrix.pairs)} "
-        f"prefill x decode pair(s) did not move KV ({failed}).",
+        f"The KV transfer gate failed: of {len(matrix.pairs)} prefill x decode pair(s), "
+        f"{'; '.join(what)}.",
         *failure_lines(matrix),
         "The workers and the router are running, but requests routed to these pairs fail.",
         f"To fix: correct the cause above, then `pdkit up {topology}` again; "

@@ -2,9 +2,16 @@
 
 SGLang's warm-up and `/health` use a fake bootstrap host and move no KV, so a wrong GID, a NIC
 that cannot reach the peer's rail or a firewalled Mooncake port only shows on the first real
-request. Here every pair gets its own: the same `/generate` body (one output token, its own
-bootstrap room and request id) goes straight to the prefill and the decode, as pdkit's router
-would send it, with no router policy in the way.
+request. Here every pair gets its own: the same `/generate` body (a fixed prompt, greedy,
+`CHECK_TOKENS` output tokens with `ignore_eos`; its own bootstrap room and request id) goes
+straight to the prefill and the decode, as pdkit's router would send it, with no router policy
+in the way: the pair is chosen by the URLs the legs go to and the prefill's bootstrap address
+in the body, nothing else.
+
+- Tokens, not only KV: a pair can move KV and still answer wrong (KV laid out or delivered
+  wrong decodes into fluent garbage, silently, unless SGLang's KV checksum is on). Every pair
+  gets the same request, so every pair must give the same tokens, and the colocated reference
+  server's (`DoctorOptions.reference_url`) when one is given (`kit.observe.doctor_tokens`).
 
 - Every DP rank of both instances is probed: a pair sends max(prefill dp, decode dp) requests,
   room `r` with `r % prefill_dp` = the prefill's rank (SGLang's follow_bootstrap_room) and the
@@ -14,9 +21,10 @@ would send it, with no router policy in the way.
   each pair's transfer figures are its own); a worker that does not answer `/health` is not
   probed (its pairs fail at once), and one whose pairs timed out `give_up_after` times has its
   other pairs skipped. A 16 x 16 matrix of healthy sim workers takes a few seconds.
-- Figures: TTFT is the decode's answer time; the KV transfer time and speed are what the
-  prefill itself reports (`sglang:kv_transfer_latency_ms` and `sglang:kv_transfer_speed_gb_s`,
-  scraped before and after the pair, on SGLang and the sim alike).
+- Figures: TTFT is the prefill's answer time (its first token computed and its KV sent; the
+  decode's first token follows it at once), the answer time the decode's; the KV transfer
+  time and speed are what the prefill itself reports (`sglang:kv_transfer_latency_ms` and
+  `sglang:kv_transfer_speed_gb_s`, scraped before and after the pair, on SGLang and the sim).
 - Causes: `explain` reads both instances' log tails (every node) through the caller's reader and
   matches `kit.observe.signatures`; unknown failures keep the lines that matter.
 
@@ -35,6 +43,16 @@ from typing import Any, Literal
 
 from kit.errors import PdkitError, ProbeError
 from kit.net import url_host
+from kit.observe.doctor_tokens import (
+    CHECK_TOKENS,
+    Answer,
+    Expected,
+    answer_of,
+    disagreements,
+    expected,
+    first_difference,
+    suspects,
+)
 from kit.observe.probe import Fetched, Prober
 from kit.observe.prom import parse_metrics
 from kit.observe.signatures import Match, diagnose, notable
@@ -49,7 +67,7 @@ DECODE_GRACE_S = 2.0  # after a failed prefill, how long the decode may still ex
 LOG_LINES = 200
 KV_FAMILIES = ("sglang:kv_transfer_latency_ms", "sglang:kv_transfer_speed_gb_s")
 
-PairState = Literal["ok", "failed", "timeout", "skipped"]
+PairState = Literal["ok", "failed", "timeout", "skipped", "wrong"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,9 @@ class DoctorOptions:
     parallel: int = DEFAULT_PARALLEL
     give_up_after: int = GIVE_UP_AFTER
     health_timeout_s: float = HEALTH_TIMEOUT_S
+    reference_url: str | None = None
+    """A colocated server of the same model (`--disaggregation-mode null`): every pair's tokens
+    must equal its answer to the same request. None: the pairs must agree with each other."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -116,10 +137,11 @@ class Transfer:
 
 @dataclass(frozen=True)
 class PairResult:
-    """One prefill x decode pair: `state`, the decode's answer time, the prefill's transfer
-    figures, and for a failure what was seen (`symptom`), the error texts the workers
-    answered, the causes found in their logs and, without a known cause, the lines that
-    matter."""
+    """One prefill x decode pair: `state`, TTFT (the prefill's answer) and the decode's
+    answer time in ms, the prefill's transfer figures, the tokens the decode gave (`answer`),
+    and for a failure what was seen (`symptom`; for `wrong`, the tokens against the expected
+    ones), the error texts the workers answered, the causes found in their logs and, without
+    a known cause, the lines that matter."""
 
     prefill: str
     decode: str
@@ -127,7 +149,9 @@ class PairResult:
     rooms: tuple[int, ...] = ()
     rids: tuple[str, ...] = ()
     ttft_ms: float | None = None
+    answer_ms: float | None = None
     transfer: Transfer | None = None
+    answer: Answer | None = None
     symptom: str = ""
     messages: tuple[str, ...] = ()
     causes: tuple[Match, ...] = ()
@@ -144,7 +168,9 @@ class PairResult:
 
 @dataclass(frozen=True)
 class Matrix:
-    """Every pair of a deployment, prefills in rows and decodes in columns."""
+    """Every pair of a deployment, prefills in rows and decodes in columns; `expected` is the
+    token check's expected answer and its source, `reference_error` why the reference server
+    gave none (which fails the check)."""
 
     deployment: str
     prefills: tuple[Instance, ...]
@@ -152,10 +178,13 @@ class Matrix:
     pairs: tuple[PairResult, ...]
     seconds: float
     timeout_s: float
+    expected: Expected | None = None
+    reference_url: str | None = None
+    reference_error: str = ""
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.pairs)
+        return all(p.ok for p in self.pairs) and not self.reference_error
 
     @property
     def failed(self) -> tuple[PairResult, ...]:
@@ -171,10 +200,27 @@ class Matrix:
 # -- one pair -----------------------------------------------------------------------------
 
 
-def prompt(prefill: str, decode: str) -> str:
-    """The doctor's prompt: plain words, the pair in the text (seen in request logs)."""
+def prompt() -> str:
+    """The doctor's prompt: plain words, the same for every pair (their tokens are compared);
+    the pair is in the request id, which SGLang logs."""
     words = " ".join(f"kv{i % 10}" for i in range(PROMPT_WORDS))
-    return f"pdkit doctor {prefill} to {decode}: {words}"
+    return f"pdkit doctor: {words}"
+
+
+def check_request(text: str, rid: str | None = None) -> dict[str, Any]:
+    """The greedy, fixed request every pair (and the reference) answers: temperature 0, a fixed
+    number of tokens whatever the model's EOS."""
+    body: dict[str, Any] = {
+        "text": text,
+        "sampling_params": {
+            "max_new_tokens": CHECK_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    }
+    if rid is not None:
+        body["rid"] = rid
+    return body
 
 
 def request_body(
@@ -182,10 +228,7 @@ def request_body(
 ) -> bytes:
     """A /generate body with the PD bootstrap fields (docs/lb.md); `decode_rank` adds
     `routed_dp_rank`, which only the decode leg gets."""
-    body: dict[str, Any] = {
-        "text": text,
-        "rid": rid,
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    body = check_request(text, rid) | {
         "bootstrap_host": url_host(prefill.address),
         "bootstrap_port": prefill.bootstrap_port,
         "bootstrap_room": room,
@@ -309,7 +352,7 @@ async def probe_pair(
 ) -> PairResult:
     """One pair: a request per DP rank (see the module doc), timed, with the prefill's own
     transfer figures; never raises for a worker's failure (it is the result)."""
-    text = prompt(prefill.name, decode.name)
+    text = prompt()
     plan = rooms_for(prefill.dp, decode.dp, salt)
     rids = tuple(f"pdkit-doctor-{prefill.name}-{decode.name}-{room}" for room, _ in plan)
     before = await prober.get(f"{prefill.url}/metrics")
@@ -336,8 +379,26 @@ async def probe_pair(
         messages = tuple(dict.fromkeys(m for _, _, ms in bad for m in ms))
         return replace(base, state=state, symptom=bad[0][1], messages=messages)
     after = await prober.get(f"{prefill.url}/metrics")
-    ttft = max(leg.decode.seconds for leg in legs if leg.decode is not None) * 1000
-    return replace(base, ttft_ms=ttft, transfer=_transfer(before, after))
+    ttft = max(leg.prefill.seconds for leg in legs if leg.prefill is not None) * 1000
+    answered = max(leg.decode.seconds for leg in legs if leg.decode is not None) * 1000
+    result = replace(base, ttft_ms=ttft, answer_ms=answered, transfer=_transfer(before, after))
+    answers = [answer_of(leg.decode) for leg in legs]
+    first = answers[0]
+    if first is None:
+        return result
+    for index, other in enumerate(answers[1:], start=1):
+        if other is None or other.key != first.key:  # one DP rank of the pair answers wrong
+            where = first_difference(other, first) if other is not None else "(no answer)"
+            return replace(
+                result,
+                state="wrong",
+                answer=first,
+                symptom=(
+                    f"its requests gave different tokens (room {plan[index][0]} "
+                    f"{where}): {other.show() if other else 'none'} against {first.show()}"
+                ),
+            )
+    return replace(result, answer=first)
 
 
 def _failure(
@@ -424,10 +485,62 @@ async def run_matrix(plan: Plan, options: DoctorOptions) -> Matrix:
             results=results,
             options=options,
         )
+        reference, reference_error = None, ""
+        if options.reference_url:
+            reference, reference_error = await _reference(prober, options)
     pairs = tuple(results[i, j] for i in range(len(prefills)) for j in range(len(decodes)))
-    return Matrix(
-        plan.name, prefills, decodes, pairs, time.monotonic() - started, options.timeout_s
+    matrix = Matrix(
+        plan.name,
+        prefills,
+        decodes,
+        pairs,
+        time.monotonic() - started,
+        options.timeout_s,
+        reference_url=options.reference_url,
+        reference_error=reference_error,
     )
+    return judge_tokens(matrix, reference)
+
+
+async def _reference(prober: Prober, options: DoctorOptions) -> tuple[Answer | None, str]:
+    """The reference server's answer to the check request, or why there is none."""
+    url = (options.reference_url or "").rstrip("/")
+    body = json.dumps(check_request(prompt(), "pdkit-doctor-reference")).encode()
+    fetched = await prober.post(f"{url}/generate", body, timeout=options.timeout_s)
+    answer = answer_of(fetched)
+    if answer is not None:
+        return answer, ""
+    said = error_text(fetched) if fetched.answered else fetched.detail or "no answer"
+    return None, (
+        f"the reference {url} gave no answer to compare with (HTTP {fetched.status}: "
+        f"{gist(said)}). To fix: pass the URL of a colocated server of the same model "
+        "(--disaggregation-mode null) that serves /generate"
+        if fetched.answered
+        else f"the reference {url} gave no answer to compare with ({gist(said)}). To fix: "
+        "pass the URL of a running colocated server of the same model"
+    )
+
+
+def judge_tokens(matrix: Matrix, reference: Answer | None) -> Matrix:
+    """The matrix with every pair whose tokens differ from the expected ones (the reference's,
+    else the majority's) turned `wrong`, named with what it gave against what was expected;
+    a worker all of whose pairs are wrong is named as the likely cause."""
+    answers = {p.name: p.answer for p in matrix.pairs if p.ok and p.answer is not None}
+    want = expected(answers, reference)
+    bad = disagreements(answers, want)
+    already = {p.name for p in matrix.pairs if p.state == "wrong"}
+    culprits = suspects(set(bad) | already, {p.name: (p.prefill, p.decode) for p in matrix.pairs})
+    pairs = []
+    for pair in matrix.pairs:
+        if pair.name in bad:
+            symptom = bad[pair.name]
+            mine = [w for w in culprits if w in (pair.prefill, pair.decode)]
+            if mine:
+                symptom += f"; every pair with {' and '.join(mine)} gives wrong tokens"
+            pairs.append(replace(pair, state="wrong", symptom=symptom))
+        else:
+            pairs.append(pair)
+    return replace(matrix, pairs=tuple(pairs), expected=want)
 
 
 async def _schedule(

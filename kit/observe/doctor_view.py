@@ -109,14 +109,15 @@ def cell(pair: PairResult) -> Text:
     """One matrix cell: ok with TTFT and the transfer, or the failure in a word or two."""
     if pair.ok:
         text = Text("ok", style="green")
-        text.append(f" {pair.ttft_ms:.0f} ms")
+        text.append(f" TTFT {pair.ttft_ms:.0f} ms")
         if pair.transfer:
             t = pair.transfer
             text.append(f"\nKV {t.latency_ms:.1f} ms {t.speed_gb_s:.3g} GB/s", style="dim")
         else:
             text.append("\nKV figures not reported", style="dim")
         return text
-    label = {"failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped"}[pair.state]
+    labels = {"failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped"}
+    label = labels.get(pair.state, "WRONG TOKENS")
     text = Text(label, style="yellow" if pair.state == "skipped" else "bold red")
     if pair.causes:
         text.append(f"\n{pair.causes[0].signature.name}")
@@ -142,8 +143,12 @@ def failure_lines(matrix: Matrix) -> list[str]:
     """Per failed pair: what was seen, then each cause with its fix and the line it came from,
     or, for an unknown failure, the log lines that matter."""
     lines: list[str] = []
+    if matrix.reference_error:
+        lines.append(f"token check: {matrix.reference_error}")
     for pair in matrix.failed:
         lines.append(f"{pair.name}: {pair.state}: {pair.symptom}")
+        if pair.state == "wrong":
+            lines.append(f"  cause: {WRONG_TOKENS_CAUSE}")
         for match in pair.causes:
             s = match.signature
             lines.append(f"  cause ({s.name}): {s.cause}. To fix: {s.fix}.")
@@ -168,12 +173,42 @@ def failure_lines(matrix: Matrix) -> list[str]:
     return lines
 
 
-def summary(matrix: Matrix) -> str:
-    good = sum(p.ok for p in matrix.pairs)
+WRONG_TOKENS_CAUSE = (
+    "the KV moved but the decode's tokens are not the prefill's continuation: KV written into "
+    "the wrong pages or altered on the way (page size, KV dtype or layout differing between "
+    "the roles, a bad NIC, PCIe or GPUDirect path), or a worker running another model or "
+    "version. SGLang writes no line for it unless both roles run with "
+    "--disaggregation-enable-kv-checksum. To fix: compare both roles' model, page size and KV "
+    "dtype (`pdkit render T --json`), then test the rails (`pdkit provision T --transfer-test`)"
+)
+
+
+def token_line(matrix: Matrix) -> str:
+    """What the token check compared against, and how many pairs agreed."""
+    want = matrix.expected
+    if matrix.reference_error or want is None:
+        return "tokens: not checked"
+    if want.compared == 0:
+        return "tokens: no pair answered, nothing to compare"
+    if want.answer is None:
+        return f"tokens: the pairs disagree and none has a majority ({want.source})"
+    where = f" {matrix.reference_url}" if matrix.reference_url else ""
+    if want.compared == 1 and not matrix.reference_url:
+        return f"tokens: {want.answer.show()} (one pair: no other answer to compare with)"
     return (
-        f"{good} of {len(matrix.pairs)} pair(s) moved KV ({len(matrix.prefills)} prefill x "
+        f"tokens: {want.agree} of {want.compared} pair(s) agree with {want.source}{where}: "
+        f"{want.answer.show()}"
+    )
+
+
+def summary(matrix: Matrix) -> str:
+    moved = sum(p.ok or p.state == "wrong" for p in matrix.pairs)
+    wrong = sum(p.state == "wrong" for p in matrix.pairs)
+    text = (
+        f"{moved} of {len(matrix.pairs)} pair(s) moved KV ({len(matrix.prefills)} prefill x "
         f"{len(matrix.decodes)} decode) in {matrix.seconds:.1f} s"
     )
+    return f"{text}; {wrong} of them gave wrong tokens" if wrong else text
 
 
 def matrix_to_json(matrix: Matrix, cost: KvCost | str | None) -> dict[str, Any]:
@@ -183,6 +218,9 @@ def matrix_to_json(matrix: Matrix, cost: KvCost | str | None) -> dict[str, Any]:
             "decode": p.decode,
             "state": p.state,
             "ttft_ms": p.ttft_ms,
+            "answer_ms": p.answer_ms,
+            "output_ids": list(p.answer.output_ids or ()) if p.answer else None,
+            "output_text": p.answer.text if p.answer else None,
             "kv_transfer_ms": p.transfer.latency_ms if p.transfer else None,
             "kv_speed_gb_s": p.transfer.speed_gb_s if p.transfer else None,
             "kv_transfers": p.transfer.count if p.transfer else 0,
@@ -222,7 +260,22 @@ def matrix_to_json(matrix: Matrix, cost: KvCost | str | None) -> dict[str, Any]:
         "prefills": [p.name for p in matrix.prefills],
         "decodes": [d.name for d in matrix.decodes],
         "pairs": [pair(p) for p in matrix.pairs],
+        "tokens": _tokens_json(matrix),
         "kv_cost": kv,
+    }
+
+
+def _tokens_json(matrix: Matrix) -> dict[str, Any]:
+    want = matrix.expected
+    answer = want.answer if want is not None else None
+    return {
+        "reference": matrix.reference_url,
+        "reference_error": matrix.reference_error or None,
+        "expected_source": want.source if want is not None else None,
+        "expected_ids": list(answer.output_ids or ()) if answer is not None else None,
+        "expected_text": answer.text if answer is not None else None,
+        "agree": want.agree if want is not None else 0,
+        "compared": want.compared if want is not None else 0,
     }
 
 
@@ -243,6 +296,7 @@ def show(
         console.print(matrix_table(matrix))
     for line in failure_lines(matrix):
         write(line)
+    write(token_line(matrix))
     if cost is not None:
         write(cost.line() if isinstance(cost, KvCost) else cost)
     write(summary(matrix))
@@ -258,7 +312,7 @@ def doctor(
     input_tokens: int = DEFAULT_INPUT_TOKENS,
 ) -> int:
     """`pdkit doctor`: probe, explain, print (table or JSON); exit status 0 when every pair
-    moved KV."""
+    moved KV and gave the expected tokens."""
     matrix = check(plan, options, read_log)
     cost = kv_cost(plan, matrix, input_tokens)
     if as_json:

@@ -93,7 +93,12 @@ COLUMNS = {
     "endpoint": Column("host:port", "", lambda w: w.endpoint, numeric=False),
     "state": Column("state", "", lambda w: _state(w.state), numeric=False),
     "engine": Column("engine", "", _engine, numeric=False),
-    "uptime": Column("up", "up: uptime", lambda w: duration(w.uptime_s), numeric=False),
+    "uptime": Column(
+        "up",
+        "up: uptime (-: not reported, as by SGLang)",
+        lambda w: duration(w.uptime_s),
+        numeric=False,
+    ),
     "running": Column("run", "run/queue: requests running/waiting", lambda w: number(w.running)),
     "queued": Column("queue", "", lambda w: number(w.queued)),
     "kv": Column("KV%", "KV%: KV cache used", lambda w: percent(w.token_usage)),
@@ -101,7 +106,11 @@ COLUMNS = {
     "inflight": Column("send q", "send q: sending KV", _queue("inflight")),
     "prealloc": Column("alloc q", "alloc q: waiting for KV room", _queue("prealloc")),
     "transfer": Column("recv q", "recv q: receiving KV", _queue("transfer")),
-    "xfer_ms": Column("xfer ms", "xfer ms: mean KV transfer", lambda w: number(w.kv.latency_ms, 1)),
+    "xfer_ms": Column(
+        "xfer ms",
+        "xfer ms: mean KV transfer (-: SGLang's decode reports none)",
+        lambda w: number(w.kv.latency_ms, 1),
+    ),
     "failed": Column("fail", "fail: failed KV transfers (+b bootstraps)", _failures),
     "tokens": Column("tok/s", "tok/s: tokens generated", lambda w: number(w.gen_throughput, 1)),
 }

@@ -22,8 +22,37 @@ from kit.topology.plan import HostPlan, ModelPlan, Plan, WorkerProcess
 from kit.topology.schema import Role, Topology
 
 
+def local_path(path: str, topology_dir: Path) -> str:
+    """`path` made absolute when it starts with ./ or ../ (taken from the topology file's
+    folder, `topology_dir`), else as it is (an absolute path, or a Hugging Face repo id)."""
+    if path.startswith(("./", "../")):
+        return host_root(path, topology_dir)
+    return path
+
+
+def _paths_resolved(topology: Topology, topology_dir: Path) -> Topology:
+    """The topology with a ./ or ../ model path taken from the topology file's folder, so that
+    every worker (whatever its working folder) and kit/perf find the same model."""
+    model = topology.model
+    resolved = local_path(model.path, topology_dir)
+    if resolved == model.path:
+        return topology
+    return topology.model_copy(update={"model": model.model_copy(update={"path": resolved})})
+
+
+def sglang_python(topology: Topology, host_name: str, topology_dir: Path) -> str | None:
+    """The interpreter of engine sglang's workers on a host (absolute), None: pdkit's own."""
+    python = topology.host(host_name).sglang_python
+    if topology.engine != "sglang" or python is None:
+        return None
+    return host_root(python, topology_dir)
+
+
 def build_workers(
-    topology: Topology, placed: Placement, layouts: dict[str, HostLayout]
+    topology: Topology,
+    placed: Placement,
+    layouts: dict[str, HostLayout],
+    topology_dir: Path = Path("/"),
 ) -> list[WorkerProcess]:
     """Every worker process, instance by instance in placement order, node by node."""
     workers = []
@@ -53,6 +82,7 @@ def build_workers(
                     bootstrap_port=p.bootstrap_port,
                     ports=process_ports(topology, p, node),
                     dist_init_addr=render.dist_init_addr(topology, p),
+                    nccl_port=p.nccl_port,
                     rdma_devices=nics.devices if nics else (),
                     gpu_nics=nics.per_gpu if nics else {},
                     ib_device=device,
@@ -68,6 +98,7 @@ def build_workers(
                         ucx,
                         render.collective_env(topology, p.role, host, nics, p.nnodes),
                     ),
+                    python=sglang_python(topology, host.name, topology_dir),
                 )
             )
     return workers
@@ -80,9 +111,10 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
     files are taken from there."""
     if placed.problems:  # validation runs first; this guards misuse of the API
         raise ValueError(f"topology does not place: {placed.problems[0]}")
+    topology = _paths_resolved(topology, topology_dir)
     roots = {h.name: host_root(h.root, topology_dir) for h in topology.hosts}
     layouts = {name: HostLayout(topology.name, root) for name, root in roots.items()}
-    workers = build_workers(topology, placed, layouts)
+    workers = build_workers(topology, placed, layouts, topology_dir)
     router = build_router(topology, workers, layouts[topology.router_host], topology_dir)
     model = topology.model
     return Plan(
@@ -104,11 +136,13 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
                 ssh_user=h.ssh.user,
                 ssh_port=h.ssh.port,
                 ssh_key=h.ssh.key,
+                device=h.device,
                 gpus=h.gpus,
                 gpu_type=h.gpu_type,
                 service_manager=h.service_manager,
                 root=roots[h.name],
                 rdma_devices=h.rdma_devices,
+                sglang_python=sglang_python(topology, h.name, topology_dir),
             )
             for h in topology.hosts
         ),

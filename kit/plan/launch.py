@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from kit.errors import Problem
-from kit.sglang.render import role_args, role_env
+from kit.sglang.render import host_args, role_env
 from kit.sim.settings import SPEED_ENV, SettingsError, speed_from_env
 from kit.topology.launch import WorkerLaunch
 from kit.topology.place import InstancePlacement
@@ -55,7 +55,7 @@ def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
     """The launch record of instance `p` (its rank-0 host's GPU type)."""
     spec: Role = getattr(topology, p.role)
     host = topology.host(p.nodes[0].host)
-    args = role_args(topology, p.role)
+    args = host_args(topology, p.role, host)
     env = role_env(topology, p.role)
     gpu_type = host.gpu_type
     speed = 1.0
@@ -65,6 +65,7 @@ def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
     dtype = args.get("kv-cache-dtype")
     return WorkerLaunch(
         model_path=topology.model.path,
+        device=host.device,
         gpu_type=gpu_type,
         parallelism=spec.parallelism,
         nnodes=p.nnodes,

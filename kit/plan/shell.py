@@ -28,9 +28,12 @@ def command_lines(command: Command, env: dict[str, str], python: str = "python")
 
 
 def _worker_comment(w: WorkerProcess) -> str:
-    parts = [f"GPUs {','.join(map(str, w.gpus))}" if w.gpus else "no GPU", f"HTTP :{w.http_port}"]
+    device = "CPU" if w.launch.device == "cpu" else "no GPU"
+    parts = [f"GPUs {','.join(map(str, w.gpus))}" if w.gpus else device, f"HTTP :{w.http_port}"]
     if w.bootstrap_port is not None:
         parts.append(f"bootstrap :{w.bootstrap_port}")
+    if w.nccl_port is not None:
+        parts.append(f"nccl :{w.nccl_port}")
     if w.nnodes > 1:
         parts.append(f"node {w.node_rank} of {w.nnodes}, dist-init {w.dist_init_addr}")
     return f"# {w.name} ({w.role}): {', '.join(parts)}"
@@ -70,7 +73,8 @@ def plan_to_shell(plan: Plan) -> str:
             continue
         out += ["", f"## host {host.name} ({host.address})"]
         for w in workers:
-            out += [_worker_comment(w), *command_lines(w.command, w.env)]
+            python = w.python or "python"
+            out += [_worker_comment(w), *command_lines(w.command, w.env, python)]
         if has_router:
             r = plan.router
             out += [_router_comment(r), *command_lines(r.command, r.env)]

@@ -35,6 +35,8 @@ OWNED_FLAGS: dict[str, str] = {
     "node-rank": "placement (pdkit assigns node ranks)",
     "dist-init-addr": "<role>.dist_init_port",
     "base-gpu-id": "placement (pdkit assigns GPUs)",
+    "device": "hosts[].device (cpu or cuda)",
+    "nccl-port": "<role>.nccl_port (rendered on CPU hosts; on GPU hosts SGLang picks one)",
     "api-key": "router.api_key_env (workers are reached only through the router)",
     "admin-api-key": "router.api_key_env",
 }

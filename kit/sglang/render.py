@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from kit.net import bare_host, host_port
+from kit.sglang import cpu
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
@@ -61,6 +62,17 @@ def input_files(topology: Topology, role: str) -> tuple[tuple[str, str], ...]:
         for flag in PATH_FLAGS
         if isinstance(value := args.get(flag), str) and value.startswith("/")
     )
+
+
+def host_args(topology: Topology, role: str, host: Host) -> dict[str, ArgValue]:
+    """The args of a role's servers on `host`: on a CPU host the CPU profile's defaults
+    (`kit.sglang.cpu`) under the topology's (pdkit defaults < CPU profile < defaults.args <
+    role.args), else `role_args`."""
+    merged = role_args(topology, role)
+    if host.device != "cpu":
+        return merged
+    profile: dict[str, ArgValue] = dict(cpu.args(role))
+    return {**PDKIT_DEFAULT_ARGS, **profile, **merged}
 
 
 def role_env(topology: Topology, role: str) -> dict[str, str]:
@@ -130,6 +142,8 @@ def worker_env(
         env["PDKIT_SIM_GPU"] = host.gpu_type
     # The address the transfer engine advertises to its peers.
     env["SGLANG_HOST_IP"] = bare_host(host.address)
+    if host.device == "cpu":
+        env.update(cpu.env(bare_host(host.address), topology.transfer.backend))
     gid_index = topology.transfer.gid_index
     if gid_index is not None:
         name = "UCX_IB_GID_INDEX" if topology.transfer.backend == "nixl" else "MC_GID_INDEX"
@@ -188,7 +202,11 @@ def worker_args(
         args += ["--nnodes", str(p.nnodes), "--node-rank", str(node.rank)]
     if node.gpus and node.gpus[0] != 0:
         args += ["--base-gpu-id", str(node.gpus[0])]
-    return args + render_args(role_args(topology, p.role))
+    if host.device == "cpu":
+        args += [f"--{cpu.DEVICE_FLAG}", cpu.OWNED[cpu.DEVICE_FLAG].value]
+    if p.nccl_port is not None:
+        args += [f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)]
+    return args + render_args(host_args(topology, p.role, host))
 
 
 def bind_address(spec: Role, host: Host) -> str:

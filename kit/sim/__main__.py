@@ -30,8 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     level = (settings.log_level or args.log_level).upper()
+    # SGLang's own log format (srt/utils/common.py:2630): the lines pdkit matches read alike.
     logging.basicConfig(
-        level=level, stream=sys.stderr, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+        level=level,
+        stream=sys.stderr,
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
     )
     if args.ignored:
         logging.getLogger("kit.sim").info(

@@ -63,6 +63,8 @@ class WorkerArgs:
     disaggregation_bootstrap_port: int = 8998
     disaggregation_transfer_backend: str = "mooncake"
     disaggregation_ib_device: str | None = None
+    # SGLang verifies the KV's Adler-32 on the decode only when both roles set it.
+    disaggregation_enable_kv_checksum: bool = False
     tp_size: int = 1
     dp_size: int = 1
     enable_dp_attention: bool = False
@@ -203,6 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--disaggregation-bootstrap-port", type=_port, default=8998)
     add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
     add("--disaggregation-ib-device")
+    add("--disaggregation-enable-kv-checksum", action="store_true")
     add("--tp-size", "--tp", "--tensor-parallel-size", type=_positive, default=1)
     add("--dp-size", "--dp", "--data-parallel-size", type=_positive, default=1)
     add("--enable-dp-attention", action="store_true")
@@ -283,6 +286,7 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         disaggregation_bootstrap_port=ns.disaggregation_bootstrap_port,
         disaggregation_transfer_backend=ns.disaggregation_transfer_backend,
         disaggregation_ib_device=ns.disaggregation_ib_device,
+        disaggregation_enable_kv_checksum=ns.disaggregation_enable_kv_checksum,
         tp_size=ns.tp_size,
         dp_size=ns.dp_size,
         enable_dp_attention=ns.enable_dp_attention,

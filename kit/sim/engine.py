@@ -9,8 +9,10 @@ hand-off around the scheduler:
   decode's buffer over Mooncake, taking at least the timing model's transfer time; the answer
   goes to the decode's long poll and the request finishes with ``length 0``.
 * decode: the request finds its prefill (``bootstrap_host``/``bootstrap_port``), waits for KV
-  room (prealloc), asks the prefill for the KV, verifies the checksum, then decodes starting
-  from the prefill's first token.
+  room (prealloc), asks the prefill for the KV, compares its checksum (a mismatch fails the
+  request only with ``--disaggregation-enable-kv-checksum``, as in SGLang; without it the
+  decode goes on from the altered KV, and its tokens differ), then decodes starting from the
+  prefill's first token.
 
 A ``bootstrap_host`` of 2.2.2.2 (SGLang's fake host, used by health checks) or the ``fake``
 transfer backend skips the hand-off.
@@ -83,6 +85,7 @@ class PdStats:
     last_latency_ms: float = 0.0
     last_speed_gb_s: float = 0.0
     checksum_ok: int = 0
+    kv_corrupted: int = 0  # KV that arrived altered and was decoded from anyway (no check)
 
 
 def _gpu(name: str) -> GpuSpec:
@@ -410,6 +413,9 @@ class Engine:
                 {
                     "status": "ok",
                     "checksum": checksum,
+                    # SGLang's prefill computes the digest only with the flag (its decode
+                    # skips the check when the prefill sent none).
+                    "checksum_sent": self.args.disaggregation_enable_kv_checksum,
                     "bytes": written.bytes,
                     "first_token_id": first,
                     "kv_tokens": seq.prompt_len,
@@ -451,8 +457,8 @@ class Engine:
             return
         addr = self._bootstrap_addr(state.inp)
         prefix = (
-            f"Decode handshake failed for request rank=0 req.rid={seq.rid!r} "
-            f"req.bootstrap_room={state.inp.bootstrap_room}"
+            f"Decode handshake failed for request rank=0 decode_req.req.rid={seq.rid!r} "
+            f"decode_req.req.bootstrap_room={state.inp.bootstrap_room}"
         )
         looked_up = time.monotonic()
         try:
@@ -534,14 +540,22 @@ class Engine:
             got, expected = self.kv.checksum(pages, length), int(answer["checksum"])
         except PdError as exc:
             self.pd.transfer_failed += 1
+            # SGLang's words: `{decode_req.req.rid=}` and its KVTransferError's str
+            # (srt/disaggregation/decode.py:2864, common/conn.py:115).
+            cause = str(exc)
+            if not cause.startswith("KVTransferError("):
+                cause = f"KVTransferError(bootstrap_room={room}): {cause}"
             message = (
-                f"Decode transfer failed for request rank=0 req.rid={seq.rid!r} "
-                f"req.bootstrap_room={room} with exception {exc}"
+                f"Decode transfer failed for request rank=0 decode_req.req.rid={seq.rid!r} "
+                f"decode_req.req.bootstrap_room={room} with exception {cause}"
             )
             logger.error(message)
             self._drop(rank_index, seq, FinishReason("abort", status_code=500, message=message))
             return
-        if got != expected:  # SGLang's line and abort (disaggregation/decode.py)
+        verify = self.args.disaggregation_enable_kv_checksum and bool(
+            answer.get("checksum_sent", True)
+        )
+        if got != expected and verify:  # SGLang's line and abort (disaggregation/decode.py)
             self.pd.transfer_failed += 1
             logger.error(
                 "KV checksum mismatch req=%s bootstrap_room=%d expected=%#x got=%#x",
@@ -553,7 +567,15 @@ class Engine:
             reason = FinishReason("abort", status_code=500, message="KV checksum mismatch")
             self._drop(rank_index, seq, reason)
             return
-        self.pd.checksum_ok += 1
+        if got != expected:
+            # What SGLang does without --disaggregation-enable-kv-checksum: it decodes from
+            # the KV it holds, so the answer is fluent and wrong, with no line and no error.
+            self.pd.kv_corrupted += 1
+            state.source = tokens.OutputSource(
+                self.seed, state.inp.prompt_ids, state.inp.sample_index, kv_digest=got
+            )
+        else:
+            self.pd.checksum_ok += 1
         self.pd.kv_transfers += 1
         self.pd.kv_bytes_moved += length
         self.pd.kv_bytes_emulated += seq.prompt_len * self.timing.kv_bytes_per_token

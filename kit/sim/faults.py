@@ -11,8 +11,13 @@ failures they diagnose on SGLang.
              it never asks for the KV and gives up after SGLANG_DISAGGREGATION_WAITING_TIMEOUT
              with SGLang's ``Request ROOM timed out after Ns in KVPoll.WaitingForInput``.
 ``corrupt``  one byte of the KV is flipped (prefill: in what it sends; decode: in what it
-             received); the decode's check logs SGLang's ``KV checksum mismatch req=...
-             bootstrap_room=... expected=0x... got=0x...``.
+             received). As in SGLang, what follows depends on
+             ``--disaggregation-enable-kv-checksum`` (off by default): without it the decode
+             decodes from the altered KV and answers 200 with fluent, wrong tokens (the first
+             one, the prefill's, is right), writing nothing (sglang #12157: a wrong KV layout
+             looks like this); with it on both roles the decode logs SGLang's ``KV checksum
+             mismatch req=... bootstrap_room=... expected=0x... got=0x...`` and fails the
+             request with 500 "KV checksum mismatch" (srt/disaggregation/decode.py:3332).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class PrefillDirectory:
         prefill.waiting.add(lost)
         self._watch(prefill)
         start = time.monotonic()
-        post = asyncio.ensure_future(self._post(url, reservation))
+        post = asyncio.ensure_future(self._post(url, addr, reservation))
         try:
             waits: set[asyncio.Future[Any]] = {post, lost}
             done, _ = await asyncio.wait(
@@ -165,7 +165,7 @@ class PrefillDirectory:
             post.cancel()
             prefill.waiting.discard(lost)
 
-    async def _post(self, url: str, reservation: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, url: str, addr: str, reservation: dict[str, Any]) -> dict[str, Any]:
         try:
             async with self._http().post(
                 url, json=reservation, timeout=aiohttp.ClientTimeout(total=None)
@@ -174,7 +174,11 @@ class PrefillDirectory:
                     raise PdError(f"the prefill answered {r.status}: {(await r.text())[:200]}")
                 body: dict[str, Any] = await r.json()
         except (aiohttp.ClientError, ValueError) as exc:
-            raise PdError(f"Lost connection with prefill instance ({url}): {exc}") from exc
+            # SGLang's one wording for a prefill gone mid-request (common/conn.py:2104).
+            logger.debug("sim: the long poll to %s failed: %s", url, exc)
+            raise PdError(
+                f"Lost connection with prefill instance (bootstrap_addr: {addr})"
+            ) from exc
         if body.get("status") != "ok":
             raise PdError(str(body.get("message") or f"prefill answered {body}"))
         return body
@@ -194,6 +198,8 @@ class PrefillDirectory:
                     healthy = r.status == 200
             except (aiohttp.ClientError, TimeoutError):
                 healthy = False
+            if not healthy:  # SGLang's line (common/conn.py:2028)
+                logger.info("Attempting to reconnect to %s...", prefill.addr)
             prefill.failures = 0 if healthy else prefill.failures + 1
             if prefill.failures >= self.heartbeat_max_failure:
                 logger.error(

@@ -248,6 +248,7 @@ class Api:
                     "kv_bytes_moved": e.pd.kv_bytes_moved,
                     "kv_transfers": e.pd.kv_transfers,
                     "kv_checksums_ok": e.pd.checksum_ok,
+                    "kv_corrupted": e.pd.kv_corrupted,
                     "step_lag_mean_s": lag.mean_s,
                     "step_lag_p99_s": lag.quantile(0.99),
                     "step_lag_max_s": lag.max_s,

@@ -28,7 +28,9 @@ variable                    default    meaning
                                        one's do, each with the log line the real system
                                        writes (`kit.sim.faults`): ``refuse`` (the Mooncake
                                        connection is refused), ``hang`` (the KV never comes),
-                                       ``corrupt`` (one byte flipped; the KV checksum fails).
+                                       ``corrupt`` (one byte flipped: wrong tokens, silently,
+                                       unless both roles run with
+                                       ``--disaggregation-enable-kv-checksum``).
 =========================== ========== =====================================================
 
 SGLang variables the sim honours with SGLang's meaning and defaults

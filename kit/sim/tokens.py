@@ -113,10 +113,16 @@ def top_logprobs(position: int, token_id: int, k: int) -> list[tuple[float, int]
 class OutputSource:
     """The emulated model's choices for one (prompt, sample): next tokens and answer length."""
 
-    def __init__(self, seed: int, prompt_ids: Sequence[int], sample: int = 0) -> None:
+    def __init__(
+        self, seed: int, prompt_ids: Sequence[int], sample: int = 0, kv_digest: int | None = None
+    ) -> None:
+        """`kv_digest`: the checksum of KV that arrived altered (PDKIT_SIM_FAULT=corrupt):
+        the choices then follow that KV, not the prompt's, as a real model's would."""
         digest = hashlib.blake2b(
             b"".join(i.to_bytes(4, "little", signed=False) for i in prompt_ids), digest_size=16
         ).hexdigest()
+        if kv_digest is not None:
+            digest = f"{digest}:kv{kv_digest:x}"
         self._rng = random.Random(f"{seed}:{digest}:{sample}")
         self._length_rng = random.Random(f"{seed}:{digest}:{sample}:length")
 

@@ -9,6 +9,8 @@ a modelled instance, and the sim worker builds the same record from its own argv
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -50,6 +52,9 @@ class WorkerLaunch(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_path: str = Field(description="--model-path: a Hugging Face repo id or a path.")
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda", description="What it computes on: its host's `device` (cpu: --device cpu)."
+    )
     gpu_type: str | None = Field(
         description="The GPU the instance runs on (the host's gpu_type; engine sim: the "
         "PDKIT_SIM_GPU it emulates); None: not said (modelled as H100-SXM)."

@@ -36,6 +36,8 @@ def process_ports(topology: Topology, p: InstancePlacement, node: Node) -> tuple
                 reached_by=DECODE_HOSTS,
             )
         )
+    if p.nccl_port is not None:  # CPU hosts: pdkit assigns it (GPU hosts: SGLang picks one)
+        used.append(PortUse(first=p.nccl_port, last=p.nccl_port, what="NCCL", reached_by=LOCAL))
     if node.rank == 0:
         reach = INSTANCE_NODES if p.nnodes > 1 else LOCAL
         block = ports.dist_init_ports(p.http_port, p.dist_init_port, attention_dp)

@@ -13,6 +13,8 @@ Rules (documented in docs/topology.md):
 - Per host, instance k of a role gets port base + k (HTTP, bootstrap) and, when it spans hosts
   or runs DP attention, dist-init base + k * DIST_INIT_STRIDE (`kit.topology.listeners` lists
   the ports SGLang derives from it).
+- A CPU host (`device: cpu`) has no GPUs: an instance placed there takes none (it is one
+  process), and gets an --nccl-port, base + k per host like HTTP.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class InstancePlacement:
     http_port: int
     bootstrap_port: int | None
     dist_init_port: int | None
+    nccl_port: int | None = None
+    """--nccl-port: CPU hosts only (a GPU host leaves it to SGLang)."""
 
     @property
     def nnodes(self) -> int:
@@ -120,6 +124,12 @@ def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
     return http, bootstrap, dist_init
 
 
+def nccl_base(topology: Topology, role: str) -> int:
+    """The first --nccl-port of a role on each CPU host, default applied."""
+    spec: Role = getattr(topology, role)
+    return spec.nccl_port or (ports.PREFILL_NCCL if role == "prefill" else ports.DECODE_NCCL)
+
+
 def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     """Assign every instance to hosts, GPUs and ports; problems say what does not fit."""
     states = {h.name: _HostState(h) for h in topology.hosts}
@@ -148,8 +158,9 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
 def _fit(need: int, hosts: list[_HostState], top: set[str]) -> tuple[Node, ...] | None:
     """The nodes for one instance; on a host in `top` it takes the highest free GPUs."""
     for state in hosts:
-        if state.free >= need:
-            gpus = state.take(need, top=state.host.name in top)
+        on_host = 0 if state.host.device == "cpu" else need  # a CPU instance takes no GPU
+        if state.free >= on_host:
+            gpus = state.take(on_host, top=state.host.name in top)
             return (Node(state.host.name, 0, gpus),)
     # Larger than any single host: span whole, untouched hosts of one GPU count.
     sizes = {s.host.gpus for s in hosts if s.host.gpus > 0}
@@ -211,4 +222,6 @@ def _assign_ports(
     spec: Role = getattr(topology, role)
     needs_dist_init = len(nodes) > 1 or spec.parallelism.attention_dp
     dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if needs_dist_init else None
-    return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init)
+    on_cpu = all(states[n.host].host.device == "cpu" for n in nodes)
+    nccl = take(f"{role}-nccl", nccl_base(topology, role)) if on_cpu else None
+    return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init, nccl)

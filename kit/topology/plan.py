@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from kit.net import http_url
 from kit.secrets import SecretSource, read_secret
 from kit.topology.launch import Parallelism, WorkerLaunch
-from kit.topology.schema import SLO, Engine, RouterKind, ServiceManager, TransferBackend
+from kit.topology.schema import SLO, Device, Engine, RouterKind, ServiceManager, TransferBackend
 
 Role = Literal["prefill", "decode"]
 
@@ -50,11 +50,17 @@ class HostPlan(Frozen):
     ssh_user: str
     ssh_port: int
     ssh_key: str | None
+    device: Device = Field("cuda", description="cuda (GPUs) or cpu (no GPU).")
     gpus: int
     gpu_type: str | None
     service_manager: ServiceManager
     root: str = Field(description="Absolute root prefix on the host (POSIX path).")
     rdma_devices: tuple[str, ...] = Field(description="RDMA devices the topology lists.")
+    sglang_python: str | None = Field(
+        None,
+        description="Interpreter of engine sglang's workers on the host (absolute), or None: "
+        "the one pdkit's processes run with.",
+    )
 
 
 class PortUse(Frozen):
@@ -101,6 +107,9 @@ class WorkerProcess(Frozen):
     dist_init_addr: str | None = Field(
         description="host:port of rank 0: multi-node or DP-attention instances only."
     )
+    nccl_port: int | None = Field(
+        None, description="--nccl-port (CPU hosts; None: SGLang picks one at start)."
+    )
     rdma_devices: tuple[str, ...] = Field(
         description="RDMA devices the transfer engine of this process uses (none: no RDMA)."
     )
@@ -117,6 +126,11 @@ class WorkerProcess(Frozen):
         (),
         description="(flag, absolute path) of the files the flags name (--init-expert-location, "
         "--deepep-config, ...): `pdkit up` checks each exists on the host before starting.",
+    )
+    python: str | None = Field(
+        None,
+        description="Interpreter that runs `command` (the host's sglang_python for engine "
+        "sglang), or None: the one pdkit's processes run with on the host.",
     )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json` too

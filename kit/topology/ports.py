@@ -8,6 +8,10 @@ DECODE_DIST_INIT = 5500
 # Instances on one rank-0 host get dist-init ports this far apart, so that the ports SGLang
 # derives from each (`dist_init_ports`) never overlap.
 DIST_INIT_STRIDE = 50
+# CPU hosts: --nccl-port per server (SGLang's own choice races between servers starting
+# together). Clear of the HTTP bases' ZMQ blocks (--port + 233..238, server_args.py:818-845).
+PREFILL_NCCL = 30500
+DECODE_NCCL = 30600
 ROUTER = 8000
 ROUTER_METRICS = 29000
 PROMETHEUS = 9090

@@ -26,6 +26,7 @@ Engine = Literal["sglang", "sim"]
 TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
 RouterKind = Literal["pdkit", "smg"]
 ServiceManager = Literal["systemd", "supervisord"]
+Device = Literal["cuda", "cpu"]
 
 
 class Strict(BaseModel):
@@ -37,7 +38,9 @@ class Model(Strict):
 
     path: str = Field(
         description="Hugging Face repo id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a path "
-        "that exists on every host. Rendered as --model-path.",
+        "that exists on every host; one starting with ./ or ../ is taken from the topology "
+        "file's folder (for hosts that see the control machine's files, like a local one). "
+        "Rendered as --model-path.",
         min_length=1,
     )
     served_name: str | None = Field(
@@ -73,7 +76,16 @@ class Host(Strict):
         "ssh", description="`local` runs Ansible on the control machine itself, without SSH."
     )
     ssh: SSH = Field(default_factory=SSH, description="SSH settings (connection: ssh).")
-    gpus: int = Field(ge=0, description="Number of GPUs (emulated ones for engine sim).")
+    device: Device = Field(
+        "cuda",
+        description="What the workers compute on: `cuda` (GPUs) or `cpu` (a host without "
+        "GPUs: set gpus: 0). Engine sglang on a CPU host renders --device cpu and SGLang's CPU "
+        "flags and environment (kit/sglang/cpu.py); each instance there is one process using "
+        "no GPU, and KV moves over TCP (transfer.backend: mooncake_tcp).",
+    )
+    gpus: int = Field(
+        ge=0, description="Number of GPUs (emulated ones for engine sim; 0 on a CPU host)."
+    )
     gpu_type: str | None = Field(
         None,
         description="GPU model, e.g. H100-SXM, A100-80G. kit/perf models the instances on it "
@@ -104,6 +116,14 @@ class Host(Strict):
         "/",
         description="Root prefix for everything pdkit installs and writes on this host "
         "(several emulated hosts can share one machine with different roots).",
+    )
+    sglang_python: str | None = Field(
+        None,
+        description="Interpreter that runs engine sglang's workers on this host, when SGLang "
+        "lives in a venv of its own (e.g. .venv-sglang-cpu/bin/python); a relative path is "
+        "taken from the topology file's folder, like `root`. Default: the interpreter of pdkit's "
+        "processes (the control machine's venv on a local host, the provisioned venv on a "
+        "remote one). The router and the sim always run on pdkit's.",
     )
 
 
@@ -154,6 +174,15 @@ class Role(RoleDefaults):
         f"rank-0 host "
         f"(+{ports.DIST_INIT_STRIDE} per instance). Default: prefill {ports.PREFILL_DIST_INIT}, "
         f"decode {ports.DECODE_DIST_INIT}.",
+    )
+    nccl_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=f"CPU hosts: first --nccl-port (torch.distributed's rendezvous) on each "
+        f"host, +1 per instance, so that servers starting together on one host never pick the "
+        f"same one. Default: prefill {ports.PREFILL_NCCL}, decode {ports.DECODE_NCCL}. GPU "
+        f"hosts leave it to SGLang.",
     )
     bind: str | None = Field(
         None,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
+from kit.topology.cpu_hosts import cpu_host_problems
 from kit.topology.listeners import process_ports
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
@@ -27,6 +28,7 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
     problems += timeout_env_problems(topology)
     placed = placed or placement(topology)
     problems += placed.problems
+    problems += cpu_host_problems(topology, placed)
     if not placed.problems:
         placements = list(placed.instances)
         problems += _port_collisions(topology, placements)
@@ -186,7 +188,7 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
                 )
             )
 
-    keys = {"HTTP": "port", "bootstrap": "bootstrap_port"}
+    keys = {"HTTP": "port", "bootstrap": "bootstrap_port", "NCCL": "nccl_port"}
     for p in placements:
         for node in p.nodes:
             for use in process_ports(topology, p, node):
@@ -270,6 +272,8 @@ def _rdma_coverage(topology: Topology, placed: Placement) -> Iterator[Problem]:
             choice = placed.nic(p, node)
             if choice is None:
                 return
+            if host.device == "cpu":
+                continue  # kit.topology.cpu_hosts says what a CPU host cannot do
             index = _host_index(topology, node.host)
             problem: Problem | None = None
             if choice.mode == "list":

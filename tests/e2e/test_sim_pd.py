@@ -276,8 +276,10 @@ FAULT_LINES = {
         "Failed to send kv chunk of",
     ),
     "hang": ("decode", ["timed out after 2.0s in KVPoll.WaitingForInput"], "WaitingForInput"),
+    # SGLang checks the KV only with --disaggregation-enable-kv-checksum on both roles.
     "corrupt": ("prefill", ["KV checksum mismatch req="], "KV checksum mismatch"),
 }
+CHECKSUM = ["--disaggregation-enable-kv-checksum"]
 
 
 @pytest.mark.parametrize("fault", FAULT_LINES)
@@ -291,6 +293,7 @@ def test_a_faulty_worker_fails_its_transfer_with_the_real_log_line(fault):
     prefill, decode, bootstrap = start_pair(
         prefill_env=faulty if side == "prefill" else timeouts,
         decode_env=faulty if side == "decode" else timeouts,
+        extra=CHECKSUM if fault == "corrupt" else (),
     )
     try:
         prefill.wait_ready()
@@ -303,6 +306,40 @@ def test_a_faulty_worker_fails_its_transfer_with_the_real_log_line(fault):
         log = prefill.log_path.read_text() + decode.log_path.read_text()
         for line in lines:
             assert line in log, log[-2000:]
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_corrupt_kv_without_the_checksum_flag_gives_fluent_wrong_tokens_silently(side):
+    """SGLang's default: no KV check, so altered KV decodes into other words, status 200, and
+    no line in either log (what sglang #12157's wrong layout looks like)."""
+    faulty = {"PDKIT_SIM_FAULT": "corrupt"}
+    prefill, decode, bootstrap = start_pair(
+        prefill_env=faulty if side == "prefill" else None,
+        decode_env=faulty if side == "decode" else None,
+    )
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    try:
+        prefill.wait_ready()
+        decode.wait_ready()
+        body = pd_body(bootstrap, text="the quick brown fox", sampling_params=params)
+        (p_status, _), (status, reply) = both(prefill, decode, "/generate", body)
+        with SimProcess(worker_argv(port=free_port()), env=FAST) as solo:
+            solo.wait_ready()
+            _, right = request_json(
+                solo.url + "/generate", {"text": "the quick brown fox", "sampling_params": params}
+            )
+        assert (p_status, status) == (200, 200)
+        assert reply["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+        assert reply["output_ids"][0] == right["output_ids"][0]  # the prefill's token
+        assert reply["output_ids"] != right["output_ids"]
+        assert reply["text"].split() and all(w.isalpha() for w in reply["text"].split())
+        time.sleep(0.2)
+        log = prefill.log_path.read_text() + decode.log_path.read_text()
+        assert "checksum" not in log.lower() and "ERROR" not in log
+        assert request_json(decode.url + "/server_info")[1]["sim"]["kv_corrupted"] == 1
     finally:
         prefill.stop()
         decode.stop()

@@ -1,83 +1,56 @@
-"""The environment and flags real SGLang 0.5.23 needs on a CPU-only host, in one place.
+"""The environment and flags real SGLang 0.5.23 needs on a CPU-only host, as smoke.py uses them:
+kit's CPU profile (`kit/sglang/cpu.py`, the one copy, each entry with its reason and SGLang
+file:line), shaped for a hand-started server on 127.0.0.1.
 
-Used by smoke.py; `python tools/sglang_cpu/cpu_profile.py --env` prints the environment as
-shell `export` lines. Each entry says why it is there (file:line in SGLang 0.5.23).
+    python tools/sglang_cpu/cpu_profile.py --env     # `export` lines, each with its reason
+    python tools/sglang_cpu/cpu_profile.py --flags   # the flags of every server
+
+Runs under SGLang's own interpreter (.venv-sglang-cpu), which does not have pdkit installed:
+`kit.sglang.cpu` needs nothing beyond the standard library, so the checkout's root goes on the
+path.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
-# name -> (value, why)
-ENV: dict[str, tuple[str, str]] = {
-    "SGLANG_USE_CPU_ENGINE": (
-        "1",
-        "select SGLang's in-tree CPU platform, is_cpu() == True (srt/utils/common.py)",
-    ),
-    "SGLANG_HOST_IP": (
-        "127.0.0.1",
-        "the address prefill/decode advertise for bootstrap and KV transfer",
-    ),
-    "MOONCAKE_PROTOCOL": ("tcp", "Mooncake's TCP transport; no RDMA device here"),
-    "MC_TCP_BIND_ADDRESS": ("127.0.0.1", "Mooncake's TCP listener on loopback only"),
-    "MC_TCP_ENABLE_CONNECTION_POOL": ("true", "as SGLang's own PD test fixture sets it"),
-    "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": (
-        "0",
-        "the early send of a cached prefix records torch.cuda.Event() "
-        "(srt/disaggregation/prefill.py:1496): off, else the prefill crashes on a prefix-cache hit",
-    ),
-    "NO_PROXY": ("127.0.0.1,localhost", "keep loopback requests off any HTTP proxy"),
-    "no_proxy": ("127.0.0.1,localhost", "the same, for libraries that read the lower-case name"),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kit.sglang import cpu
 
-# Every server (colocated, prefill, decode).
-SERVER_FLAGS: list[tuple[list[str], str]] = [
-    (["--device", "cpu"], "no GPU"),
-    (
-        ["--attention-backend", "torch_native"],
-        "the pure-torch attention; the CPU backend (intel_amx) needs sgl-kernel's AMX ops",
-    ),
-    (
-        ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
-        "0.5.23's spelling for no CUDA graphs "
-        "(--disable-cuda-graph is deprecated: srt/server_args.py:411)",
-    ),
-    (
-        ["--mem-fraction-static", "0.05"],
-        "the KV pool is sized from the host's memory on CPU; keep it small",
-    ),
-    (["--max-total-tokens", "4096"], "a small fixed KV pool: fast start, little memory"),
-]
-PD_FLAGS: list[tuple[list[str], str]] = [
-    (
-        ["--disaggregation-transfer-backend", "mooncake"],
-        "Mooncake transfer engine (non-CUDA wheel) over TCP",
-    ),
-]
-DECODE_FLAGS: list[tuple[list[str], str]] = [
-    (
-        ["--disaggregation-decode-retraction-backup", "cpu_tensor"],
-        "the default backup is a host pool that calls torch.cuda.cudart() "
-        "(srt/mem_cache/pool_host/common.py:147)",
-    ),
-]
+HOST = "127.0.0.1"
+# The environment of pdkit's mooncake_tcp; smoke.py passes `mooncake` with it (MOONCAKE_PROTOCOL
+# tcp), as SGLang's own PD tests do, where pdkit renders `mooncake_tcp` (the same transport).
+TRANSFER = "mooncake_tcp"
 
 
-def flags(*groups: list[tuple[list[str], str]]) -> list[str]:
-    return [arg for group in groups for args, _why in group for arg in args]
+def _flags(values: dict[str, str]) -> list[str]:
+    return [arg for flag, value in values.items() for arg in (f"--{flag}", value)]
+
+
+def server_flags() -> list[str]:
+    """Every server (colocated, prefill, decode), without --nccl-port (smoke picks one)."""
+    owned = [f"--{cpu.DEVICE_FLAG}", cpu.OWNED[cpu.DEVICE_FLAG].value]
+    return owned + _flags(cpu.args("prefill"))
+
+
+def decode_flags() -> list[str]:
+    """What a decode adds to `server_flags`."""
+    return _flags({f: s.value for f, s in cpu.DECODE_ARGS.items()})
 
 
 def env() -> dict[str, str]:
-    return {name: value for name, (value, _why) in ENV.items()}
+    return {"SGLANG_HOST_IP": HOST, **cpu.env(HOST, TRANSFER)}
 
 
 def main() -> None:
     if sys.argv[1:] == ["--env"]:
-        for name, (value, why) in ENV.items():
-            print(f"export {name}={shlex.quote(value)}  # {why}")
+        why = cpu.ENV_WHY | {"SGLANG_HOST_IP": "the address prefill/decode advertise"}
+        for name, value in env().items():
+            print(f"export {name}={shlex.quote(value)}  # {why.get(name, '')}")
     elif sys.argv[1:] == ["--flags"]:
-        print(" ".join(flags(SERVER_FLAGS)))
+        print(" ".join(server_flags()))
     else:
         sys.exit("usage: cpu_profile.py --env | --flags")
 

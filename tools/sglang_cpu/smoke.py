@@ -276,7 +276,7 @@ def main() -> None:
         str(args.model),
         "--host",
         HOST,
-        *cpu_profile.flags(cpu_profile.SERVER_FLAGS),
+        *cpu_profile.server_flags(),
         "--enable-metrics",
     ]
     report: dict = {
@@ -348,7 +348,7 @@ def main() -> None:
                 str(d_nccl),
                 "--disaggregation-mode",
                 "decode",
-                *cpu_profile.flags(cpu_profile.DECODE_FLAGS),
+                *cpu_profile.decode_flags(),
             ],
             out,
             env,

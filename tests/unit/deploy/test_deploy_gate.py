@@ -58,7 +58,7 @@ def test_a_failed_pair_fails_up_with_the_pair_the_cause_and_the_ways_out(ctx, mo
     with pytest.raises(DeployError) as raised:
         gate.transfer_gate(ctx, out, DoctorOptions())
     message = str(raised.value)
-    assert "The KV transfer gate failed: 1 of 2 prefill x decode pair(s) did not move KV" in message
+    assert "gate failed: of 2 prefill x decode pair(s), 1 did not move KV" in message
     assert "(prefill-0 x decode-0)" in message
     assert "cause (rpc_refused): the peer's Mooncake handshake (RPC) port refused" in message
     assert f"prefill-0: {LINE}" in message

@@ -48,6 +48,8 @@ class Fake:
 
     role: str
     answer: str = "ok"  # ok | error | hang
+    output_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
+    by_bootstrap_port: dict[int, list[int]] = field(default_factory=dict)  # other answers
     healthy: bool = True
     bodies: list[dict] = field(default_factory=list)
     transfers: int = 0
@@ -85,7 +87,10 @@ class Fake:
                 return web.json_response({"error": {"message": message, "code": 500}}, status=500)
             if self.role == "prefill":
                 self.transfers += 1
-            return web.json_response({"text": "x", "meta_info": {"finish_reason": None}})
+            ids = self.by_bootstrap_port.get(body.get("bootstrap_port", 0), self.output_ids)
+            text = " ".join(f"w{i}" for i in ids)
+            reply = {"text": text, "output_ids": ids, "meta_info": {}}
+            return web.json_response(reply)
         finally:
             self.in_flight -= 1
 
@@ -149,6 +154,9 @@ def test_every_pair_moves_kv_with_its_own_room_and_the_prefills_figures(tmp_path
         ]
         pair = matrix.pair("prefill-1", "decode-0")
         assert pair.ttft_ms is not None and pair.ttft_ms >= 50
+        assert pair.answer is not None and pair.answer.output_ids == (5, 6, 7)
+        # The same prompt to every pair: their tokens are compared.
+        assert len({b["text"] for b in decodes[0].bodies}) == 1
         assert pair.transfer is not None
         assert (pair.transfer.latency_ms, pair.transfer.speed_gb_s, pair.transfer.count) == (
             4.0,
@@ -161,7 +169,8 @@ def test_every_pair_moves_kv_with_its_own_room_and_the_prefills_figures(tmp_path
         for fake in prefills:
             (body,) = fake.bodies
             assert body in sent
-            assert body["sampling_params"]["max_new_tokens"] == 1
+            params = body["sampling_params"]
+            assert params == {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
             assert body["bootstrap_host"] == "127.0.0.1" and "routed_dp_rank" not in body
         assert {b["bootstrap_port"] for b in sent} == {
             w.bootstrap_port for w in resolve(topology).workers if w.bootstrap_port
@@ -295,3 +304,71 @@ def test_the_kv_cost_is_the_pd_surveys_arithmetic():
         "KV cost: OPT-175B: 4.5 MB per token (16-bit KV); 2048 input tokens = 9.22 GB, at the "
         "measured 64 GB/s per rank x 8 rank(s): 18.0 ms, 4% of the TTFT objective (400 ms)"
     )
+
+
+def test_pairs_that_disagree_without_a_majority_all_fail_and_ask_for_a_reference(tmp_path):
+    async def go() -> None:
+        prefills = [Fake("prefill")]
+        decodes = [Fake("decode", output_ids=[5, 6, 7]), Fake("decode", output_ids=[5, 9, 9])]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            matrix = await run_matrix(resolve(topology), DoctorOptions(timeout_s=5))
+        assert [p.state for p in matrix.pairs] == ["wrong", "wrong"]
+        pair = matrix.pair("prefill-0", "decode-1")
+        assert "the pairs disagree and none has a majority (1 vs 1 of 2 pairs)" in pair.symptom
+        assert "gave [5, 9, 9] 'w5 w9 w9'" in pair.symptom and "--reference URL" in pair.symptom
+        assert matrix.expected is not None and matrix.expected.answer is None
+
+    asyncio.run(go())
+
+
+def test_the_majority_names_the_wrong_pair_and_the_worker_behind_it(tmp_path):
+    async def go() -> None:
+        prefills = [Fake("prefill") for _ in range(3)]
+        decodes = [Fake("decode", output_ids=[5, 6, 7])]
+        async with cluster(tmp_path, prefills, decodes) as topology:
+            plan = resolve(topology)
+            # prefill-2's pairs answer other tokens (as KV written into the wrong pages would).
+            (port,) = [w.bootstrap_port for w in plan.workers if w.instance_name == "prefill-2"]
+            assert port is not None
+            decodes[0].by_bootstrap_port[port] = [5, 6, 8]
+            matrix = await run_matrix(plan, DoctorOptions(timeout_s=5))
+        assert [p.state for p in matrix.pairs] == ["ok", "ok", "wrong"]
+        pair = matrix.pair("prefill-2", "decode-0")
+        assert pair.symptom.startswith(
+            "gave other tokens than the majority (2 of 3 pairs), from token 2: [5, 6, 8]"
+        )
+        assert "against [5, 6, 7] 'w5 w6 w7'" in pair.symptom
+        text = "\n".join(failure_lines(matrix))
+        assert "prefill-2 x decode-0: wrong: gave other tokens" in text
+        assert "--disaggregation-enable-kv-checksum" in text
+        report = matrix_to_json(matrix, None)
+        assert report["tokens"]["expected_ids"] == [5, 6, 7]
+        assert report["tokens"]["agree"] == 2 and report["ok"] is False
+
+    asyncio.run(go())
+
+
+def test_a_reference_decides_even_a_single_pair(tmp_path):
+    async def go() -> None:
+        reference = Fake("reference", output_ids=[1, 2, 3])
+        runner = web.AppRunner(reference.app(), shutdown_timeout=0.1)
+        await runner.setup()
+        port = free_block(1)
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with cluster(tmp_path, [Fake("prefill")], [Fake("decode")]) as topology:
+                options = DoctorOptions(timeout_s=5, reference_url=f"http://127.0.0.1:{port}/")
+                matrix = await run_matrix(resolve(topology), options)
+                missing = DoctorOptions(timeout_s=5, reference_url=f"http://127.0.0.1:{port}9")
+                unreachable = await run_matrix(resolve(topology), missing)
+        finally:
+            await runner.cleanup()
+        (pair,) = matrix.pairs
+        assert pair.state == "wrong"
+        assert "gave other tokens than the reference, from token 0" in pair.symptom
+        (body,) = reference.bodies
+        assert "bootstrap_room" not in body and body["sampling_params"]["temperature"] == 0
+        assert not unreachable.ok and "the reference" in unreachable.reference_error
+        assert unreachable.pairs[0].ok  # the pair itself is fine
+
+    asyncio.run(go())

@@ -1,0 +1,344 @@
+"""The whole loop against the real SGLang 0.5.23 on this machine's CPU: `pdkit up` of a copy of
+topologies/local-sglang.yaml (a prefill and a decode, Mooncake over TCP, pdkit's router), then
+on that one deployment the openai client through pdkit's router and through smg, `pdkit
+health`/`status`/`doctor`/`trace`/`bench` from the real endpoints and logs, a live change under
+load (a decode added, then restarted while the other serves), and token equality of every
+prefill x decode pair with a colocated real server started beside it.
+
+Real servers take 30-110 s to start on 2 loaded cores, so the module shares one deployment and
+starts four servers in all (the pair, the colocated reference with them, the added decode);
+the tests run in file order and each leaves the deployment as it found it, except the live
+change, which comes after every test that counts on one decode.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from kit.deploy.services import supervisor_processes
+from kit.plan.resolve import resolve
+from kit.topology.layout import HostLayout, host_root
+from tests.conftest import run_pdkit
+from tests.support.local_deploy import free_ports, processes_of
+from tests.support.real_sglang import (
+    GREEDY,
+    RealServer,
+    sglang_python,
+    tiny_model,
+    write_topology,
+)
+from tests.support.sim_launch import request_json
+
+# Starting real servers takes minutes here: the module's set-up (the pair and the colocated
+# server) and the live change (two starts of a decode) get more than the suite's 300 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
+
+UP_TIMEOUT_S = 900
+MODEL = "tiny-llama"
+SMG = os.environ.get("PDKIT_SMG") or str(Path(__file__).resolve().parents[2] / ".venv-smg/bin/smg")
+PROMPTS = ["The quick brown fox", "Hello world, this is", "Once upon a time"]
+
+
+def pdkit(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    return run_pdkit(*args, timeout=timeout, env=env)
+
+
+@dataclass
+class Deployment:
+    topology: Path
+    name: str
+    data: dict
+    up: subprocess.CompletedProcess[str]
+    colocated: RealServer
+    start_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.data['router']['port']}"
+
+    @property
+    def layout(self) -> HostLayout:
+        root = host_root(self.data["hosts"][0]["root"], self.topology.absolute().parent)
+        return HostLayout(self.name, root)
+
+    def pids(self) -> dict[str, int]:
+        view = supervisor_processes(self.layout.supervisord_socket)
+        assert view is not None, "supervisord of the deployment does not answer"
+        return {n: i.pid for n, i in view.items() if i.state in ("STARTING", "RUNNING")}
+
+    def client(self, url: str | None = None) -> openai.OpenAI:
+        base = url or self.router_url
+        return openai.OpenAI(base_url=f"{base}/v1", api_key="none", timeout=60, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    python = sglang_python()
+    folder = tmp_path_factory.mktemp("real-sglang")
+    model = tiny_model(folder / "tiny-llama")
+    name = f"real-{uuid.uuid4().hex[:8]}"
+    topology, data = write_topology(folder, name, model, python)
+    colocated = RealServer(model, folder).launch()  # starts with the pair
+    deployment = None
+    try:
+        started = time.monotonic()
+        up = pdkit("up", str(topology), timeout=UP_TIMEOUT_S)
+        up_s = time.monotonic() - started
+        assert up.returncode == 0, up.stdout + up.stderr
+        colocated_s = colocated.wait_ready()
+        deployment = Deployment(topology, name, data, up, colocated)
+        deployment.start_s = {"pdkit up": up_s, "colocated": colocated_s}
+        yield deployment
+    finally:
+        colocated.stop()
+        if supervisor_processes(HostLayout(name, _root(topology, data)).supervisord_socket):
+            pdkit("down", str(topology), timeout=300)
+        if deployment is not None:
+            print(f"\nreal SGLang start times (s): {deployment.start_s}")
+
+
+def _root(topology: Path, data: dict) -> str:
+    return host_root(data["hosts"][0]["root"], topology.absolute().parent)
+
+
+def test_up_gates_the_real_pair_and_serves_the_openai_client(real):
+    assert "1 of 1 pair(s) moved KV (1 prefill x 1 decode)" in real.up.stdout, real.up.stdout
+    assert f"Serving {MODEL} at {real.router_url}" in real.up.stdout
+    client = real.client()
+    messages = [{"role": "user", "content": "Hello world"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
+    assert chat.usage.prompt_tokens == 9  # the tiny model's chat template (MEASUREMENTS.md)
+    text = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6)
+    assert text.choices[0].text and text.usage.completion_tokens == 6
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, stream=True, temperature=0
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_health_status_and_doctor_read_the_real_endpoints(real):
+    health = pdkit("health", str(real.topology))
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert "2 workers and the pdkit router are healthy" in health.stdout
+
+    status = pdkit("status", str(real.topology), "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    workers = {w["name"]: w for w in report["workers"]}
+    assert set(workers) == {"prefill-0", "decode-0"}
+    for w in workers.values():
+        assert (w["state"], w["engine"], w["version"]) == ("healthy", "sglang", "0.5.23")
+        assert w["served_model"] == MODEL
+        # Read from the real /v1/loads and /metrics (0.5.23 has no /get_load).
+        for key in ("running", "queued", "token_usage", "gen_throughput", "health_ms"):
+            assert w[key] is not None, (w["name"], key)
+        assert all(v is not None for v in w["pd_queues"].values()), w["pd_queues"]
+        assert w["kv"]["failed"] == 0 and w["kv"]["bootstrap_failed"] == 0
+        assert w["uptime_s"] is None  # SGLang reports no start time (the legend says so)
+    prefill_kv = workers["prefill-0"]["kv"]
+    assert prefill_kv["latency_ms"] > 0 and prefill_kv["transfers"] >= 1  # the gate's request
+    assert workers["decode-0"]["kv"]["latency_ms"] is None  # only the prefill measures it
+    table = pdkit("status", str(real.topology))
+    assert "uptime (-: not reported, as by SGLang)" in " ".join(table.stdout.split()), table.stdout
+
+    doctor = pdkit("doctor", str(real.topology), "--json")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    (pair,) = json.loads(doctor.stdout)["pairs"]
+    assert (pair["prefill"], pair["decode"], pair["state"]) == ("prefill-0", "decode-0", "ok")
+    # KV time and speed from the real prefill's sglang:kv_transfer_* histograms.
+    assert pair["kv_transfer_ms"] > 0 and pair["kv_speed_gb_s"] > 0 and pair["kv_transfers"] == 1
+
+
+def test_trace_follows_one_request_through_the_real_logs(real):
+    request = urllib.request.Request(
+        real.router_url + "/v1/completions",
+        data=json.dumps({"model": MODEL, "prompt": "Trace me", "max_tokens": 4}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        request_id = answer.headers["X-Request-Id"]
+        assert answer.status == 200
+    trace = pdkit("trace", str(real.topology), request_id)
+    assert trace.returncode == 0, trace.stdout + trace.stderr
+    assert "prefill prefill-0 -> decode decode-0" in trace.stdout
+    assert "logged nothing" not in trace.stdout, trace.stdout  # both workers' lines were found
+    lines = trace.stdout.splitlines()
+    assert any(" prefill-0 " in line for line in lines), trace.stdout
+    assert any(" decode-0 " in line for line in lines), trace.stdout
+
+
+def test_a_short_bench_point_against_the_real_pair(real, tmp_path):
+    bench = pdkit(
+        "bench", str(real.topology), "--rate", "1", "--requests", "4", "--output-len", "8",
+        "--json", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    (point,) = json.loads(bench.stdout)["points"]
+    assert point["ok"] == point["requests"] >= 3  # one of the 4 warms up
+
+
+def test_smg_serves_the_openai_client_through_the_real_pair(real, tmp_path):
+    if not Path(SMG).exists():
+        pytest.fail(f"smg is not at {SMG}: run `make .venv-smg/.stamp` (pip install smg==1.13.0)")
+    plan = resolve(real.topology)
+    (prefill,), (decode,) = plan.role("prefill"), plan.role("decode")
+    port, metrics = free_ports(2)
+    with (tmp_path / "smg.log").open("wb") as log:
+        router = subprocess.Popen(
+            [SMG, "launch", "--pd-disaggregation", "--prefill", prefill.url,
+             str(prefill.bootstrap_port), "--decode", decode.url, "--host", "127.0.0.1",
+             "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+             str(metrics), "--worker-startup-check-interval", "1",
+             "--shutdown-grace-period-secs", "1", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while request_json_or_none(url + "/readiness") != 200:
+            assert router.poll() is None, (tmp_path / "smg.log").read_text()
+            assert time.monotonic() < deadline, "smg never became ready"
+            time.sleep(0.2)
+        client = real.client(url)
+        messages = [{"role": "user", "content": "Hello through smg"}]
+        chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+        assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
+        text = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6)
+        assert text.choices[0].text and text.usage.completion_tokens == 6
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=6, stream=True
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finally:
+        router.terminate()
+        try:
+            router.wait(10)
+        except subprocess.TimeoutExpired:
+            router.kill()
+            router.wait()
+
+
+def request_json_or_none(url: str) -> int | None:
+    try:
+        return request_json(url, timeout_s=2)[0]
+    except OSError:
+        return None
+
+
+class Load:
+    """Completions through the router, one after another, until stopped; every failure kept."""
+
+    def __init__(self, client: openai.OpenAI) -> None:
+        self.client, self.ok, self.failures = client, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.client.completions.create(model=MODEL, prompt="Keep going", max_tokens=4)
+                self.ok += 1
+            except openai.OpenAIError as exc:
+                self.failures.append(repr(exc))
+            time.sleep(0.5)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+def test_a_decode_added_then_restarted_under_load_fails_no_request(real):
+    before = real.pids()
+    real.data["decode"]["count"] = 2
+    real.topology.write_text(yaml.safe_dump(real.data, sort_keys=False))
+    with Load(real.client()) as load:
+        started = time.monotonic()
+        grown = pdkit("up", str(real.topology), timeout=UP_TIMEOUT_S)
+        real.start_s["decode added (pdkit up)"] = time.monotonic() - started
+        assert grown.returncode == 0, grown.stdout + grown.stderr
+        added = real.pids()
+        started = time.monotonic()
+        restart = pdkit("restart", str(real.topology), "decode-1", timeout=UP_TIMEOUT_S)
+        real.start_s["decode-1 restarted (pdkit restart)"] = time.monotonic() - started
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+    assert load.failures == [], load.failures
+    assert load.ok > 10
+    after = real.pids()
+    assert set(added) == {"prefill-0", "decode-0", "decode-1", "router"}
+    assert {k: added[k] for k in before} == before  # adding a decode moved nothing running
+    assert after["decode-1"] != added["decode-1"]
+    assert {k: v for k, v in after.items() if k != "decode-1"} == {
+        k: v for k, v in added.items() if k != "decode-1"
+    }
+
+
+def _pd_generate(prefill_url: str, bootstrap_port: int, decode_url: str, prompt: str) -> list:
+    """One greedy request through a given pair, as a PD router sends it: the same body with
+    the bootstrap fields to both; the decode's output_ids."""
+    body = {
+        "text": prompt,
+        "sampling_params": GREEDY,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        legs = [pool.submit(request_json, url + "/generate", body, 120) for url in (
+            prefill_url, decode_url)]  # fmt: skip
+        (p_status, p_out), (d_status, d_out) = (leg.result() for leg in legs)
+    assert (p_status, d_status) == (200, 200), (p_out, d_out)
+    return d_out["output_ids"]
+
+
+def test_every_pair_gives_the_colocated_servers_tokens(real):
+    plan = resolve(real.topology)
+    prefills, decodes = plan.role("prefill"), plan.role("decode")
+    assert (len(prefills), len(decodes)) == (1, 2)  # after the live change: 1 x 2 pairs
+    reference = []
+    for prompt in PROMPTS:
+        status, out = request_json(
+            real.colocated.url + "/generate", {"text": prompt, "sampling_params": GREEDY}, 120
+        )
+        assert status == 200, out
+        assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+        reference.append(out["output_ids"])
+    for p in prefills:
+        for d in decodes:
+            got = [_pd_generate(p.url, p.bootstrap_port, d.url, prompt) for prompt in PROMPTS]
+            assert got == reference, f"{p.name} x {d.name} differs from the colocated server"
+
+
+def test_down_leaves_nothing_running(real):
+    down = pdkit("down", str(real.topology), timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    deadline = time.monotonic() + 30
+    while processes_of(real.name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_of(real.name) == []
+    assert supervisor_processes(real.layout.supervisord_socket) is None
