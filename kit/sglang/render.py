@@ -203,7 +203,7 @@ def worker_args(
     if node.gpus and node.gpus[0] != 0:
         args += ["--base-gpu-id", str(node.gpus[0])]
     if host.device == "cpu":
-        args += [f"--{cpu.DEVICE_FLAG}", cpu.OWNED[cpu.DEVICE_FLAG].value]
+        args += cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)
     if p.nccl_port is not None:
         args += [f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)]
     return args + render_args(host_args(topology, p.role, host))
