@@ -1,24 +1,32 @@
 """Build a wheelhouse for hosts without a package index (`pdkit provision --wheelhouse DIR`).
 
-    python -m tools.wheelhouse --out wheelhouse --engine sglang --cuda 12
+    python -m tools.wheelhouse --out wheelhouse --engine sglang
+    python -m tools.wheelhouse --out wheelhouse --engine sglang --resolve-only
     python -m tools.wheelhouse --out wheelhouse --engine sim --from-installed
 
 Default: `pip download` (on this control machine, which reaches the index) of every package the
 hosts' venv needs, as binary wheels for the hosts' Python and platform (`--python-version`,
-`--platform`; default: this machine's), plus pdkit itself as a wheel of this checkout.
+default 3.11; `--platform`, repeatable, default the x86_64 manylinux tags below), plus pdkit
+itself as a wheel of this checkout. Several platform tags are needed: PyPI's sglang-kernel
+0.4.10 has only a manylinux2014 wheel, which `--platform manylinux_2_28_x86_64` alone never finds.
+`--resolve-only`: pip's resolver with the real metadata and no download (`pip install --dry-run
+--report`); prints the resolved set.
 `--from-installed`: no index at all; the wheels are packed from this environment
 (kit.deploy.wheels), so the hosts must run this Python on this platform (engine sim, tests).
 
 What the venv needs, per engine (the pdkit_python role installs the same list):
-  sglang: sglang==<version>, the Mooncake build for the hosts' CUDA, pdkit, supervisor;
+  sglang: sglang==<version>, the Mooncake build for the CUDA of the torch SGLang pins (13 for
+          SGLang 0.5.23's torch 2.14.1: mooncake-transfer-engine-cuda13), pdkit, supervisor;
   sim:    pdkit with the non-CUDA Mooncake build (pdkit[sim]), supervisor.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -34,6 +42,12 @@ from kit.deploy.wheels import (
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_DEFAULTS = REPO / "playbooks/roles/pdkit_python/defaults/main.yml"
+TORCH_CUDA = 13
+PYTHON_VERSION = "3.11"
+"""The hosts' Python (SGLang 0.5.23 needs 3.11+; the python role installs 3.11 where older)."""
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+"""Platform tags an x86_64 GPU host (glibc 2.28+, Ubuntu 20.04 and later) installs."""
+"""CUDA major version of the torch SGLang 0.5.23 pins (torch 2.14.1, cuda-toolkit 13.0)."""
 
 
 def role_defaults() -> dict:
@@ -64,14 +78,64 @@ def pdkit_dependencies() -> list[str]:
     return out
 
 
+def resolve(target: list[str], requirements: list[str]) -> list[tuple[str, str]]:
+    """(name, version) of every package pip's resolver picks for `requirements` on the hosts'
+    `target` (python version, platforms), from the index's metadata only; exits with pip's
+    message when nothing fits."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.json"
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet"]
+        command += ["--ignore-installed", "--report", str(report), "--target", folder, *target]
+        done = subprocess.run(
+            [*command, *requirements], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+            raise SystemExit("\n".join(errors) or done.stderr)
+        installs = json.loads(report.read_text())["install"]
+    return sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in installs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="Folder for the wheels.")
+    parser.add_argument(
+        "--out", type=Path, default=Path("wheelhouse"), help="Folder for the wheels."
+    )
     parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
-    parser.add_argument("--cuda", type=int, default=12, help="CUDA major version of the hosts.")
+    parser.add_argument(
+        "--cuda",
+        type=int,
+        default=TORCH_CUDA,
+        help="CUDA major version of the torch SGLang pins, which picks the Mooncake build "
+        f"(default {TORCH_CUDA}: SGLang 0.5.23's torch 2.14.1; not the driver's)",
+    )
     parser.add_argument("--sglang-version", default=role_defaults()["pdkit_python_sglang_version"])
-    parser.add_argument("--python-version", help="Hosts' Python, e.g. 3.11 (pip download).")
-    parser.add_argument("--platform", help="Hosts' platform tag, e.g. manylinux_2_28_x86_64.")
+    parser.add_argument(
+        "--python-version",
+        default=PYTHON_VERSION,
+        help=f"Hosts' Python (default {PYTHON_VERSION}).",
+    )
+    parser.add_argument(
+        "--platform",
+        action="append",
+        help=f"Hosts' platform tag, repeatable (default: {' '.join(PLATFORMS)}).",
+    )
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="More requirements (pdkit_python_extra_packages).",
+    )
+    parser.add_argument(
+        "--no-deps",
+        action="store_true",
+        help="Only the packages named, not their dependencies (topping up a wheelhouse).",
+    )
+    parser.add_argument(
+        "--resolve-only",
+        action="store_true",
+        help="Resolve with the index's metadata and print the set; download nothing.",
+    )
     parser.add_argument(
         "--from-installed",
         action="store_true",
@@ -79,17 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tar", type=Path, help="Also write the wheels as one tar archive.")
     args = parser.parse_args(argv)
-    requirements = host_requirements(args.engine, args.cuda, args.sglang_version)
+    requirements = [*host_requirements(args.engine, args.cuda, args.sglang_version), *args.extra]
+    target = ["--only-binary=:all:", "--implementation", "cp"]
+    target += ["--no-deps"] if args.no_deps else []
+    target += ["--python-version", args.python_version]
+    for platform in args.platform or PLATFORMS:
+        target += ["--platform", platform]
+    if args.resolve_only:
+        for name, version in resolve(target, [*pdkit_dependencies(), *requirements]):
+            print(f"{name}=={version}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_installed:
         wheels = build_wheelhouse([PDKIT_DISTRIBUTION, *requirements], args.out)
     else:
-        command = [sys.executable, "-m", "pip", "download", "-d", str(args.out)]
-        command += ["--only-binary=:all:"]
-        if args.python_version:
-            command += ["--python-version", args.python_version]
-        if args.platform:
-            command += ["--platform", args.platform]
+        command = [sys.executable, "-m", "pip", "download", "-d", str(args.out), *target]
         subprocess.run([*command, *pdkit_dependencies(), *requirements], check=True)
         wheels = [pdkit_wheel(args.out), *sorted(args.out.glob("*.whl"))]
     print(f"{len(set(wheels))} wheels in {args.out}")

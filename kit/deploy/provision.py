@@ -34,6 +34,7 @@ from kit.deploy.transfer_check import measure_rails, raise_on_failed
 from kit.deploy.view import AnsibleView
 from kit.deploy.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.errors import DeployError
+from kit.plan.router import SMG_REQUIREMENT
 from kit.topology.nics import RDMA_BACKENDS
 from kit.topology.plan import Plan
 
@@ -105,6 +106,8 @@ def provision_vars(
     out: dict[str, Any] = {
         "pdkit_provision_gpu_roles": bool(workers) and not sim,
         "pdkit_base_rdma_tools": not sim,
+        # Triton compiles a C stub with gcc against Python.h at a worker's first launch.
+        "pdkit_base_compilers": not sim,
         "pdkit_base_monitoring": plan.monitoring is not None and plan.monitoring.host == host.name,
         "pdkit_nvidia_expected_gpus": host.plan.gpus,
         # DeepEP's IBGDA needs the driver loaded with NVreg_EnableStreamMemOPs=1 and
@@ -123,6 +126,10 @@ def provision_vars(
         "pdkit_model_hf_home": host.layout.hf_home,
         "pdkit_model_revision": plan.model.revision or "",
         "pdkit_python_sglang_version": plan.sglang_version,
+        # smg runs from the router host's venv (launch scripts put its bin/ first on PATH).
+        "pdkit_python_router_packages": [SMG_REQUIREMENT]
+        if plan.router.kind == "smg" and plan.router.host == host.name
+        else [],
     }
     if not host.local:
         # The venv whose python the deployment runs (DeployHost.python).

@@ -15,8 +15,11 @@ from kit.net import bare_host
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.plan import WorkerProcess
 from kit.topology.schema import Topology
+from kit.topology.timeouts import handoff_limit_s
 
 LB_MODULE = "kit.lb"
+SMG_REQUEST_TIMEOUT = 1800
+"""smg 1.13's --request-timeout-secs default (s)."""
 
 
 def worker_args(workers: Iterable[WorkerProcess]) -> list[str]:
@@ -68,7 +71,8 @@ def admission_args(topology: Topology) -> list[str]:
 def fault_args(topology: Topology) -> list[str]:
     """pdkit router flags for `router.faults`: only those that differ from the router's own
     defaults (which are the schema's), so a topology that leaves them alone renders none.
-    The stall timeout follows the topology's TPOT objective unless set."""
+    The stall timeout follows the topology's TPOT objective unless set; the prefill and
+    request timeouts are at least the PD handoff's limit (`handoff_limit_s`)."""
     faults = topology.router.faults
     d = LbConfig(prefill=(), decode=())
     stall = (faults.stall_timeout_ms or 0) / 1000 or stall_timeout_for(topology.slo.tpot_ms / 1000)
@@ -76,7 +80,12 @@ def fault_args(topology: Topology) -> list[str]:
     admission = topology.router.admission
     if admission.enabled:  # the router derives it from the --slo-tpot-ms it is given
         default_stall = stall_timeout_for((admission.tpot_ms or topology.slo.tpot_ms) / 1000)
+    # The router waits for a prefill leg and a whole request at least as long as the workers
+    # may hold it in the PD handoff, so that their error, naming the timeout, comes first.
+    handoff = handoff_limit_s(topology)
     values: list[tuple[str, float | int, float | int]] = [
+        ("--prefill-timeout", max(d.prefill_timeout, handoff), d.prefill_timeout),
+        ("--request-timeout", max(d.request_timeout, handoff), d.request_timeout),
         ("--retries", faults.retries, d.retries),
         ("--retry-deadline", faults.retry_deadline_s, d.retry_deadline),
         ("--eject-after-failures", faults.eject_after_failures, d.eject_after_failures),
@@ -98,7 +107,8 @@ def fault_args(topology: Topology) -> list[str]:
 
 
 def smg_fault_args(topology: Topology) -> list[str]:
-    """smg 1.13's flags for `router.faults`: `--retry-max-retries` counts every attempt
+    """smg 1.13's flags for `router.faults`, and its request timeout where the PD handoff may
+    take longer than its default: `--retry-max-retries` counts every attempt
     (its `--disable-retries` is 1), so it is our retries + 1; the circuit breaker opens after
     our failures in a row and stays open for our first ejection time."""
     faults = topology.router.faults
@@ -111,7 +121,12 @@ def smg_fault_args(topology: Topology) -> list[str]:
             "--retry-initial-backoff-ms",
             f"{faults.retry_backoff_ms:g}",
         ]
+    handoff = handoff_limit_s(topology)
+    timeout = (
+        ["--request-timeout-secs", str(math.ceil(handoff))] if handoff > SMG_REQUEST_TIMEOUT else []
+    )
     return [
+        *timeout,
         *retry,
         "--cb-failure-threshold",
         str(faults.eject_after_failures),

@@ -18,6 +18,9 @@ from kit.topology.policies import DEFAULT_POLICIES
 from kit.topology.schema import Topology
 
 SMG_EXECUTABLE = "smg"
+SMG_REQUIREMENT = "smg==1.13.0"
+"""What provisioning installs into the router host's venv for `router.kind: smg` (the version
+pdkit renders smg's flags for)."""
 SMG_LAUNCH = ("launch", "--pd-disaggregation")
 """smg's subcommand and mode: they come first, the workers right after."""
 ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"

@@ -22,8 +22,12 @@ from dataclasses import dataclass
 class Setting:
     """One flag value or variable, and why a CPU host needs it."""
 
-    value: str
+    value: str | bool
     why: str
+
+    def flag(self, name: str) -> list[str]:
+        """`--name value`, or the bare `--name` of a switch (value True)."""
+        return [f"--{name}"] if self.value is True else [f"--{name}", str(self.value)]
 
 
 DEVICE_FLAG = "device"
@@ -63,6 +67,12 @@ ARGS: dict[str, Setting] = {
     "max-total-tokens": Setting(
         "4096", "a small fixed KV pool: fast start and little memory (raise it for long prompts)"
     ),
+    "sleep-on-idle": Setting(
+        True,
+        "an idle scheduler otherwise spins: 25-100% of a core per server, measured here on 2 "
+        "cores (3 idle servers took more than one); with it the scheduler waits on its sockets "
+        "when fully idle (srt/managers/scheduler.py:6160, scheduler_components/idle_sleeper.py:36)",
+    ),
 }
 """Every CPU host server (prefill and decode); the topology's args win."""
 
@@ -93,10 +103,17 @@ ENV_WHY: dict[str, str] = {
 }
 
 
-def args(role: str) -> dict[str, str]:
-    """The default flags (no leading dashes) of a `role` server on a CPU host."""
+def args(role: str) -> dict[str, str | bool]:
+    """The default flags (no leading dashes; True: a bare switch) of a `role` server on a CPU
+    host."""
     extra = DECODE_ARGS if role == "decode" else {}
     return {flag: s.value for flag, s in (ARGS | extra).items()}
+
+
+def argv(role: str) -> list[str]:
+    """`args(role)` as command-line arguments, for a server started by hand (tests, smoke)."""
+    extra = DECODE_ARGS if role == "decode" else {}
+    return [arg for flag, s in (ARGS | extra).items() for arg in s.flag(flag)]
 
 
 def env(address: str, transfer_backend: str) -> dict[str, str]:
@@ -116,7 +133,7 @@ def env(address: str, transfer_backend: str) -> dict[str, str]:
 
 def explain() -> list[tuple[str, str, str]]:
     """(kind, name, why) of every entry: flags as `--name value`, variables as `NAME`."""
-    rows = [("flag", f"--{f} {s.value}", s.why) for f, s in (OWNED | ARGS).items()]
-    rows += [("decode flag", f"--{f} {s.value}", s.why) for f, s in DECODE_ARGS.items()]
+    rows = [("flag", " ".join(s.flag(f)), s.why) for f, s in (OWNED | ARGS).items()]
+    rows += [("decode flag", " ".join(s.flag(f)), s.why) for f, s in DECODE_ARGS.items()]
     rows += [("env", name, why) for name, why in ENV_WHY.items()]
     return rows

@@ -19,6 +19,7 @@ from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
 from kit.topology.plan import Command
 from kit.topology.schema import ArgValue, Host, Role, Topology
+from kit.topology.timeouts import timeouts_env, user_env
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "kit.sim"
@@ -76,8 +77,7 @@ def host_args(topology: Topology, role: str, host: Host) -> dict[str, ArgValue]:
 
 def role_env(topology: Topology, role: str) -> dict[str, str]:
     """The user's env for a role: transfer.env < defaults.env < role.env."""
-    spec: Role = getattr(topology, role)
-    return {**topology.transfer.env, **topology.defaults.env, **spec.env}
+    return user_env(topology, role)
 
 
 def ib_device(choice: NicChoice | None) -> str | None:
@@ -150,6 +150,9 @@ def worker_env(
         env[name] = str(gid_index)
     if ucx_devices:
         env["UCX_NET_DEVICES"] = ucx_devices
+    # Both timeouts on both roles: a prefill_complete prefill waits both, and a role switch
+    # turns one role into the other.
+    env.update(timeouts_env(topology.transfer.timeouts))
     env.update(role_env(topology, role))
     return dict(sorted(env.items()))
 
@@ -200,7 +203,7 @@ def worker_args(
     if node.gpus and node.gpus[0] != 0:
         args += ["--base-gpu-id", str(node.gpus[0])]
     if host.device == "cpu":
-        args += [f"--{cpu.DEVICE_FLAG}", cpu.OWNED[cpu.DEVICE_FLAG].value]
+        args += cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)
     if p.nccl_port is not None:
         args += [f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)]
     return args + render_args(host_args(topology, p.role, host))

@@ -203,6 +203,38 @@ class Role(RoleDefaults):
         return self.parallelism.gpus
 
 
+class PDTimeouts(Strict):
+    """SGLang's PD handoff timeouts, rendered into every worker's env (a role's `env:` that sets
+    the variable wins). The defaults are SGLang 0.5.23's. pdkit's router waits for a prefill
+    leg and a whole request at least bootstrap + waiting, and smg for a request, so that the
+    workers' own error, which names the timeout, reaches the client first (docs/lb.md)."""
+
+    bootstrap_timeout_s: int = Field(
+        300,
+        ge=1,
+        description="Prefill: how long a request waits for its decode to reserve KV room "
+        "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT); a loaded cluster with long queues needs more.",
+    )
+    waiting_timeout_s: int = Field(
+        300,
+        ge=1,
+        description="Decode: how long a request waits for its KV after reserving room "
+        "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT).",
+    )
+    heartbeat_interval_s: float = Field(
+        5.0,
+        ge=2,
+        description="Decode: seconds between its pings of each prefill's bootstrap server "
+        "(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL; SGLang raises anything below 2 to 2).",
+    )
+    heartbeat_max_failures: int = Field(
+        2,
+        ge=1,
+        description="Decode: missed pings after which a prefill is offline and the requests "
+        "waiting on it fail (SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE).",
+    )
+
+
 class Transfer(Strict):
     """How KV moves from prefill to decode."""
 
@@ -221,6 +253,10 @@ class Transfer(Strict):
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra Mooncake variables (MC_*), set on every worker."
+    )
+    timeouts: PDTimeouts = Field(
+        default_factory=PDTimeouts,
+        description="PD handoff timeouts and the decode's heartbeat of its prefills.",
     )
 
 

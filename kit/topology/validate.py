@@ -17,6 +17,7 @@ from kit.topology.listeners import process_ports
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
 from kit.topology.schema import ROLE_NAMES, Role, Topology
+from kit.topology.timeouts import env_problems as timeout_env_problems
 
 
 def validate(topology: Topology, placed: Placement | None = None) -> list[Problem]:
@@ -24,6 +25,7 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
     placement when the caller has it already (else it is placed here)."""
     problems = [*_references(topology), *_nics(topology), *_router(topology)]
     problems += _monitoring(topology)
+    problems += timeout_env_problems(topology)
     placed = placed or placement(topology)
     problems += placed.problems
     problems += cpu_host_problems(topology, placed)

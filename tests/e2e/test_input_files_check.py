@@ -1,6 +1,7 @@
-"""The pdkit_process role's check of the files the workers' flags name, run by Ansible on this
-machine: a missing file fails before anything starts, naming the file, the process and the
-flag; present files pass."""
+"""The pdkit_process role's check of the files the workers' flags name and of the executables
+processes run, by Ansible on this machine: a missing file fails before anything starts, naming
+the file, the process and the flag; a missing executable (smg) names it and the process;
+present ones pass."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ pytestmark = __import__("pytest").mark.e2e
 TASKS = REPO / "playbooks" / "roles" / "pdkit_process" / "tasks" / "inputs.yml"
 
 
-def run_check(tmp_path: Path, files: list[list[str]]) -> subprocess.CompletedProcess[str]:
+def run_check(
+    tmp_path: Path, files: list[list[str]], router_executable: str | None = None
+) -> subprocess.CompletedProcess[str]:
     playbook = tmp_path / "check.yml"
-    processes = [{"name": "prefill-0-node1", "input_files": files}, {"name": "router"}]
+    router = {"name": "router", "executable": router_executable}
+    processes = [{"name": "prefill-0-node1", "input_files": files, "executable": None}, router]
     playbook.write_text(
         yaml.safe_dump(
             [
@@ -29,6 +33,7 @@ def run_check(tmp_path: Path, files: list[list[str]]) -> subprocess.CompletedPro
                     "gather_facts": False,
                     "vars": {
                         "pdkit_processes": processes,
+                        "pdkit_python": str(tmp_path / "venv" / "bin" / "python"),
                         "ansible_python_interpreter": sys.executable,
                     },
                     "tasks": [{"ansible.builtin.include_tasks": str(TASKS)}],
@@ -57,4 +62,17 @@ def test_a_missing_file_fails_naming_it_and_a_present_one_passes(tmp_path):
     assert f"lacks {missing} (prefill-0-node1 --init-expert-location)" in done.stdout
     assert str(present) + " (" not in done.stdout
     ok = run_check(tmp_path, [["--deepep-config", str(present)]])
+    assert ok.returncode == 0, ok.stdout
+
+
+def test_a_router_executable_missing_from_the_host_fails_before_any_start(tmp_path):
+    missing = run_check(tmp_path, [], router_executable="smg-not-installed")
+    assert missing.returncode != 0
+    assert "has no smg-not-installed (run by router)" in missing.stdout
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    smg = venv_bin / "smg-not-installed"  # installed into the venv by pdkit provision
+    smg.write_text("#!/bin/sh\n")
+    smg.chmod(0o755)
+    ok = run_check(tmp_path, [], router_executable="smg-not-installed")
     assert ok.returncode == 0, ok.stdout

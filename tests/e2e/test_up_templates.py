@@ -118,6 +118,9 @@ def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
     assert unit["mode"] == "0644"
     assert "ExecStart=/opt/pdkit/prod/bin/prefill-0.sh\n" in unit["content"]
     assert "LimitMEMLOCK=infinity\n" in unit["content"]
+    # A crash loop stops (the [Unit] section's start limit) instead of restarting for ever.
+    assert "StartLimitIntervalSec=300\nStartLimitBurst=5\n" in unit["content"]
+    assert unit["content"].index("StartLimitBurst") < unit["content"].index("[Service]")
     assert "SyslogIdentifier=pdkit-prod-prefill-0\n" in unit["content"]
     script = files["/opt/pdkit/prod/bin/prefill-0.sh"]["content"]
     assert "exec > >(exec tee -a /var/log/pdkit/prod/prefill-0.log) 2>&1\n" in script

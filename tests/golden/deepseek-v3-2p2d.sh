@@ -2,7 +2,7 @@
 
 ## host prefill-0 (10.0.1.10)
 # prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 0 of 2, dist-init 10.0.1.10:5000
-GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_HOST_IP=10.0.1.10 python -m sglang.launch_server \
+GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.1.10 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-V3 \
   --trust-remote-code \
   --host 10.0.1.10 \
@@ -31,7 +31,7 @@ python -m kit.lb \
 
 ## host prefill-1 (10.0.1.11)
 # prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 1 of 2, dist-init 10.0.1.10:5000
-GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_HOST_IP=10.0.1.11 python -m sglang.launch_server \
+GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.1.11 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-V3 \
   --trust-remote-code \
   --host 10.0.1.11 \
@@ -52,7 +52,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
 
 ## host decode-0 (10.0.1.20)
 # decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30001, node 0 of 2, dist-init 10.0.1.20:5000
-GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_HOST_IP=10.0.1.20 python -m sglang.launch_server \
+GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.1.20 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-V3 \
   --trust-remote-code \
   --host 10.0.1.20 \
@@ -73,7 +73,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
 
 ## host decode-1 (10.0.1.21)
 # decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30001, node 1 of 2, dist-init 10.0.1.20:5000
-GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_HOST_IP=10.0.1.21 python -m sglang.launch_server \
+GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=eth0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.1.21 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-V3 \
   --trust-remote-code \
   --host 10.0.1.21 \

@@ -2,7 +2,7 @@
 
 ## host gpu-node (10.0.0.1)
 # prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998
-SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
+SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --host 10.0.0.1 \
   --port 30000 \
@@ -13,7 +13,7 @@ SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --tp-size 1 \
   --enable-metrics
 # decode-0 (decode): GPUs 7, HTTP :30001
-SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
+SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.0.1 python -m sglang.launch_server \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --host 10.0.0.1 \
   --port 30001 \

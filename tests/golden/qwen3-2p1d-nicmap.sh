@@ -2,7 +2,7 @@
 
 ## host gpu-a (10.0.2.1)
 # prefill-0 (prefill): GPUs 0,1,2,3, HTTP :30000, bootstrap :8998
-MC_GID_INDEX=3 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
+MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
   --host 10.0.2.1 \
@@ -17,7 +17,7 @@ MC_GID_INDEX=3 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
   --kv-cache-dtype fp8_e4m3 \
   --page-size 64
 # prefill-1 (prefill): GPUs 4,5,6,7, HTTP :30001, bootstrap :8999
-MC_GID_INDEX=3 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
+MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
   --host 10.0.2.1 \
@@ -53,7 +53,7 @@ smg \
 
 ## host gpu-b (10.0.2.2)
 # decode-0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100
-MC_GID_INDEX=3 SGLANG_HOST_IP=10.0.2.2 python -m sglang.launch_server \
+MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.2 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
   --host 10.0.2.2 \

@@ -93,7 +93,7 @@ class RealServer:
         argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--nccl-port", str(nccl)]
         argv += [f"--{cpu.DEVICE_FLAG}", "cpu"]
-        argv += [arg for flag, value in cpu.args("null").items() for arg in (f"--{flag}", value)]
+        argv += cpu.argv("null")
         self.argv = argv + list(extra or [])
         self.env = dict(os.environ) | {"SGLANG_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
         self.env |= cpu.env("127.0.0.1", "mooncake_tcp")

@@ -25,19 +25,14 @@ HOST = "127.0.0.1"
 TRANSFER = "mooncake_tcp"
 
 
-def _flags(values: dict[str, str]) -> list[str]:
-    return [arg for flag, value in values.items() for arg in (f"--{flag}", value)]
-
-
 def server_flags() -> list[str]:
     """Every server (colocated, prefill, decode), without --nccl-port (smoke picks one)."""
-    owned = [f"--{cpu.DEVICE_FLAG}", cpu.OWNED[cpu.DEVICE_FLAG].value]
-    return owned + _flags(cpu.args("prefill"))
+    return cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG) + cpu.argv("prefill")
 
 
 def decode_flags() -> list[str]:
     """What a decode adds to `server_flags`."""
-    return _flags({f: s.value for f, s in cpu.DECODE_ARGS.items()})
+    return [arg for flag, s in cpu.DECODE_ARGS.items() for arg in s.flag(flag)]
 
 
 def env() -> dict[str, str]:

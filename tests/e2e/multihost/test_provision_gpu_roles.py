@@ -1,5 +1,6 @@
 """The GPU and RDMA roles over SSH on a namespace host, with a fake nvidia-smi and a fake sysfs
-(this machine has neither GPU nor RDMA card): a missing driver fails with a clear message,
+(this machine has neither GPU nor RDMA card): a missing driver, or one older than the 580
+branch SGLang 0.5.23's CUDA 13 torch needs, fails with a clear message,
 found GPUs and NICs are recorded as facts pdkit shows, persistence mode is turned on once, and
 a NIC the topology names but that is down fails the run. The model role checks or copies the
 weights."""
@@ -26,12 +27,20 @@ state="$HOME/nvidia-persistence"
 pm=Disabled; [ -f "$state" ] && pm=Enabled
 case "$1" in
   --query-gpu=*)
-    echo "0, NVIDIA H100 80GB HBM3, 570.86.15, $pm"
-    echo "1, NVIDIA H100 80GB HBM3, 570.86.15, $pm" ;;
+    echo "0, NVIDIA H100 80GB HBM3, @DRIVER@, $pm"
+    echo "1, NVIDIA H100 80GB HBM3, @DRIVER@, $pm" ;;
   -pm) touch "$state"; echo "Persistence mode set" ;;
-  *) echo "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |" ;;
+  *) echo "| NVIDIA-SMI @DRIVER@   Driver Version: @DRIVER@   CUDA Version: @CUDA@ |" ;;
 esac
 """
+
+
+def fake_nvidia_smi(host: NetnsHost, driver: str = "580.95.05", cuda: str = "13.0") -> None:
+    """nvidia-smi on the host's PATH reporting two H100s on `driver` (SGLang 0.5.23's CUDA 13
+    torch needs the 580 branch)."""
+    tool = host.bin_dir / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI.replace("@DRIVER@", driver).replace("@CUDA@", cuda))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
 
 
 def gpu_topology(
@@ -87,14 +96,18 @@ def test_gpu_and_rdma_roles(testbed: TestBed, host_a: NetnsHost, tmp_path: Path)
     assert "nvidia-smi does not work" in no_driver.stderr
     assert "To fix: install the driver" in no_driver.stderr
 
-    tool = host_a.bin_dir / "nvidia-smi"
-    tool.write_text(FAKE_NVIDIA_SMI)
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     gid = ("0000:0000:0000:0000:0000:ffff:0ad5:000b", "RoCE v2")
     fake_device(sysfs, "mlx5_0", "4: ACTIVE", {3: gid})
+    fake_nvidia_smi(host_a, driver="570.86.15", cuda="12.8")
+    old_driver = run_pdkit(testbed, "provision", str(topology), *only)
+    assert old_driver.returncode == 1
+    assert "a runs NVIDIA driver 570.86.15 (branch 570, CUDA 12.8)" in old_driver.stderr
+    assert "needs driver branch 580 or newer" in old_driver.stderr
+
+    fake_nvidia_smi(host_a)
     first = run_pdkit(testbed, "provision", str(topology), *only)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "a: 2 GPU(s) NVIDIA H100 80GB HBM3; driver 570.86.15, CUDA 12.8" in first.stdout
+    assert "a: 2 GPU(s) NVIDIA H100 80GB HBM3; driver 580.95.05, CUDA 13.0" in first.stdout
     assert "a: RDMA: mlx5_0 ACTIVE Ethernet" in first.stdout
     assert "Ensure persistence mode is on: changed" in first.stdout
     facts = json.loads((host_a.root / "var/lib/pdkit/facts/rdma.json").read_text())

@@ -73,6 +73,7 @@ def test_sim_needs_no_gpu_rdma_tools_or_weights_and_local_hosts_no_venv():
     localhost = host_vars(REPO / "topologies" / "local.yaml")["localhost"]
     assert localhost["pdkit_provision_gpu_roles"] is False
     assert localhost["pdkit_base_rdma_tools"] is False
+    assert localhost["pdkit_base_compilers"] is False  # no Triton in the sim worker
     assert localhost["pdkit_model_source"] == "none"
     assert "pdkit_python_venv" not in localhost  # the control machine's own venv runs it
 
@@ -194,3 +195,30 @@ def test_only_hosts_of_deepep_workers_must_have_the_ibgda_driver_options(write_t
     hosts = host_vars(write_topology(data))
     assert hosts["b"]["pdkit_nvidia_require_ibgda"] is True
     assert hosts["a"]["pdkit_nvidia_require_ibgda"] is False
+
+
+def test_sglang_hosts_get_the_compiler_triton_needs_at_first_launch(gpu_topology):
+    for host in host_vars(gpu_topology).values():
+        assert host["pdkit_base_compilers"] is True
+    defaults = yaml.safe_load((REPO / "playbooks/roles/pdkit_base/defaults/main.yml").read_text())
+    assert "gcc" in defaults["pdkit_base_compiler_packages"]
+    python = yaml.safe_load((REPO / "playbooks/roles/pdkit_python/defaults/main.yml").read_text())
+    assert "python3.11-dev" in python["pdkit_python_interpreter_packages"]  # Python.h
+
+
+def test_router_kind_smg_installs_smg_on_the_router_host_only(write_topology):
+    data = base_topology()
+    data["router"] = {"host": "b", "kind": "smg"}
+    hosts = host_vars(write_topology(data))
+    assert hosts["b"]["pdkit_python_router_packages"] == ["smg==1.13.0"]
+    assert hosts["a"]["pdkit_python_router_packages"] == []
+    data["router"]["kind"] = "pdkit"  # pdkit's router is pdkit itself
+    assert host_vars(write_topology(data))["b"]["pdkit_python_router_packages"] == []
+
+
+def test_a_process_s_executable_is_checked_on_its_host_before_any_start():
+    tasks = yaml.safe_load((REPO / "playbooks/roles/pdkit_process/tasks/inputs.yml").read_text())
+    names = [t["name"] for t in tasks]
+    assert "Ensure every process's executable is installed on its host" in names
+    main = yaml.safe_load((REPO / "playbooks/roles/pdkit_process/tasks/main.yml").read_text())
+    assert main[0]["ansible.builtin.include_tasks"] == "inputs.yml"  # before any file or start

@@ -194,3 +194,62 @@ def test_nvidia_facts_read_the_drivers_ibgda_options(tmp_path):
     off = {"stream_mem_ops": False, "peer_mapping_override": False}
     assert facts(str(proc)) == off
     assert facts(str(tmp_path / "none")) == off
+
+
+def mooncake_build(tmp_path: Path, cuda: str | None) -> subprocess.CompletedProcess[str]:
+    """The python role's probe, run by an interpreter whose torch reports CUDA `cuda` (a fake
+    torch first on the path)."""
+    site = tmp_path / "site"
+    write(site / "torch" / "__init__.py", "")
+    write(site / "torch" / "version.py", f"cuda = {cuda!r}")
+    script = ROLES / "pdkit_python" / "files" / "mooncake_build.py"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=False, env=env
+    )
+
+
+def test_the_mooncake_build_follows_torchs_cuda_not_the_drivers(tmp_path):
+    cases = {"13.0": "mooncake-transfer-engine-cuda13", "12.8": "mooncake-transfer-engine"}
+    for cuda, package in cases.items():
+        done = mooncake_build(tmp_path / cuda, cuda)
+        assert done.stdout.strip() == package, done.stderr
+    cpu = mooncake_build(tmp_path / "cpu", None)
+    assert cpu.stdout.strip() == "mooncake-transfer-engine-non-cuda"
+    old = mooncake_build(tmp_path / "11", "11.8")
+    assert old.returncode != 0
+    assert "torch is built for CUDA 11.8" in old.stderr
+
+
+def test_the_wheelhouse_tool_defaults_to_the_cuda_13_mooncake_build():
+    # Resolving only: the requirements the tool passes to pip, printed by its --help default.
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.wheelhouse", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "default 13: SGLang 0.5.23's torch 2.14.1" in " ".join(result.stdout.split())
+
+
+def find_python(bin_dir: Path, *candidates: str) -> str:
+    """The python role's interpreter search, with only `bin_dir` on PATH."""
+    script = ROLES / "pdkit_python" / "files" / "find_python.sh"
+    env = {"PATH": str(bin_dir)}
+    done = subprocess.run(
+        ["/bin/sh", str(script), *candidates], capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_the_venv_gets_a_python_311_where_the_systems_is_older(tmp_path):
+    bin_dir = tmp_path / "bin"
+    old = bin_dir / "python3"  # Ubuntu 22.04's
+    write(old, "#!/bin/sh\necho 3.10\nexit 1")
+    old.chmod(old.stat().st_mode | stat.S_IEXEC)
+    candidates = ("python3", "python3.12", "python3.11")
+    assert find_python(bin_dir, *candidates) == ""  # none: the role installs python3.11
+    (bin_dir / "python3.11").symlink_to(sys.executable)  # this one is 3.11+
+    found, version = find_python(bin_dir, *candidates).split()
+    assert (found, version) == (str(bin_dir / "python3.11"), f"3.{sys.version_info.minor}")
