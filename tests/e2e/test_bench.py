@@ -110,7 +110,10 @@ def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_pat
     summary = json.loads((out / "summary.json").read_text())["points"][0]
     assert summary["errors"].get("timeout", 0) >= 5
     assert summary["requests"] == 18
-    assert summary["decode"][cluster.decode.url]["failed"] == summary["errors"]["timeout"]
+    # Every failure is on the stopped decode: timeouts, and a stream already under way that the
+    # router ended at its --stall-timeout (a chat stream cannot be continued exactly elsewhere).
+    assert set(summary["errors"]) <= {"timeout", "stream"}
+    assert summary["decode"][cluster.decode.url]["failed"] == sum(summary["errors"].values())
     assert f"requests through decode {cluster.decode.url} failed" in stdout
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     hung = [r for r in records if r["error_kind"] == "timeout"]
