@@ -225,7 +225,8 @@ def test_a_decode_whose_transfers_are_refused_fails_up_at_the_gate(testbed, topo
     up = run_pdkit(testbed, "up", str(topology), "--gate-timeout", "10")
     assert up.returncode == 1, up.stdout + up.stderr
     b = testbed.host("b")
-    assert "The KV transfer gate failed: of 1 prefill x decode pair(s), 1 did not move KV" in up.stderr
+    failed = "The KV transfer gate failed: of 1 prefill x decode pair(s), 1 did not move KV"
+    assert failed in up.stderr
     assert "prefill-0 x decode-0: failed:" in up.stderr
     assert "cause (rpc_refused)" in up.stderr
     assert "prefill-0: E" in up.stderr  # the transfer engine's own line, from host a's log
