@@ -162,11 +162,14 @@ def apply_patch(site: Path, patch: Path) -> None:
 
 
 def inputs_digest(torch: str) -> str:
-    """sha256 of everything that decides the venv's content: this installer, its patches, the
-    compat layer and the torch line. The stamp records it: an unchanged digest is a venv that
-    is up to date, whatever the files' mtimes (a fresh clone reuses a venv cached outside it)."""
+    """sha256 of what decides the venv's content: this installer, its patches, the compat
+    layer and the torch line (not smoke.py or cpu_profile.py, which only run in it). The stamp
+    records it: an unchanged digest is a venv that is up to date, whatever the files' mtimes (a
+    fresh clone reuses a venv cached outside it)."""
     digest = hashlib.sha256(torch.encode())
-    for path in sorted(p for p in HERE.rglob("*") if p.is_file() and p.suffix in {".py", ".diff"}):
+    inputs = [Path(__file__).resolve(), *(HERE / "patches").glob("*.diff")]
+    inputs += (HERE / "compat").rglob("*.py")
+    for path in sorted(inputs):
         if "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(HERE)).encode())
             digest.update(path.read_bytes())
