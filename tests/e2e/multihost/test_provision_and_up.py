@@ -222,7 +222,8 @@ def test_a_decode_whose_transfers_are_refused_fails_up_at_the_gate(testbed, topo
     data = yaml.safe_load(topology.read_text())
     data["decode"]["env"] = {"PDKIT_SIM_FAULT": "refuse"}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
-    up = run_pdkit(testbed, "up", str(topology), "--gate-timeout", "10")
+    # The only decode is replaced with no free GPU for a stand-in: --force accepts the gap.
+    up = run_pdkit(testbed, "up", str(topology), "--gate-timeout", "10", "--force")
     assert up.returncode == 1, up.stdout + up.stderr
     b = testbed.host("b")
     failed = "The KV transfer gate failed: of 1 prefill x decode pair(s), 1 did not move KV"
