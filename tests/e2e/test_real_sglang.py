@@ -141,7 +141,9 @@ def test_health_status_and_doctor_read_the_real_endpoints(real):
     assert health.returncode == 0, health.stdout + health.stderr
     assert "2 workers and the pdkit router are healthy" in health.stdout
 
-    status = pdkit("status", str(real.topology), "--json")
+    # The real /metrics (85 families from SGLang's multiprocess dir) can take over status's
+    # default 3 s on a loaded 2-core machine; a miss would blank the KV columns.
+    status = pdkit("status", str(real.topology), "--json", "--timeout", "15")
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     workers = {w["name"]: w for w in report["workers"]}
