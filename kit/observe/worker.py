@@ -197,10 +197,17 @@ def _uptime(server_info: dict[str, Any], metrics: MetricSet | None, now: float) 
     return max(now - started, 0.0) if started is not None else None
 
 
+def _engine_page(body: str) -> bool:
+    """The /metrics page is an SGLang worker's (the sim's too): it has `sglang:` families."""
+    return "\nsglang:" in body or body.startswith("sglang:")
+
+
 def _kv(
     metrics: MetricSet | None,
     entries: list[dict[str, Any]],
     earlier: MetricSet | None,
+    *,
+    engine_page: bool,
 ) -> KvTransfer:
     latency: Histogram | None = None
     speed: Histogram | None = None
@@ -227,8 +234,10 @@ def _kv(
         latency_ms = max(known) if known else None
         window = "latest"
     failed = bootstrap_failed = None
-    if metrics is not None and len(metrics):
-        # A labelled counter shows no sample before its first increment: absent means 0.
+    if metrics is not None and engine_page:
+        # A labelled counter shows no sample before its first increment: absent means 0. A
+        # real decode's page (hundreds of sglang: lines) may hold none of the families status
+        # reads until its scheduler has logged a batch, so the page itself says it is SGLang's.
         failed = _int(metrics.total(TRANSFER_FAILED) or 0)
         bootstrap_failed = _int(metrics.total(BOOTSTRAP_FAILED) or 0)
     return KvTransfer(
@@ -308,6 +317,8 @@ def evaluate_worker(
             notes.append(f"/metrics: {exc}")
     elif answers.metrics.status == 404:
         notes.append("/metrics is off (launch with --enable-metrics)")
+    elif answers.metrics.failure not in (None, "skipped"):
+        notes.append(f"/metrics: {answers.metrics.why}")  # the KV columns stay blank
     if earlier is not None and earlier.metrics.ok:
         try:
             earlier_metrics = parse_metrics(earlier.metrics.body, FAMILIES)
@@ -360,7 +371,7 @@ def evaluate_worker(
         queued=queued,
         token_usage=load.token_usage,
         pd_queues=load.pd_queues,
-        kv=_kv(metrics, entries, earlier_metrics),
+        kv=_kv(metrics, entries, earlier_metrics, engine_page=_engine_page(answers.metrics.body)),
         gen_throughput=load.gen_throughput,
         health_ms=answers.health.seconds * 1000 if answers.health.answered else None,
     )

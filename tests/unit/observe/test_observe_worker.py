@@ -138,6 +138,22 @@ def test_metrics_switched_off_is_a_note_not_a_problem():
     assert status.kv.failed is None and status.kv.latency_ms == pytest.approx(5.0)  # /v1/loads
 
 
+def test_a_fresh_decode_page_without_the_families_read_counts_no_failure():
+    # Real SGLang 0.5.23's decode before its scheduler logs a batch: hundreds of sglang: lines,
+    # none of the counters status reads; absent labelled counters are 0, not unknown.
+    page = "# HELP sglang:cache_hit_rate x\n# TYPE sglang:cache_hit_rate gauge\n"
+    page += 'sglang:cache_hit_rate{model_name="m"} 0.0\n'
+    status = evaluate_worker(answers("decode", metrics=page), NOW)
+    assert (status.kv.failed, status.kv.bootstrap_failed) == (0, 0)
+
+
+def test_metrics_that_time_out_leave_a_note():
+    page = failed("/metrics", "timeout", "no answer within 3 s")
+    status = evaluate_worker(answers(metrics=page), NOW)
+    assert status.kv.failed is None
+    assert "/metrics: no answer within 3 s" in status.notes
+
+
 def test_a_real_sglang_server_info_is_read_for_version_and_engine():
     info = server_info(startup_time={"load_weight": 12.5, "cuda_graph": {}})
     del info["engine"], info["sim"]
