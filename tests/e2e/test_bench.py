@@ -46,7 +46,9 @@ def test_two_rates_leave_every_record_a_summary_and_the_figures(cluster, tmp_pat
     assert all(r["ok"] and r["status"] == 200 for r in records)
     assert all(r["completion_tokens"] == r["output_tokens"] == 64 for r in records)
     assert all(r["prompt_tokens"] == r["input_tokens"] == 512 for r in records)
-    assert all(len(r["itl_ms"]) == 63 and r["ttft_ms"] > 0 for r in records)
+    # One gap per stream event after the first; a loaded worker, like SGLang, sends the tokens
+    # made since its last write in one event, so a stream has at most 63 gaps, never none.
+    assert all(1 <= len(r["itl_ms"]) <= 63 and r["ttft_ms"] > 0 for r in records)
     # pdkit's router says where each request went.
     assert {r["prefill"] for r in records} == {cluster.prefill.url}
     assert {r["decode"] for r in records} == {cluster.decode.url}
