@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +31,8 @@ import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
+from kit.observe.prom import parse_metrics
+from kit.observe.signatures import diagnose
 from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout, host_root
 from tests.conftest import run_pdkit
@@ -65,6 +68,7 @@ class Deployment:
     data: dict
     up: subprocess.CompletedProcess[str]
     colocated: RealServer
+    odd_decode: RealServer
     start_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -81,6 +85,9 @@ class Deployment:
         assert view is not None, "supervisord of the deployment does not answer"
         return {n: i.pid for n, i in view.items() if i.state in ("STARTING", "RUNNING")}
 
+    def log(self, process: str) -> str:
+        return Path(self.layout.log_file(process)).read_text(errors="replace")
+
     def client(self, url: str | None = None) -> openai.OpenAI:
         base = url or self.router_url
         return openai.OpenAI(base_url=f"{base}/v1", api_key="none", timeout=60, max_retries=0)
@@ -93,7 +100,12 @@ def real(tmp_path_factory):
     model = tiny_model(folder / "tiny-llama")
     name = f"real-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(folder, name, model, python)
+    # Short PD timeouts, so that the real failures of the doctor test are written in seconds.
+    data["transfer"]["timeouts"] = {"bootstrap_timeout_s": 30, "heartbeat_interval_s": 2}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
     colocated = RealServer(model, folder).launch()  # starts with the pair
+    # A decode whose page size is not the prefill's (1 on the CPU): the doctor test's layout.
+    odd = RealServer(model, folder, ["--page-size", "16"], role="decode").launch()
     deployment = None
     try:
         started = time.monotonic()
@@ -101,11 +113,12 @@ def real(tmp_path_factory):
         up_s = time.monotonic() - started
         assert up.returncode == 0, up.stdout + up.stderr
         colocated_s = colocated.wait_ready()
-        deployment = Deployment(topology, name, data, up, colocated)
+        deployment = Deployment(topology, name, data, up, colocated, odd)
         deployment.start_s = {"pdkit up": up_s, "colocated": colocated_s}
         yield deployment
     finally:
         colocated.stop()
+        odd.stop()
         if supervisor_processes(HostLayout(name, _root(topology, data)).supervisord_socket):
             pdkit("down", str(topology), timeout=300)
         if deployment is not None:
@@ -155,7 +168,7 @@ def test_health_status_and_doctor_read_the_real_endpoints(real):
         for key in ("running", "queued", "token_usage", "gen_throughput", "health_ms"):
             assert w[key] is not None, (w["name"], key)
         assert all(v is not None for v in w["pd_queues"].values()), w["pd_queues"]
-        assert w["kv"]["failed"] == 0 and w["kv"]["bootstrap_failed"] == 0
+        assert w["kv"]["failed"] == 0 and w["kv"]["bootstrap_failed"] == 0, (w["name"], w)
         assert w["uptime_s"] is None  # SGLang reports no start time (the legend says so)
     prefill_kv = workers["prefill-0"]["kv"]
     assert prefill_kv["latency_ms"] > 0 and prefill_kv["transfers"] >= 1  # the gate's request
@@ -334,6 +347,120 @@ def test_every_pair_gives_the_colocated_servers_tokens(real):
         for d in decodes:
             got = [_pd_generate(p.url, p.bootstrap_port, d.url, prompt) for prompt in PROMPTS]
             assert got == reference, f"{p.name} x {d.name} differs from the colocated server"
+
+
+MIGRATED = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+
+
+def test_a_stream_whose_decode_is_killed_continues_with_the_unbroken_tokens(real):
+    """The router moves a greedy /generate stream cut by a SIGKILLed decode to the other decode
+    (prompt + the ids already sent); the client's stream ends with the ids and text an unbroken
+    run gives, usage counted from its own prompt."""
+    ids = [17, 305, 44, 512, 8, 256, 71, 430]  # under the tiny vocabulary (562)
+    status, unbroken = request_json(
+        real.colocated.url + "/generate", {"input_ids": ids, "sampling_params": MIGRATED}, 120
+    )
+    assert status == 200, unbroken
+    names = {d.url: d.name for d in resolve(real.topology).role("decode")}
+    body = {"input_ids": ids, "sampling_params": MIGRATED, "stream": True}
+    request = urllib.request.Request(
+        real.router_url + "/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    events, killed = [], None
+    with urllib.request.urlopen(request, timeout=120) as response:
+        first = names[response.headers["X-PDKit-Decode"]]
+        for line in response:
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            events.append(json.loads(line[5:]))
+            if len(events) == 8 and killed is None:
+                killed = real.pids()[first]
+                os.kill(killed, signal.SIGKILL)  # supervisord starts it again
+    last = events[-1]
+    assert "error" not in last, last
+    assert killed is not None and len(events) > 8
+    assert last["output_ids"] == unbroken["output_ids"]
+    assert last["text"] == unbroken["text"]
+    meta = last["meta_info"]
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (len(ids), 64)
+    _, page = request_json(real.router_url + "/metrics")
+    assert parse_metrics(str(page)).total("pdkit_lb_migrations_total", reason="died") == 1
+
+
+LOST = "Lost connection with prefill instance"
+
+
+def _wait_for(what: str, read, deadline_s: float = 90) -> str:
+    """`read()`'s text once it holds `what` (fails the test past `deadline_s`)."""
+    deadline = time.monotonic() + deadline_s
+    while what not in (text := read()):
+        assert time.monotonic() < deadline, f"never written: {what!r}\n{text[-2000:]}"
+        time.sleep(1)
+    return text
+
+
+def _doctor_causes(real) -> dict[str, list[str]]:
+    doctor = pdkit("doctor", str(real.topology), "--json", "--timeout", "20")
+    assert doctor.returncode != 0, doctor.stdout
+    pairs = json.loads(doctor.stdout)["pairs"]
+    return {p["decode"]: [c["name"] for c in p["causes"]] for p in pairs}
+
+
+def test_doctor_names_the_cause_from_what_the_real_engine_wrote(real):
+    """Real failures, each matched from the line SGLang 0.5.23 itself wrote: a decode whose
+    page size is not its prefill's, a prefill stopped with SIGSTOP, a killed prefill."""
+    (prefill,) = resolve(real.topology).role("prefill")
+    odd = real.odd_decode
+    odd.wait_ready()
+    body = {"text": PROMPTS[0], "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1"}
+    body |= {"bootstrap_port": prefill.bootstrap_port, "bootstrap_room": random.getrandbits(63)}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        legs = [pool.submit(request_json, u + "/generate", body, 120) for u in (
+            prefill.url, odd.url)]  # fmt: skip
+        log = _wait_for("Page size mismatch", odd.log)
+        answers = [str(leg.exception() or leg.result()) for leg in legs]
+    assert "layout_mismatch" in [m.signature.name for m in diagnose(
+        ("odd decode", line) for line in log.splitlines())]  # fmt: skip
+    # The prefill gave up on the decode that never took the KV (bootstrap_timeout_s 30).
+    assert "bootstrap_timeout" in [m.signature.name for m in diagnose(
+        ("prefill answer", a) for a in answers)], answers  # fmt: skip
+
+    decodes = resolve(real.topology).role("decode")
+    for decode in decodes:  # up (the migration test killed one) and holding the prefill's address
+        _wait_healthy(decode.url)
+        assert _pd_generate(prefill.url, prefill.bootstrap_port, decode.url, PROMPTS[1])
+    pid = real.pids()["prefill-0"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _wait_for_new(LOST, real, [d.name for d in decodes])  # each decode's heartbeat (2 s)
+        causes = _doctor_causes(real)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert causes and all("prefill_lost" in c for c in causes.values()), causes
+    for decode in decodes:
+        assert _pd_generate(prefill.url, prefill.bootstrap_port, decode.url, PROMPTS[2])
+    os.kill(pid, signal.SIGKILL)  # supervisord starts it again
+    _wait_for_new(LOST, real, [d.name for d in decodes])
+    causes = _doctor_causes(real)
+    assert causes and all("prefill_lost" in c for c in causes.values()), causes
+
+
+def _wait_healthy(url: str, deadline_s: float = 400) -> None:
+    deadline = time.monotonic() + deadline_s
+    while request_json_or_none(url + "/health") != 200:
+        assert time.monotonic() < deadline, f"{url} never answered /health"
+        time.sleep(1)
+
+
+def _wait_for_new(what: str, real, processes: list[str], deadline_s: float = 60) -> None:
+    """Until each process's log holds one more `what` line than now."""
+    before = {p: real.log(p).count(what) for p in processes}
+    deadline = time.monotonic() + deadline_s
+    while any(real.log(p).count(what) == n for p, n in before.items()):
+        assert time.monotonic() < deadline, {p: real.log(p)[-1500:] for p in processes}
+        time.sleep(1)
 
 
 def test_down_leaves_nothing_running(real):

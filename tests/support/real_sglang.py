@@ -86,14 +86,24 @@ class RealServer:
     `launch()` returns at once (so that it starts beside other servers); `wait_ready()` waits
     for /health; `start()` does both."""
 
-    def __init__(self, model: Path, log_dir: Path, extra: list[str] | None = None) -> None:
-        self.port, nccl = free_ports(2)
+    def __init__(
+        self, model: Path, log_dir: Path, extra: list[str] | None = None, role: str = "null"
+    ) -> None:
+        """`role` prefill or decode: a PD server (Mooncake over TCP); a prefill has its
+        bootstrap server at `bootstrap_port`, a decode takes KV from any prefill a request
+        names."""
+        self.port, nccl, self.bootstrap_port = free_ports(3)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"sglang-{self.port}.log"
         argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--nccl-port", str(nccl)]
         argv += [f"--{cpu.DEVICE_FLAG}", "cpu"]
-        argv += cpu.argv("null")
+        if role in ("prefill", "decode"):
+            argv += ["--disaggregation-mode", role]
+            argv += ["--disaggregation-transfer-backend", "mooncake_tcp"]
+        if role == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
+        argv += cpu.argv(role)
         self.argv = argv + list(extra or [])
         self.env = dict(os.environ) | {"SGLANG_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
         self.env |= cpu.env("127.0.0.1", "mooncake_tcp")
