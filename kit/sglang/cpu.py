@@ -60,9 +60,12 @@ ARGS: dict[str, Setting] = {
     ),
     "cuda-graph-backend-prefill": Setting("disabled", "the same, for the prefill phase"),
     "mem-fraction-static": Setting(
-        "0.05",
-        "on CPU the static pool is a share of the host's memory (srt/utils/common.py:1008 "
-        "get_cpu_memory_capacity), not of a GPU's: keep it small",
+        "0.5",
+        "on CPU the budget is the host's free memory (srt/utils/common.py:490), measured "
+        "before and after the weights load: the server refuses to start when free memory "
+        "fell by more than 1 - this fraction meanwhile (srt/mem_cache/kv_cache_configurator.py"
+        ":3043), which other servers starting beside it cause (0.05 failed at a 15% drop, "
+        "measured here); --max-total-tokens, not this, bounds the KV pool",
     ),
     "max-total-tokens": Setting(
         "4096", "a small fixed KV pool: fast start and little memory (raise it for long prompts)"

@@ -20,7 +20,7 @@ MC_TCP_BIND_ADDRESS=127.0.0.1 MC_TCP_ENABLE_CONNECTION_POOL=true MOONCAKE_PROTOC
   --log-requests \
   --log-requests-format json \
   --max-total-tokens 4096 \
-  --mem-fraction-static 0.05 \
+  --mem-fraction-static 0.5 \
   --sleep-on-idle
 # decode-0 (decode): CPU, HTTP :30100, nccl :30600
 MC_TCP_BIND_ADDRESS=127.0.0.1 MC_TCP_ENABLE_CONNECTION_POOL=true MOONCAKE_PROTOCOL=tcp NO_PROXY=127.0.0.1,localhost SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0 SGLANG_HOST_IP=127.0.0.1 SGLANG_USE_CPU_ENGINE=1 no_proxy=127.0.0.1,localhost <repo>/.venv-sglang-cpu/bin/python -m sglang.launch_server \
@@ -41,7 +41,7 @@ MC_TCP_BIND_ADDRESS=127.0.0.1 MC_TCP_ENABLE_CONNECTION_POOL=true MOONCAKE_PROTOC
   --log-requests \
   --log-requests-format json \
   --max-total-tokens 4096 \
-  --mem-fraction-static 0.05 \
+  --mem-fraction-static 0.5 \
   --sleep-on-idle
 # router (pdkit): :8001, policies prefill=prefix_affinity decode=least_inflight
 python -m kit.lb \
