@@ -17,7 +17,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-chaos bench-admission bench-sim bench-status bench-bench bench-goodput bench-size clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -27,7 +27,7 @@ help:
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-admission | bench-sim | bench-status | bench-bench | bench-goodput | bench-size"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-sim | bench-status | bench-bench | bench-goodput | bench-size"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,10 @@ bench-lb: $(VENV)/.stamp $(SMG_VENV)/.stamp $(ROUTER_VENV)/.stamp
 
 bench-chaos: $(VENV)/.stamp $(SMG_VENV)/.stamp
 	$(PY) -m benchmarks.bench_chaos $(BENCH_CHAOS_ARGS)
+
+# The real SGLang on the CPU behind pdkit's router, behind smg and direct: the TTFT/TPOT each adds.
+bench-real: $(VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.bench_real $(BENCH_REAL_ARGS)
 
 bench-admission: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_admission
