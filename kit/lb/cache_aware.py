@@ -18,9 +18,10 @@ A worker whose index is not live (no events, a gap being rebuilt, restarted, sil
 candidate with nothing cached and its rank left to chance; with no live index at all, or no
 token ids for the prompt, the choice is `prefix_affinity`'s.
 
-Token ids: a `/generate` body's `input_ids`; for text, only with `prompt_tokens = "sim:VOCAB"`
-(the emulated model's tokenizer, `kit.kvevents.prompt`). The router holds no model tokenizer,
-so text prompts in front of real SGLang route by `prefix_affinity`.
+Token ids: a `/generate` body's `input_ids`; for text, only in front of emulated workers (the
+sim's tokenizer, `kit.kvevents.prompt`, with the vocabulary their `/server_info` reports, or
+`--prompt-tokens sim:VOCAB`). The router holds no model tokenizer, so text prompts in front of
+real SGLang route by `prefix_affinity`.
 """
 
 from __future__ import annotations
@@ -102,8 +103,11 @@ class CacheAware:
     def plan(self, workers: Sequence[Worker], pd: PdRequest, key: bytes | None) -> Choice:
         """The (worker, rank) for this request (see the module docstring)."""
         now = self._clock()
-        ids = prompt_ids(pd, self.vocab)
         caches = {w.url: self.index.live(w.url, now) for w in workers}
+        vocab = self.vocab
+        if vocab is None:
+            vocab = next((c.sim_vocab for c in caches.values() if c and c.sim_vocab), None)
+        ids = prompt_ids(pd, vocab)
         if ids is None or not any(caches.values()):
             worker = self._fallback.choose(workers, key)
             return Choice(worker, None, 1, len(ids) if ids else 0, -1)

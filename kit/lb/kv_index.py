@@ -95,6 +95,8 @@ class WorkerCache:
     agreed: int = 0
     predicted_tokens: int = 0
     prompt_tokens: int = 0
+    # An emulated worker's tokenizer vocabulary (its /server_info), for text prompts.
+    sim_vocab: int | None = None
 
     @property
     def dp_size(self) -> int:
@@ -269,7 +271,10 @@ class KvSubscriber:
             self.index.forget(url)
             return
         base, topic, block_size, dp = descriptor
-        self.index.add(url, block_size, dp)
+        cache = self.index.add(url, block_size, dp)
+        sim = info.get("sim") if info is not None else None
+        if isinstance(sim, dict) and isinstance(sim.get("vocab"), int):
+            cache.sim_vocab = sim["vocab"]
         sockets: list[zmq.asyncio.Socket] = []
         monitors: list[zmq.asyncio.Socket] = []
         try:
