@@ -160,6 +160,7 @@ class Engine:
         self._throughput: deque[tuple[float, int]] = deque()
         self.transfer_observers: list[Callable[[TransferRecord], None]] = []
         self.caches: list[PrefixCache] | None = None
+        self.cached_tokens_total = 0  # prompt tokens served from the prefix caches
         if args.kv_events is not None and args.radix_cache:
             self.caches = [
                 PrefixCache(
@@ -327,6 +328,7 @@ class Engine:
             return
         cache = self.caches[rank_index]
         state.cached_tokens = seq.computed = cache.match(state.inp.prompt_ids)
+        self.cached_tokens_total += state.cached_tokens
         if self.mode is Mode.NULL:
             hook = state.finished_hook
 
