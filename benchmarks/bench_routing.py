@@ -20,7 +20,8 @@ requests at `--rate` requests/s (Poisson arrivals). Reported per run:
 - goodput: requests/s that met the SLO (TTFT <= `--slo-ttft-ms`, TPOT <= `--slo-tpot-ms`);
 - the router's CPU per request (its process' user + system time / requests).
 
-    python -m benchmarks.bench_routing [--groups 8] [--questions 12] [--rate 6] [--out DIR]
+    python -m benchmarks.bench_routing [--groups 16] [--questions 8] [--prefix-tokens 4000]
+        [--rate 8] [--speed 0.25] [--out DIR]
 
 smg runs from PDKIT_SMG (default .venv-smg/bin/smg); without it, its rows are skipped.
 """
@@ -345,11 +346,11 @@ def report(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--questions", type=int, default=12)
-    parser.add_argument("--prefix-tokens", type=int, default=3000)
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--prefix-tokens", type=int, default=4000)
     parser.add_argument("--output", type=int, default=8, help="tokens generated per request")
-    parser.add_argument("--rate", type=float, default=6.0, help="requests/s")
+    parser.add_argument("--rate", type=float, default=8.0, help="requests/s")
     parser.add_argument("--slo-ttft-ms", type=float, default=400.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=40.0)
     parser.add_argument(
