@@ -3,6 +3,7 @@ publishes them (no network: a PUB socket bound on loopback is read back in-proce
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgspec
@@ -12,6 +13,7 @@ from kit.kvevents import wire
 from kit.kvevents.blocks import block_hashes
 from kit.kvevents.publisher import Publisher, offset_endpoint
 from kit.sim.prefix_cache import PrefixCache
+from tests.conftest import REPO
 from tests.support.sim_launch import free_port
 
 # SGLang 0.5.23's own hashes of [5..12] at page size 4 (`mem_cache.utils.get_hash_str` and
@@ -126,3 +128,17 @@ def test_the_sim_cache_publishes_stores_evictions_and_clears_with_increasing_seq
     finally:
         sub.close(linger=0)
         cache.close()
+
+
+def test_a_batch_real_sglang_sent_decodes_and_encodes_back_to_the_same_bytes():
+    """tests/oracles/sglang_kv_events.json: one batch SGLang 0.5.23 on CPU published
+    (benchmarks/real_kv_events.py), its three frames as they came."""
+    oracle = json.loads((REPO / "tests" / "oracles" / "sglang_kv_events.json").read_text())
+    frames = [bytes.fromhex(part) for part in oracle["frames_hex"]]
+    topic, seq, batch = wire.parse(frames)
+    assert topic == "kv" and seq == int.from_bytes(frames[1], "big")
+    assert wire.encode_batch(batch) == frames[2]
+    (stored,) = batch.events
+    assert isinstance(stored, wire.BlockStored) and stored.parent_block_hash is None
+    # The hashes it published are the ones kit.kvevents computes from its tokens.
+    assert stored.block_hashes == block_hashes(stored.token_ids, stored.block_size)
