@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,11 +29,22 @@ from pathlib import Path
 import yaml
 import zmq
 
-from tests.conftest import run_pdkit
 from tests.support.local_deploy import free_ports
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def run_pdkit(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`pdkit ARGS` from the repository root, its output kept."""
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def post(url: str, body: dict) -> tuple[int, dict, dict]:
