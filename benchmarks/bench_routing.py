@@ -12,7 +12,9 @@ and publish SGLang's KV events (`--kv-events-config`), in two layouts:
 For each layout and router, fresh workers (empty caches), then one workload: `--groups`
 shared prefixes (a document of `--prefix-tokens` tokens each) with `--questions` questions
 each, group popularity skewed (Zipf 1.0), sent in random order as streamed `/generate`
-requests at `--rate` requests/s (Poisson arrivals). Reported per run:
+requests at `--rate` requests/s (Poisson arrivals); or (`--workload trace`) a Mooncake-style
+trace of `hash_ids` blocks: multi-turn conversations whose every turn repeats the history.
+Reported per run:
 
 - reuse: cached prompt tokens / prompt tokens, from the prefills' own counters
   (`sglang:cached_tokens_total`, `sglang:prompt_tokens_total`);
@@ -44,6 +46,7 @@ from typing import Any
 
 import aiohttp
 
+from kit.bench.prompts import block_text
 from tests.support.sim_launch import SimProcess, free_port, worker_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,7 +205,31 @@ async def counters(session: aiohttp.ClientSession, url: str) -> tuple[float, flo
     return prompt, cached
 
 
+def trace_workload(args: argparse.Namespace, seed: int) -> list[str]:
+    """A Mooncake-style trace: each request a list of `hash_ids` (blocks of 512 tokens,
+    `kit.bench.prompts.block_text`, the same text wherever the same id appears). `--groups`
+    conversations share a 4-block system prompt by pairs; each turn repeats its conversation's
+    previous blocks and adds one, as a chat history does; turns of different conversations
+    interleave at random."""
+    rng = random.Random(seed)
+    next_id = 1000
+    histories = []
+    for g in range(args.groups):
+        system = list(range(100 + 4 * (g // 2), 104 + 4 * (g // 2)))
+        histories.append(system)
+    turns = [g for g in range(args.groups) for _ in range(args.questions)]
+    rng.shuffle(turns)
+    prompts = []
+    for g in turns:
+        histories[g] = [*histories[g], next_id]
+        next_id += 1
+        prompts.append("".join(block_text(block) for block in histories[g]))
+    return prompts
+
+
 def workload(args: argparse.Namespace, seed: int) -> list[str]:
+    if args.workload == "trace":
+        return trace_workload(args, seed)
     rng = random.Random(seed)
     docs = []
     for g in range(args.groups):
@@ -360,6 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PDKIT_SIM_SPEED of the emulated GPUs (the SLO is stretched by 1 / speed)",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--workload",
+        choices=("groups", "trace"),
+        default="groups",
+        help="groups: shared documents and questions; trace: multi-turn hash_ids blocks",
+    )
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--out", type=Path, default=REPO / ".bench" / "routing")

@@ -228,6 +228,8 @@ class Metrics:
         )
         self._counted = {"bootstrap": 0, "transfer": 0, "kv_bytes": 0, "prompt": 0, "generated": 0}
         self._counted["cached"] = 0
+        # Listed from the start with its label, as SGLang lists it.
+        self.cached_tokens.labels(**self.labels, cache_source="device")
 
     def _rank_labels(self, dp_rank: int) -> dict[str, str]:
         return {
