@@ -36,6 +36,10 @@ from kit.kvevents.blocks import block_hashes
 
 log = logging.getLogger(__name__)
 
+INFO_TRIES = 5
+INFO_RETRY_S = 1.0
+"""A worker that just became healthy is asked for its /server_info this often, this far apart."""
+
 
 @dataclass
 class RankCache:
@@ -266,6 +270,11 @@ class KvSubscriber:
 
     async def _run(self, url: str, host: str) -> None:
         info = await self._server_info(url)
+        for _ in range(INFO_TRIES - 1):  # a busy worker may answer /server_info late
+            if info is not None:
+                break
+            await asyncio.sleep(INFO_RETRY_S)
+            info = await self._server_info(url)
         descriptor = parse_descriptor(info) if info is not None else None
         if descriptor is None:
             self.index.forget(url)
