@@ -21,6 +21,11 @@ The JSON object (`pdkit trace` reads it; times in ms, None as null):
     retries         attempts sent again on a fresh pair before the client got a byte
     migrations      times the stream was continued on another pair (its decode died or stalled)
     held_ms         time spent waiting for a worker of a role that had none routable
+    dp_rank         cache_aware: the prefill DP rank chosen through the room (null: left to
+                    chance, or another policy)
+    cached_predicted  cache_aware: prompt tokens the router's KV-event index expected the
+                    prefill to have cached (null: no prediction)
+    cached_actual   cache_aware: the prefill's own count (its meta_info cached_tokens)
 
 The line is built by hand (no json.dumps per request) from values that need no escaping: the
 request id is checked when it is read (kit.lb.dispatch.client_request_id), worker URLs are
@@ -49,8 +54,13 @@ _LINE = (
     'access {"ts":%.3f,"id":"%s","route":"%s","status":%d,"stream":%s,"prefill":%s,'
     '"decode":%s,"bootstrap_room":%s,"queued_ms":%s,"prefill_ms":%s,"decode_ms":%s,'
     '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s",'
-    '"retries":%d,"migrations":%d,"held_ms":%.3f}'
+    '"retries":%d,"migrations":%d,"held_ms":%.3f,"dp_rank":%s,"cached_predicted":%s,'
+    '"cached_actual":%s}'
 )
+
+
+def _int_or_null(value: int | None) -> str:
+    return "null" if value is None or value < 0 else str(value)
 
 
 def _ms(seconds: float | None) -> str:
@@ -105,6 +115,9 @@ class AccessLog:
                 ex.retries,
                 ex.migrations,
                 ex.held_s * 1000,
+                _int_or_null(ex.kv.dp_rank if ex.kv is not None else None),
+                _int_or_null(ex.kv.predicted if ex.kv is not None else None),
+                _int_or_null(ex.cached_actual),
             )
         )
 
@@ -144,6 +157,9 @@ class AccessLog:
                 0,
                 0,
                 0.0,
+                "null",
+                "null",
+                "null",
             )
         )
 

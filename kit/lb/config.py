@@ -27,7 +27,7 @@ from kit.topology.schema import SLO
 
 Role = Literal["prefill", "decode"]
 
-POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity")
+POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity", "cache_aware")
 PREFILL_ONLY_POLICIES = frozenset(PDKIT_POLICIES["prefill"]) - frozenset(PDKIT_POLICIES["decode"])
 DEFAULT_PREFILL_POLICY = DEFAULT_POLICIES["pdkit"]["prefill"]
 DEFAULT_DECODE_POLICY = DEFAULT_POLICIES["pdkit"]["decode"]
@@ -101,6 +101,11 @@ class LbConfig:
     drain_grace: float = 30.0
     prefix_chars: int = 256
     affinity_load_factor: float = 1.25
+    # cache_aware: the prompt tokenizer ("sim:VOCAB", or "" for input_ids only) and when a
+    # worker's events count as stopped (kit.lb.kv_index).
+    prompt_tokens: str = ""
+    kv_silence: float = 5.0
+    kv_silence_requests: int = 8
     # A worker whose probe times out while it still finishes requests stays in for this long.
     busy_grace: float = 20.0
     # Upstream connection pool.
@@ -156,7 +161,9 @@ keys (never on the command line):
   PDKIT_LB_WORKER_API_KEY / --worker-api-key-file   sent to workers started with --api-key
 
 policies: round_robin, random, least_inflight (power of two choices on in-flight requests),
-  prefix_affinity (prefill only: same prompt prefix -> same prefill, bounded by load)
+  prefix_affinity (prefill only: same prompt prefix -> same prefill, bounded by load),
+  cache_aware (prefill only: the prefill DP rank with the least prefill work for this prompt,
+  counting what its KV events say it has cached; see kit/lb/cache_aware.py)
 
 access log: one line per PD request on stderr, `access {json}` (logger kit.lb.access); off with
   --no-access-log
@@ -471,6 +478,25 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         f"in-flight load (default {d.affinity_load_factor:g})",
     )
     r.add_argument(
+        "--prompt-tokens",
+        default=d.prompt_tokens,
+        help="cache_aware: how to get a text prompt's token ids: sim:VOCAB (the emulated "
+        "model's tokenizer); default: only /generate input_ids are hashed",
+    )
+    r.add_argument(
+        "--kv-silence",
+        type=_positive(float),
+        default=d.kv_silence,
+        help=f"cache_aware: seconds after which a worker that got --kv-silence-requests "
+        f"requests and sent no KV event is routed as if uncached (default {d.kv_silence:g})",
+    )
+    r.add_argument(
+        "--kv-silence-requests",
+        type=_positive(int),
+        default=d.kv_silence_requests,
+        help=f"see --kv-silence (default {d.kv_silence_requests})",
+    )
+    r.add_argument(
         "--max-connections",
         type=_positive(int, True),
         default=d.max_connections,
@@ -577,6 +603,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         raise LbConfigError("--eject-backoff-max must be at least --eject-backoff.")
     if ns.affinity_load_factor < 1.0:
         raise LbConfigError("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
+    if ns.prompt_tokens and not _sim_vocab(ns.prompt_tokens):
+        raise LbConfigError(
+            f"--prompt-tokens {ns.prompt_tokens!r}: expected sim:VOCAB (a positive integer). "
+            "To fix: use sim:VOCAB, or leave it out (input_ids only)."
+        )
     if not ns.health_path.startswith("/"):
         raise LbConfigError(f"--health-path {ns.health_path!r} must start with '/'.")
     if ns.admission_margin >= 0.5:
@@ -619,6 +650,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         drain_grace=ns.drain_grace,
         prefix_chars=ns.prefix_chars,
         affinity_load_factor=ns.affinity_load_factor,
+        prompt_tokens=ns.prompt_tokens,
+        kv_silence=ns.kv_silence,
+        kv_silence_requests=ns.kv_silence_requests,
         max_connections=ns.max_connections,
         upstream_keepalive=ns.upstream_keepalive,
         busy_grace=ns.busy_grace,
@@ -631,3 +665,14 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         log_level=ns.log_level,
         seed=ns.seed,
     )
+
+
+def _sim_vocab(spec: str) -> int | None:
+    """VOCAB of a --prompt-tokens sim:VOCAB, else None."""
+    kind, _, vocab = spec.partition(":")
+    return int(vocab) if kind == "sim" and vocab.isdigit() and int(vocab) > 0 else None
+
+
+def prompt_vocab(config: LbConfig) -> int | None:
+    """The sim tokenizer's vocabulary size, when the router hashes text prompts with it."""
+    return _sim_vocab(config.prompt_tokens) if config.prompt_tokens else None

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from kit.lb.admission import (
     Ticket,
     prompt_tokens,
 )
+from kit.lb.cache_aware import CacheAware, Choice
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
 from kit.lb.logprobs import StreamMerger, merge_body
@@ -111,6 +113,8 @@ class Exchange:
     retries: int = 0  # attempts sent again on a fresh pair before the client got a byte
     migrations: int = 0  # times the stream was continued on another pair
     held_s: float = 0.0  # seconds spent waiting for a worker of a role with none routable
+    kv: Choice | None = None  # cache_aware's choice for the last attempt
+    cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +277,8 @@ class Dispatcher:
             self._stall_timeout,
         )
         self._needs_key = any(p.needs_key for p in policies.values())
+        prefill_policy = policies["prefill"]
+        self._cache_aware = prefill_policy if isinstance(prefill_policy, CacheAware) else None
         fixed = {"Content-Type": "application/json", **worker_headers}
         self._fixed_headers = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
 
@@ -288,12 +294,16 @@ class Dispatcher:
 
     async def _pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
         """A worker of `role` for the next attempt: one that has not failed in this request
-        when there is such, else any routable one; with none routable, hold."""
+        when there is such, else any routable one; with none routable, hold. cache_aware
+        also chooses the prefill's DP rank (`ex.kv`)."""
         workers = self._pool.routable(role)
         if not workers:
             workers = await self._hold(ex, role, exclude)
         if exclude:
             workers = [w for w in workers if w.url not in exclude] or workers
+        if role == "prefill" and self._cache_aware is not None:
+            ex.kv = self._cache_aware.plan(workers, ex.pd, key)
+            return ex.kv.worker
         return self._policies[role].choose(workers, key)
 
     async def _hold(self, ex: Exchange, role: Role, exclude: set[str]) -> list[Worker]:
@@ -421,7 +431,17 @@ class Dispatcher:
                     excluded=excluded,
                     priority=priority,
                 )
-            body, room = pd.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
+            choice = ex.kv
+            if choice is not None and choice.worker is not prefill:  # admission moved it
+                choice = ex.kv = Choice(prefill, None, 1, choice.prompt_tokens, -1)
+            rank = None
+            if choice is not None and choice.dp_rank is not None:
+                rank = (choice.dp_rank, choice.dp_size)
+            body, room = pd.encode(
+                prefill.bootstrap_host, prefill.bootstrap_port, self._rng, dp_rank=rank
+            )
+            if choice is not None and self._cache_aware is not None:
+                self._cache_aware.begin(choice)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
             send = self._send(pd.path_bytes, body, ex.request_id)
@@ -545,6 +565,10 @@ class Dispatcher:
         finally:
             ex.prefill_end = time.monotonic()
             ex.prefill_s = ex.prefill_end - leg.started
+            if ex.kv is not None and ex.kv.worker is worker and self._cache_aware is not None:
+                self._cache_aware.end(ex.kv)
+        if status < 300 and ex.kv is not None and ex.kv.worker is worker:
+            self._observe_cached(ex, data)
         if status >= 300:
             snippet = data[:300].decode("utf-8", "replace")
             raise LegError(
@@ -559,6 +583,18 @@ class Dispatcher:
         if worker.failures:
             self._pool.record_served(worker)
         return data if keep else b""
+
+    def _observe_cached(self, ex: Exchange, data: bytes) -> None:
+        """The prefill's own count of cached prompt tokens (its meta_info), against the
+        prediction."""
+        found = _CACHED_TOKENS.findall(data)
+        if not found or ex.kv is None:
+            return
+        ex.cached_actual = int(found[-1])
+        if ex.kv.predicted >= 0 and self._cache_aware is not None:
+            self._cache_aware.index.observed(
+                ex.kv.worker.url, ex.kv.prompt_tokens, ex.kv.predicted, ex.cached_actual
+            )
 
     def _start(self, ex: Exchange, prefill: Worker, send: _Send, keep: bool) -> _Pair:
         """Send the prefill leg (at once when a pooled connection is idle, so it goes out
@@ -960,6 +996,9 @@ class Dispatcher:
         return {"Content-Type": content_type, **path_headers(ex)}
 
 
+_CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*(\d+)')
+
+
 def first_event_error(first: bytes) -> int | None:
     """The status of a stream whose first event is an error (SGLang sends its failures after
     the 200 head: `data: {"error": {...}}` or `data: {"object": "error", ...}`), else None; a
@@ -992,4 +1031,12 @@ def path_headers(ex: Exchange) -> dict[str, str]:
         headers["X-PDKit-Prefill"] = ex.path.prefill
         headers["X-PDKit-Decode"] = ex.path.decode
         headers["X-PDKit-Bootstrap-Room"] = str(ex.path.bootstrap_room)
+    kv = ex.kv
+    if kv is not None:  # cache_aware: the rank chosen, and the cached tokens foreseen and seen
+        if kv.dp_rank is not None:
+            headers["X-PDKit-Prefill-DP-Rank"] = str(kv.dp_rank)
+        if kv.predicted >= 0:
+            headers["X-PDKit-Cached-Predicted"] = str(kv.predicted)
+        if ex.cached_actual is not None:
+            headers["X-PDKit-Cached-Actual"] = str(ex.cached_actual)
     return headers

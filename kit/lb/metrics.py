@@ -39,6 +39,15 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_admission_prefill_rate_tokens{worker}    gauge: its measured prompt tokens per
                                                        busy second (absent while learning)
     pdkit_lb_admission_decode_step_seconds{worker}    gauge: predicted step at one more request
+    pdkit_lb_kv_index_blocks{worker}                  gauge: blocks its KV events say it holds
+                                                       (cache_aware; all DP ranks)
+    pdkit_lb_kv_index_live{worker}                    gauge: 1 while its index is believed
+    pdkit_lb_kv_index_gaps_total{worker}              counter: sequence gaps (rank cleared)
+    pdkit_lb_kv_index_restarts_total{worker}          counter: publisher restarts seen
+    pdkit_lb_kv_predictions_total{worker}             counter: requests with a prediction that
+                                                       the prefill answered with its count
+    pdkit_lb_kv_predictions_agreed_total{worker}      counter: of those, predicted == actual
+    pdkit_lb_kv_hit_rate{worker}                      gauge: predicted cached / prompt tokens
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kit.lb.admission import Admission
+from kit.lb.cache_aware import CacheAware
 from kit.lb.workers import Worker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -148,6 +158,7 @@ class LbMetrics:
         )
         self._duration_children: dict[tuple[str, bool], Histogram] = {}
         self.admission: Admission | None = None
+        self.cache_aware: CacheAware | None = None
         self.admitted: dict[str, int] = {}
         self.rejected: dict[tuple[str, str], int] = {}
         self.ttft_error = Histogram(RATIO_BUCKETS)
@@ -260,6 +271,8 @@ class LbMetrics:
         yield from _worker_families(self._workers())
         if self.admission is not None:
             yield from self._admission_families(self.admission)
+        if self.cache_aware is not None:
+            yield from _kv_families(self.cache_aware)
 
     def _admission_families(self, admission: Admission) -> Iterator[Metric]:
         admitted = CounterMetricFamily(
@@ -311,6 +324,39 @@ class LbMetrics:
             if predicted is not None:
                 step.add_metric([url], predicted)
         yield from (queue, rate, step)
+
+
+def _kv_families(policy: CacheAware) -> Iterator[Metric]:
+    label = ["worker"]
+    blocks = GaugeMetricFamily(
+        "pdkit_lb_kv_index_blocks", "Blocks indexed from KV events", labels=label
+    )
+    live = GaugeMetricFamily(
+        "pdkit_lb_kv_index_live", "1 while the index is believed", labels=label
+    )
+    gaps = CounterMetricFamily("pdkit_lb_kv_index_gaps", "KV event sequence gaps", labels=label)
+    restarts = CounterMetricFamily(
+        "pdkit_lb_kv_index_restarts", "KV event publisher restarts", labels=label
+    )
+    predictions = CounterMetricFamily(
+        "pdkit_lb_kv_predictions", "Predictions the prefill answered", labels=label
+    )
+    agreed = CounterMetricFamily(
+        "pdkit_lb_kv_predictions_agreed", "Predictions equal to the cached tokens", labels=label
+    )
+    hit = GaugeMetricFamily(
+        "pdkit_lb_kv_hit_rate", "Predicted cached tokens / prompt tokens", labels=label
+    )
+    for url, cache in sorted(policy.index.workers.items()):
+        blocks.add_metric([url], cache.size())
+        live.add_metric([url], 1.0 if cache.live else 0.0)
+        gaps.add_metric([url], sum(r.gaps for r in cache.ranks))
+        restarts.add_metric([url], sum(r.restarts for r in cache.ranks))
+        predictions.add_metric([url], cache.predictions)
+        agreed.add_metric([url], cache.agreed)
+        if cache.prompt_tokens:
+            hit.add_metric([url], cache.predicted_tokens / cache.prompt_tokens)
+    yield from (blocks, live, gaps, restarts, predictions, agreed, hit)
 
 
 def _worker_families(workers: Iterable[Worker]) -> Iterator[Metric]:

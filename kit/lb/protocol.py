@@ -57,11 +57,20 @@ class PdRequest:
     def path_bytes(self) -> bytes:
         return _PATH_BYTES[self.path]
 
-    def encode(self, host: str, port: int | None, rng: random.Random) -> tuple[bytes, int]:
+    def encode(
+        self,
+        host: str,
+        port: int | None,
+        rng: random.Random,
+        dp_rank: tuple[int, int] | None = None,
+    ) -> tuple[bytes, int]:
         """The body for both legs, with fresh bootstrap fields (new rooms on every call), and
-        its (first) bootstrap room."""
+        its (first) bootstrap room; `dp_rank` (rank, dp size) picks a room with
+        ``room % dp == rank``, the prefill DP rank SGLang's follow_bootstrap_room runs it on."""
         if self.batch_size is None:
             room = rng.getrandbits(63) % ROOM_SPAN
+            if dp_rank is not None:
+                room = room_on_rank(room, *dp_rank)
             if self.spliceable:
                 return b'%s,%s,"bootstrap_room":%d}' % (
                     self.raw[: self.raw.rindex(b"}")],
@@ -87,6 +96,14 @@ class PdRequest:
         body = dict(self.body)
         body.update(fields)
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), room
+
+
+def room_on_rank(room: int, rank: int, dp_size: int) -> int:
+    """The room nearest below `room` with ``room % dp_size == rank`` (within [0, ROOM_SPAN))."""
+    if dp_size <= 1:
+        return room
+    room = room - room % dp_size + rank
+    return room if room < ROOM_SPAN else room - dp_size
 
 
 @functools.lru_cache(maxsize=1024)

@@ -35,11 +35,13 @@ from aiohttp.web_protocol import RequestHandler
 from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig
-from kit.lb.config import LbConfig, Role
+from kit.lb.cache_aware import CacheAware
+from kit.lb.config import LbConfig, Role, prompt_vocab
 from kit.lb.dispatch import Dispatcher, Exchange, path_headers
 from kit.lb.errors import ApiError, error_body
 from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
+from kit.lb.kv_index import KvIndex, KvSubscriber
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
@@ -95,10 +97,29 @@ class LoadBalancer:
         self.access = AccessLog(config.access_log)
         self.rng = random.Random(config.seed)
         self.recent = RecentRequests()
+        self.kv_index: KvIndex | None = None
+        self.cache_aware: CacheAware | None = None
+        prefill_policy: Policy
+        if config.prefill_policy == "cache_aware":
+            self.kv_index = KvIndex(
+                silence_s=config.kv_silence, silence_requests=config.kv_silence_requests
+            )
+            prefill_policy = self.cache_aware = CacheAware(
+                self.kv_index,
+                self.rng,
+                load_factor=config.affinity_load_factor,
+                vocab=prompt_vocab(config),
+            )
+            self.metrics.cache_aware = self.cache_aware
+        else:
+            prefill_policy = make_policy(
+                config.prefill_policy, self.rng, config.affinity_load_factor
+            )
         self.policies: dict[Role, Policy] = {
-            "prefill": make_policy(config.prefill_policy, self.rng, config.affinity_load_factor),
+            "prefill": prefill_policy,
             "decode": make_policy(config.decode_policy, self.rng, config.affinity_load_factor),
         }
+        self._kv_subscriber: KvSubscriber | None = None
         self.draining = False
         self.inflight = 0
         self._logged: dict[str, tuple[float, int]] = {}
@@ -250,11 +271,21 @@ class LoadBalancer:
         )
         self._info = InfoRoutes(self.pool, self._session, cfg.health_timeout, self._worker_headers)
         self._admin = AdminRoutes(self.pool, cfg.drain_grace, self._monitor.watch, self._forget)
+        if self.kv_index is not None:
+            self._kv_subscriber = KvSubscriber(
+                self.kv_index,
+                self._session,
+                timeout=cfg.health_timeout,
+                headers=self._worker_headers,
+                clock=time.monotonic,
+            )
         for worker in self.pool:
             self._monitor.watch(worker)
 
     async def close(self) -> None:
         """Stop probing, cancel background legs, close the upstream pool."""
+        if self._kv_subscriber is not None:
+            await self._kv_subscriber.close()
         if self._admin is not None:
             await self._admin.close()
         if self._loads is not None:
@@ -280,8 +311,19 @@ class LoadBalancer:
             self._upstream.forget(worker.url)
         if self.admission is not None:
             self.admission.forget(worker.url)
+        if self._kv_subscriber is not None:
+            self._kv_subscriber.unwatch(worker.url)
+        if self.kv_index is not None:
+            self.kv_index.forget(worker.url)
 
     def _on_transition(self, worker: Worker, old: State, new: State) -> None:
+        subscriber = self._kv_subscriber
+        if subscriber is not None and worker.role == "prefill":
+            # A worker back from anywhere may be a new process: read its publisher afresh.
+            if new is State.HEALTHY:
+                subscriber.watch(worker.url, worker.bootstrap_host)
+            else:
+                subscriber.unwatch(worker.url)
         if new is State.HEALTHY:
             log.info(
                 "%s worker %s is healthy%s",

@@ -261,6 +261,23 @@ def _panels() -> tuple[tuple[str, tuple[Panel, ...]], ...]:
                 ),
             ),
         ),
+        Panel(
+            "Prefix cache index per prefill (cache_aware)",
+            "Blocks pdkit's router holds from each prefill's KV events, and the share of "
+            "prompt tokens it predicted cached there. 0 unless prefill_policy is cache_aware.",
+            "short",
+            (
+                Query(
+                    f"sum by (worker) (pdkit_lb_kv_index_blocks{{{D}}})"
+                    f" or 0 * sum({ROUTER_REQUESTS})",
+                    "blocks {{worker}}",
+                ),
+                Query(
+                    f"max by (worker) (pdkit_lb_kv_hit_rate{{{D}}}) or 0 * sum({ROUTER_REQUESTS})",
+                    "hit rate {{worker}}",
+                ),
+            ),
+        ),
     )
     transfer = (
         Panel(

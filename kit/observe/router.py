@@ -59,9 +59,18 @@ LB_GAUGES = (
     "pdkit_lb_draining",
     "smg_http_requests_total",
 )
+KV_INDEX_FAMILIES = (
+    "pdkit_lb_kv_index_blocks",
+    "pdkit_lb_kv_index_live",
+    "pdkit_lb_kv_predictions_total",
+    "pdkit_lb_kv_predictions_agreed_total",
+    "pdkit_lb_kv_hit_rate",
+)
+"""cache_aware's KV-event index, per prefill (kit.lb.metrics)."""
 FAMILIES = frozenset(
     {n for names in METRIC_NAMES.values() for n in (*names.requests, *names.ttft, *names.tpot)}
     | set(LB_GAUGES)
+    | set(KV_INDEX_FAMILIES)
 )
 """The router metric families status reads."""
 # smg counts every HTTP request in smg_http_requests_total, the probes included.
@@ -97,6 +106,18 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class KvIndexView:
+    """What pdkit's router knows of one prefill's cache from its KV events (cache_aware)."""
+
+    worker: str
+    blocks: int
+    live: bool
+    hit_rate: float | None  # predicted cached tokens / prompt tokens routed there
+    predictions: int
+    agreed: int  # predictions equal to the prefill's own cached_tokens
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """Everything status shows about the router; None when unknown.
 
@@ -127,6 +148,7 @@ class RouterStatus:
     latency_window: str = "since start"
     slo_attainment: float = 0.9
     slo_met: bool | None = None
+    kv_index: tuple[KvIndexView, ...] = ()
 
 
 def _routed_workers(body: Any) -> tuple[RoutedWorker, ...] | None:
@@ -359,6 +381,29 @@ def evaluate_router(
         latency_window=window,
         slo_attainment=slo.attainment,
         slo_met=slo_met,
+        kv_index=_kv_index(metrics) if metrics is not None else (),
+    )
+
+
+def _kv_index(metrics: MetricSet) -> tuple[KvIndexView, ...]:
+    def per_worker(name: str) -> dict[str, float]:
+        return {s.labels.get("worker", ""): s.value for s in metrics.samples(name)}
+
+    blocks = per_worker("pdkit_lb_kv_index_blocks")
+    live = per_worker("pdkit_lb_kv_index_live")
+    hit = per_worker("pdkit_lb_kv_hit_rate")
+    predictions = per_worker("pdkit_lb_kv_predictions_total")
+    agreed = per_worker("pdkit_lb_kv_predictions_agreed_total")
+    return tuple(
+        KvIndexView(
+            worker=url,
+            blocks=int(count),
+            live=live.get(url, 0) > 0,
+            hit_rate=hit.get(url),
+            predictions=int(predictions.get(url, 0)),
+            agreed=int(agreed.get(url, 0)),
+        )
+        for url, count in sorted(blocks.items())
     )
 
 

@@ -67,6 +67,9 @@ class AccessRecord:
     retries: int = 0
     migrations: int = 0
     held_ms: float | None = None
+    dp_rank: int | None = None
+    cached_predicted: int | None = None
+    cached_actual: int | None = None
     in_flight: bool = False
     age_ms: float | None = None
     """In flight: how long it had been running when the router was asked."""
@@ -178,6 +181,9 @@ def parse_access(line: str) -> AccessRecord | None:
         retries=_int(data.get("retries")) or 0,
         migrations=_int(data.get("migrations")) or 0,
         held_ms=_number(data.get("held_ms")) or None,
+        dp_rank=_int(data.get("dp_rank")),
+        cached_predicted=_int(data.get("cached_predicted")),
+        cached_actual=_int(data.get("cached_actual")),
     )
 
 
@@ -275,6 +281,18 @@ def _router_steps(access: AccessRecord, origin: float, prefill: str, decode: str
     if access.prefill_ms is not None:
         steps.append(
             Step(dispatched, dispatched + access.prefill_ms, "router", f"prefill leg ({prefill})")
+        )
+    if access.cached_predicted is not None or access.cached_actual is not None:
+        rank = f" rank {access.dp_rank}" if access.dp_rank is not None else ""
+        predicted = "?" if access.cached_predicted is None else str(access.cached_predicted)
+        actual = "?" if access.cached_actual is None else str(access.cached_actual)
+        steps.append(
+            Step(
+                dispatched,
+                None,
+                "router",
+                f"cached tokens on the prefill{rank}: predicted {predicted}, actual {actual}",
+            )
         )
     if access.decode_ms is not None:
         steps.append(

@@ -248,6 +248,17 @@ def router_lines(router: RouterStatus) -> Text:
         style = {True: "green", False: "bold red", None: ""}[router.slo_met]
         text.append(f"  within SLO ({router.latency_window}): {', '.join(shares)} ")
         text.append(f"target {router.slo_attainment:.0%} {verdict}", style=style)
+    for kv in router.kv_index:
+        text.append(f"\n       KV index {kv.worker.removeprefix('http://')}: ")
+        text.append(f"{kv.blocks:,} blocks")
+        if not kv.live:
+            text.append(" (not live: routing without it)", style="yellow")
+        text.append(f"  hit rate {percent(kv.hit_rate)}")
+        if kv.predictions:
+            text.append(
+                f"  predictions agreed {kv.agreed / kv.predictions:.0%} "
+                f"({kv.agreed}/{kv.predictions})"
+            )
     return text
 
 

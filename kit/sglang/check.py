@@ -39,6 +39,7 @@ OWNED_FLAGS: dict[str, str] = {
     "nccl-port": "<role>.nccl_port (rendered on CPU hosts; on GPU hosts SGLang picks one)",
     "api-key": "router.api_key_env (workers are reached only through the router)",
     "admin-api-key": "router.api_key_env",
+    "kv-events-config": "<role>.kv_events (pdkit renders the publisher and its ports)",
 }
 """Flags pdkit sets from the topology -> the key to set instead."""
 
@@ -56,6 +57,7 @@ def check(topology: Topology, catalog: Catalog) -> list[Problem]:
     problems = list(_flags(topology, catalog))
     problems += _agreement(topology, catalog)
     problems += _parallelism(topology, catalog)
+    problems += _kv_events(topology)
     problems += startup_problems(topology, catalog)  # values SGLang refuses when it starts
     return problems
 
@@ -93,6 +95,38 @@ def _flag(catalog: Catalog, scope: str, key: str, value: ArgValue) -> Iterator[P
     error = catalog.check_value(spec, value)
     if error:
         yield Problem(path, f"{spec.flag} {error}.", "fix the value.")
+
+
+def _kv_events(topology: Topology) -> Iterator[Problem]:
+    """KV events need a radix cache to publish from; the router's `cache_aware` needs them on
+    the prefills."""
+    for role in ROLE_NAMES:
+        spec: Role = getattr(topology, role)
+        if spec.kv_events is None:
+            continue
+        args = role_args(topology, role)
+        if args.get("disable-radix-cache"):
+            yield Problem(
+                (role, "kv_events"),
+                f"{role} has --disable-radix-cache: there is no cache to publish events from.",
+                f"remove disable-radix-cache from args, or remove {role}.kv_events.",
+            )
+        elif role == "decode" and not args.get("disaggregation-decode-enable-radix-cache"):
+            yield Problem(
+                ("decode", "kv_events"),
+                "a PD decode runs without a radix cache unless "
+                "--disaggregation-decode-enable-radix-cache is set, so it would publish nothing.",
+                "add disaggregation-decode-enable-radix-cache: true to decode.args, or remove "
+                "decode.kv_events.",
+            )
+    router = topology.router
+    cache_aware = router.kind == "pdkit" and router.prefill_policy == "cache_aware"
+    if cache_aware and topology.prefill.kv_events is None:
+        yield Problem(
+            ("router", "prefill_policy"),
+            "cache_aware routes by the prefills' KV events, and the prefills publish none.",
+            "add `kv_events: {}` under prefill:, or use prefill_policy: prefix_affinity.",
+        )
 
 
 def effective(topology: Topology, catalog: Catalog, role: str, flag: str) -> object:

@@ -206,7 +206,18 @@ def worker_args(
         args += cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)
     if p.nccl_port is not None:
         args += [f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)]
+    if p.kv_events_port is not None and spec.kv_events is not None:
+        args += ["--kv-events-config", kv_events_config(p.kv_events_port, spec.kv_events.topic)]
     return args + render_args(host_args(topology, p.role, host))
+
+
+def kv_events_config(port: int, topic: str) -> str:
+    """--kv-events-config: a ZMQ PUB bound on every address at `port` (DP rank r: + r), the
+    form SGLang advertises in /server_info for a router to subscribe to."""
+    return json.dumps(
+        {"endpoint": f"tcp://*:{port}", "publisher": "zmq", "topic": topic},
+        separators=(",", ":"),
+    )
 
 
 def bind_address(spec: Role, host: Host) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -95,7 +96,19 @@ class WorkerArgs:
     load_balance_method: str = "auto"
     random_seed: int | None = None
     log_level: str = "info"
+    # The radix cache (on by default on a prefill, off on a decode unless asked) and its KV
+    # events: the sim models the cache only where it publishes them (`kit.sim.prefix_cache`).
+    disable_radix_cache: bool = False
+    disaggregation_decode_enable_radix_cache: bool = False
+    kv_events: KvEventsConfig | None = None
     ignored: tuple[str, ...] = field(default=())
+
+    @property
+    def radix_cache(self) -> bool:
+        """Whether this worker keeps a radix (prefix) cache, as SGLang decides."""
+        if self.disable_radix_cache:
+            return False
+        return self.disaggregation_mode != "decode" or self.disaggregation_decode_enable_radix_cache
 
     @property
     def is_pd(self) -> bool:
@@ -142,6 +155,14 @@ class WorkerArgs:
         """The resolved arguments, for ``/server_info``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["ignored"] = list(self.ignored)
+        events = out.pop("kv_events")
+        out["kv_events_config"] = (
+            None
+            if events is None
+            else json.dumps(
+                {"publisher": "zmq", "endpoint": events.endpoint, "topic": events.topic}
+            )
+        )
         for secret in ("api_key", "admin_api_key"):
             if out[secret]:
                 out[secret] = "<redacted>"
@@ -236,7 +257,33 @@ def _parser() -> argparse.ArgumentParser:
     add("--load-balance-method", choices=LOAD_BALANCE_METHODS, default="auto")
     add("--random-seed", type=int)
     add("--log-level", choices=LOG_LEVELS, default="info")
+    add("--disable-radix-cache", action="store_true")
+    add("--disaggregation-decode-enable-radix-cache", action="store_true")
+    add("--kv-events-config", type=_kv_events)
     return p
+
+
+@dataclass(frozen=True)
+class KvEventsConfig:
+    """The part of SGLang's `KVEventsConfig` the sim honours (a zmq publisher)."""
+
+    endpoint: str = "tcp://*:5557"
+    topic: str = ""
+
+
+def _kv_events(text: str) -> KvEventsConfig:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}") from exc
+    if not isinstance(raw, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    if raw.get("publisher", "null") != "zmq":
+        raise argparse.ArgumentTypeError('the sim publishes KV events with "publisher": "zmq" only')
+    endpoint = raw.get("endpoint", "tcp://*:5557")
+    if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+        raise argparse.ArgumentTypeError(f"endpoint must be tcp://HOST:PORT, got {endpoint!r}")
+    return KvEventsConfig(endpoint=endpoint, topic=str(raw.get("topic", "")))
 
 
 def parse_args(argv: Sequence[str]) -> WorkerArgs:
@@ -316,6 +363,9 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         load_balance_method=ns.load_balance_method,
         random_seed=ns.random_seed,
         log_level=ns.log_level,
+        disable_radix_cache=ns.disable_radix_cache,
+        disaggregation_decode_enable_radix_cache=ns.disaggregation_decode_enable_radix_cache,
+        kv_events=ns.kv_events_config,
         ignored=tuple(unknown),
     )
 

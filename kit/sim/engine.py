@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from kit.kvevents.publisher import Publisher
 from kit.net import host_port
 from kit.perf.clock import RealClock
 from kit.perf.cluster import InstanceConfig
@@ -40,6 +41,7 @@ from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
 from kit.sim.pd_client import PdError, PrefillDirectory
+from kit.sim.prefix_cache import PrefixCache
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.settings import SimSettings
 from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
@@ -157,6 +159,17 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
         self.transfer_observers: list[Callable[[TransferRecord], None]] = []
+        self.caches: list[PrefixCache] | None = None
+        self.cached_tokens_total = 0  # prompt tokens served from the prefix caches
+        if args.kv_events is not None and args.radix_cache:
+            self.caches = [
+                PrefixCache(
+                    args.page_size,
+                    self.pages_per_rank,
+                    Publisher(args.kv_events.endpoint, args.kv_events.topic, rank),
+                )
+                for rank in range(len(self.ranks))
+            ]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -178,6 +191,8 @@ class Engine:
         for task in list(self._tasks):
             task.cancel()
         await self.prefills.close()
+        for cache in self.caches or ():
+            cache.close()
         if self.kv is not None:
             self.kv.close()
 
@@ -196,7 +211,7 @@ class Engine:
             state = seq.sink
             if not isinstance(state, RequestState):
                 continue
-            if seq.computed == n:  # its first chunk ran in this step
+            if seq.computed == n + state.cached_tokens:  # its first chunk ran in this step
                 state.forward_entry_at = self.clock.wall(step.start)
             if self.mode is Mode.PREFILL and seq.computed >= seq.target:
                 started = state.forward_entry_at or self.clock.wall(step.start)
@@ -267,6 +282,7 @@ class Engine:
             inp.health_check or inp.bootstrap_host == FAKE_BOOTSTRAP_HOST or not self.uses_mooncake
         )
         if self.mode is Mode.NULL:
+            self._match_prefix(state, seq, rank_index)
             rank.submit(seq)
         elif self.mode is Mode.PREFILL:
             self._spawn(self._prefill_flow(state, seq, rank_index, fake), state)
@@ -305,6 +321,29 @@ class Engine:
             return inp.bootstrap_room % dp  # follow_bootstrap_room
         return next(self._rr) % dp
 
+    def _match_prefix(self, state: RequestState, seq: Sequence, rank_index: int) -> None:
+        """Start `seq` past the prefix its rank has cached (kit.sim.prefix_cache); the cache
+        takes the prompt once prefilled."""
+        if self.caches is None or state.inp.health_check:
+            return
+        cache = self.caches[rank_index]
+        state.cached_tokens = seq.computed = cache.match(state.inp.prompt_ids)
+        self.cached_tokens_total += state.cached_tokens
+        if self.mode is Mode.NULL:
+            hook = state.finished_hook
+
+            def cache_prompt(st: RequestState) -> None:
+                self._cache_prompt(st, rank_index)
+                if hook is not None:
+                    hook(st)
+
+            state.finished_hook = cache_prompt
+
+    def _cache_prompt(self, state: RequestState, rank_index: int) -> None:
+        aborted = state.finish is not None and state.finish.kind == "abort"
+        if self.caches is not None and not state.inp.health_check and not aborted:
+            self.caches[rank_index].insert(state.inp.prompt_ids)
+
     def _global_pages(self, rank_index: int, seq: Sequence) -> list[int]:
         offset = rank_index * self.pages_per_rank
         return [offset + p for p in seq.page_ids]
@@ -319,10 +358,12 @@ class Engine:
         if fake:
 
             def handed_off(st: RequestState) -> None:
+                self._cache_prompt(st, rank_index)
                 st.record_prefill_token()
                 loop.call_soon(rank.transfer_done, seq)
 
             state.prefilled_hook = handed_off
+            self._match_prefix(state, seq, rank_index)
             rank.submit(seq)
             return
         room = state.inp.bootstrap_room
@@ -348,9 +389,11 @@ class Engine:
         trace.stage(state, "prefill_bootstrap", waiting_since)
 
         def prefilled(st: RequestState) -> None:
+            self._cache_prompt(st, rank_index)
             self._spawn(self._send_kv(st, seq, rank_index, reservation), st)
 
         state.prefilled_hook = prefilled
+        self._match_prefix(state, seq, rank_index)
         rank.submit(seq)
 
     async def _send_kv(

@@ -172,6 +172,12 @@ class Metrics:
         self.generation_tokens = Counter(
             "sglang:generation_tokens", "Generated tokens.", names, registry=reg
         )
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*names, "cache_source"],
+            registry=reg,
+        )
         self.requests = Counter(
             "sglang:num_requests", "Requests processed.", [*names, "is_streaming"], registry=reg
         )
@@ -221,6 +227,9 @@ class Metrics:
             "Worst lateness of the emulator's step timers (wall s).",
         )
         self._counted = {"bootstrap": 0, "transfer": 0, "kv_bytes": 0, "prompt": 0, "generated": 0}
+        self._counted["cached"] = 0
+        # Listed from the start with its label, as SGLang lists it.
+        self.cached_tokens.labels(**self.labels, cache_source="device")
 
     def _rank_labels(self, dp_rank: int) -> dict[str, str]:
         return {
@@ -294,7 +303,13 @@ class Metrics:
         self._bump(self.bootstrap_failed, "bootstrap", e.pd.bootstrap_failed)
         self._bump(self.transfer_failed, "transfer", e.pd.transfer_failed)
         self._bump(self.sim_kv_bytes, "kv_bytes", e.pd.kv_bytes_moved)
-        self._bump(self.prompt_tokens, "prompt", sum(r.stats.prompt_tokens for r in e.ranks))
+        # SGLang counts every prompt token; the scheduler computed only the uncached ones.
+        computed = sum(r.stats.prompt_tokens for r in e.ranks)
+        self._bump(self.prompt_tokens, "prompt", computed + e.cached_tokens_total)
+        cached = e.cached_tokens_total - self._counted["cached"]
+        if cached > 0:
+            self.cached_tokens.labels(**self.labels, cache_source="device").inc(cached)
+            self._counted["cached"] = e.cached_tokens_total
         self._bump(
             self.generation_tokens, "generated", sum(r.stats.generated_tokens for r in e.ranks)
         )

@@ -66,6 +66,8 @@ class RequestState:
         self.finished_at: float | None = None
         # When its first prefill chunk was scheduled (SGLang's forward_entry_time; monotonic).
         self.forward_entry_at: float | None = None
+        # Prompt tokens its rank had cached (kit.sim.prefix_cache): SGLang's cached_tokens.
+        self.cached_tokens = 0
         self.token_times: list[float] = []
         self.num_retractions = 0
         self.dp_rank = 0
@@ -224,7 +226,7 @@ class RequestState:
             "num_retractions": self.num_retractions,
             "reasoning_tokens": 0,
             "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
         }
         if self.inp.return_logprob:
             meta.update(self.logprob_meta())

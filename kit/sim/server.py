@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kit.kvevents import wire
 from kit.sim import api_native, api_openai
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
 from kit.sim.errors import RequestRefused, Stage
@@ -230,6 +231,7 @@ class Api:
                 "max_total_num_tokens": e.capacity_tokens,
                 "context_length": e.context_len,
                 "internal_states": states,
+                "kv_events": self._kv_events(),
                 "version": SGLANG_VERSION,
                 "startup_time": self.startup_time,
                 "frontend": "python",
@@ -239,6 +241,9 @@ class Api:
                     "gpu": e.gpu.name,
                     "gpus": e.gpus,
                     "model": e.model.describe(),
+                    # The tokenizer's vocabulary (kit.kvevents.prompt): what a router hashes
+                    # text prompts with to look them up in this worker's KV events.
+                    "vocab": e.model.vocab,
                     "speed": e.settings.speed,
                     "seed": e.seed,
                     "kv_scale": e.settings.kv_scale,
@@ -310,8 +315,24 @@ class Api:
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
+    def _kv_events(self) -> dict[str, Any] | None:
+        """SGLang's `/server_info` ``kv_events``: where this worker publishes its cache's
+        events (None: it does not)."""
+        e = self.engine
+        config = e.args.kv_events
+        if config is None or e.caches is None:
+            return None
+        return wire.describe(
+            port_base=int(config.endpoint.rpartition(":")[2]),
+            topic=config.topic,
+            block_size=e.args.page_size,
+            dp_size=len(e.ranks),
+        )
+
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.idle:
+            for cache in self.engine.caches or ():
+                cache.clear()
             return web.Response(text=FLUSHED)
         return web.Response(text="Flush cache failed.\n", status=400)
 

@@ -18,11 +18,11 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
-BYTES_PER_TOKEN = 4
+# The tokenizer itself lives below the sim, where pdkit's router can use it too.
+from kit.kvevents.prompt import BYTES_PER_TOKEN, WORD_ID_BASE, encode, render_chat
+
 EOS_TOKEN_ID = 2
-WORD_ID_BASE = 1000
 
 _WORD_LIST = """the of and to in is that it for on with as was at by be this from are or an have not
     they which one you were all we her she there would their has been if more when will who
@@ -55,17 +55,6 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
 
 
-def encode(text: str, vocab: int) -> list[int]:
-    """Token ids of `text`: each 4-byte group of its UTF-8 encoding, reduced into the
-    vocabulary (ids below `WORD_ID_BASE` are left for special tokens)."""
-    data = text.encode("utf-8") or b"\0"
-    span = max(vocab - WORD_ID_BASE, 1)
-    return [
-        WORD_ID_BASE + int.from_bytes(data[i : i + BYTES_PER_TOKEN], "little") % span
-        for i in range(0, len(data), BYTES_PER_TOKEN)
-    ]
-
-
 def decode_token(token_id: int) -> str:
     """Text of one output token ("" for EOS and ids outside the word list)."""
     index = token_id - WORD_ID_BASE
@@ -74,23 +63,6 @@ def decode_token(token_id: int) -> str:
 
 def decode(token_ids: Sequence[int]) -> str:
     return "".join(decode_token(t) for t in token_ids)
-
-
-def render_chat(messages: Sequence[dict[str, Any]]) -> str:
-    """The prompt text of a chat request (see the module doc). Non-text content parts
-    (images, audio) are left out."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(
-                part.get("text", "")
-                for part in content
-                if isinstance(part, dict) and part.get("type") == "text"
-            )
-        out.append(f"<|{message.get('role', 'user')}|>\n{content or ''}\n")
-    out.append("<|assistant|>\n")
-    return "".join(out)
 
 
 def token_logprob(position: int, token_id: int) -> float:
@@ -135,3 +107,19 @@ class OutputSource:
             return None
         low = max(1, mean_tokens // 2)
         return self._length_rng.randint(low, max(low, mean_tokens * 3 // 2))
+
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "EOS_TOKEN_ID",
+    "WORDS",
+    "WORD_ID_BASE",
+    "OutputSource",
+    "count_text_tokens",
+    "decode",
+    "decode_token",
+    "encode",
+    "render_chat",
+    "token_logprob",
+    "top_logprobs",
+]

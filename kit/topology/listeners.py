@@ -36,6 +36,16 @@ def process_ports(topology: Topology, p: InstancePlacement, node: Node) -> tuple
                 reached_by=DECODE_HOSTS,
             )
         )
+    if p.kv_events_port is not None and node.rank == 0:
+        dp = spec.dp
+        used.append(
+            PortUse(
+                first=p.kv_events_port,
+                last=p.kv_events_port + dp - 1,
+                what="KV events",
+                reached_by=CLIENTS,
+            )
+        )
     if p.nccl_port is not None:  # CPU hosts: pdkit assigns it (GPU hosts: SGLang picks one)
         used.append(PortUse(first=p.nccl_port, last=p.nccl_port, what="NCCL", reached_by=LOCAL))
     if node.rank == 0:

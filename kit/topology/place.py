@@ -47,6 +47,8 @@ class InstancePlacement:
     dist_init_port: int | None
     nccl_port: int | None = None
     """--nccl-port: CPU hosts only (a GPU host leaves it to SGLang)."""
+    kv_events_port: int | None = None
+    """First KV-event publisher port (DP rank r: + r), where the role publishes them."""
 
     @property
     def nnodes(self) -> int:
@@ -224,4 +226,10 @@ def _assign_ports(
     dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if needs_dist_init else None
     on_cpu = all(states[n.host].host.device == "cpu" for n in nodes)
     nccl = take(f"{role}-nccl", nccl_base(topology, role)) if on_cpu else None
-    return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init, nccl)
+    kv = None
+    if spec.kv_events is not None:
+        kv_base = spec.kv_events.port or (
+            ports.PREFILL_KV_EVENTS if role == "prefill" else ports.DECODE_KV_EVENTS
+        )
+        kv = take(f"{role}-kv-events", kv_base, spec.dp)
+    return InstancePlacement(role, index, nodes, http_port, bootstrap, dist_init, nccl, kv)

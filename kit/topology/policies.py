@@ -2,7 +2,7 @@
 all read them from here."""
 
 PDKIT_POLICIES = {
-    "prefill": ("prefix_affinity", "least_inflight", "round_robin", "random"),
+    "prefill": ("prefix_affinity", "cache_aware", "least_inflight", "round_robin", "random"),
     "decode": ("least_inflight", "round_robin", "random"),
 }
 """Policies of pdkit's router per role; the first is the default."""

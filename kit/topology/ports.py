@@ -12,6 +12,9 @@ DIST_INIT_STRIDE = 50
 # together). Clear of the HTTP bases' ZMQ blocks (--port + 233..238, server_args.py:818-845).
 PREFILL_NCCL = 30500
 DECODE_NCCL = 30600
+# SGLang's --kv-events-config publishers (its documented example uses 5557); one per DP rank.
+PREFILL_KV_EVENTS = 5557
+DECODE_KV_EVENTS = 5657
 ROUTER = 8000
 ROUTER_METRICS = 29000
 PROMETHEUS = 9090

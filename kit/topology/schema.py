@@ -138,6 +138,24 @@ class RoleDefaults(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
 
 
+class KvEvents(Strict):
+    """SGLang's KV cache events (--kv-events-config, a ZMQ publisher per DP rank): each
+    worker publishes what its radix cache stores and evicts, and pdkit's router keeps an index
+    of it for the `cache_aware` prefill policy. `kv_events: {}` turns them on with defaults."""
+
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=f"First publisher port on each host: an instance takes one port per DP "
+        f"rank (port + rank), the next instance on the host the ports after. Default: prefill "
+        f"{ports.PREFILL_KV_EVENTS}, decode {ports.DECODE_KV_EVENTS}.",
+    )
+    topic: str = Field(
+        "kv", pattern=r"^[A-Za-z0-9_.-]*$", description="ZMQ topic the events are sent under."
+    )
+
+
 class Role(RoleDefaults):
     """The prefill or the decode instances."""
 
@@ -188,6 +206,11 @@ class Role(RoleDefaults):
         None,
         description="Address the server binds (--host). Default: the host's address. "
         "A prefill must bind a routable address when a decode runs on another host.",
+    )
+    kv_events: KvEvents | None = Field(
+        None,
+        description="Publish the radix cache's KV events (off unless set; `{}`: defaults). On "
+        "a decode only with its radix cache on (disaggregation-decode-enable-radix-cache).",
     )
 
     @property

@@ -83,10 +83,11 @@ def test_the_walk_sees_an_import_inside_a_function(tmp_path):
 KIT_LAYERS: dict[str, set[str]] = {
     # The base: modules of kit/ itself (errors, net, secrets, aio) and the schema floor.
     "topology": {"errors", "net", "secrets"},
+    "kvevents": set(),
     "perf": {"errors", "topology"},
     "sglang": {"errors", "net", "topology"},
-    "lb": {"aio", "errors", "net", "secrets", "topology"},
-    "sim": {"aio", "errors", "net", "perf", "topology"},
+    "lb": {"aio", "errors", "kvevents", "net", "secrets", "topology"},
+    "sim": {"aio", "errors", "kvevents", "net", "perf", "topology"},
     "plan": {"errors", "lb", "net", "sglang", "sim", "topology"},
     "observe": {"errors", "net", "perf", "topology"},
     "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},

@@ -14,6 +14,9 @@ from tests.support.lb_cluster import run, running_cluster
 
 KEYS = {
     "ts",
+    "dp_rank",
+    "cached_predicted",
+    "cached_actual",
     "id",
     "route",
     "status",

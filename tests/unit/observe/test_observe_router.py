@@ -6,6 +6,7 @@ import pytest
 
 from kit.observe.probe import Fetched, RouterAnswers
 from kit.observe.router import evaluate_router
+from kit.observe.view import router_lines
 from kit.topology.schema import SLO
 from tests.unit.observe.builders import (
     D0,
@@ -116,3 +117,28 @@ def test_without_a_worker_list_or_metrics_the_counts_come_from_pdkits_readiness(
     assert (status.healthy_prefill, status.total_prefill) == (2, 2)
     assert (status.healthy_decode, status.total_decode) == (1, 1)
     assert status.cause == "not ready (/readiness says 503)"
+
+
+def test_cache_aware_index_per_prefill_is_read_and_shown_under_the_router():
+    kv = f"""\
+# TYPE pdkit_lb_kv_index_blocks gauge
+pdkit_lb_kv_index_blocks{{worker="{P0}"}} 1178.0
+pdkit_lb_kv_index_blocks{{worker="{P1}"}} 0.0
+# TYPE pdkit_lb_kv_index_live gauge
+pdkit_lb_kv_index_live{{worker="{P0}"}} 1.0
+pdkit_lb_kv_index_live{{worker="{P1}"}} 0.0
+# TYPE pdkit_lb_kv_predictions counter
+pdkit_lb_kv_predictions_total{{worker="{P0}"}} 20.0
+# TYPE pdkit_lb_kv_predictions_agreed counter
+pdkit_lb_kv_predictions_agreed_total{{worker="{P0}"}} 19.0
+# TYPE pdkit_lb_kv_hit_rate gauge
+pdkit_lb_kv_hit_rate{{worker="{P0}"}} 0.75
+"""
+    status = evaluate_router(pdkit_answers(metrics=pdkit_metrics() + kv), SLO())
+    first, second = status.kv_index
+    assert (first.worker, first.blocks, first.live, first.hit_rate) == (P0, 1178, True, 0.75)
+    assert (first.predictions, first.agreed) == (20, 19)
+    assert not second.live and second.hit_rate is None
+    text = router_lines(status).plain
+    assert "1,178 blocks  hit rate 75%  predictions agreed 95% (19/20)" in text
+    assert "not live: routing without it" in text

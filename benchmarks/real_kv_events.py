@@ -1,0 +1,164 @@
+"""Once, by hand (not in the suite): does pdkit's KV-event index agree with what real SGLang
+0.5.23 on this machine's CPU has cached?
+
+`pdkit up` of a copy of topologies/local-sglang.yaml with two prefills publishing KV events
+(`prefill.kv_events`) and the router on `cache_aware`; then a shared-prefix workload of
+`/generate` requests with `input_ids` (the router holds no tokenizer for real SGLang). For each
+request the router's prediction (`X-PDKit-Cached-Predicted`) is compared with the prefill's own
+count (the `cached_tokens` of its meta_info, which the router reads from the prefill leg), and
+the router's /metrics give its totals. One raw batch a prefill published is saved for the wire
+format's oracle (tests/oracles/sglang_kv_events.json).
+
+    .venv/bin/python -m benchmarks.real_kv_events [--groups 6] [--questions 5] [--oracle PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import yaml
+import zmq
+
+from tests.support.local_deploy import free_ports
+from tests.support.real_sglang import sglang_python, tiny_model, write_topology
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_pdkit(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`pdkit ARGS` from the repository root, its output kept."""
+    return subprocess.run(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def post(url: str, body: dict) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        return answer.status, dict(answer.headers), json.loads(answer.read())
+
+
+def capture(port: int, out: list[list[bytes]], stop: threading.Event) -> None:
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 500)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    while not stop.is_set():
+        try:
+            out.append(sub.recv_multipart())
+        except zmq.Again:
+            continue
+    sub.close(linger=0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--groups", type=int, default=6)
+    parser.add_argument("--questions", type=int, default=5)
+    parser.add_argument("--prefix-tokens", type=int, default=160)
+    parser.add_argument("--oracle", type=Path, default=None)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="pdkit-real-kv-"))
+    model = tiny_model(folder / "tiny-llama")
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    name = f"realkv-{uuid.uuid4().hex[:6]}"
+    topology, data = write_topology(folder, name, model, sglang_python())
+    (kv_port,) = free_ports(1)  # and kv_port + 1, for the second prefill
+    data["prefill"] |= {"count": 2, "kv_events": {"port": kv_port}}
+    data["router"]["prefill_policy"] = "cache_aware"
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    started = time.monotonic()
+    up = run_pdkit("up", str(topology), timeout=1500)
+    print(f"pdkit up: rc {up.returncode} in {time.monotonic() - started:.0f} s")
+    if up.returncode != 0:
+        print(up.stdout[-4000:], up.stderr[-4000:])
+        run_pdkit("down", str(topology), timeout=300)
+        return 1
+    frames: list[list[bytes]] = []
+    stop = threading.Event()
+    spy = threading.Thread(target=capture, args=(kv_port, frames, stop), daemon=True)
+    spy.start()
+    url = f"http://127.0.0.1:{data['router']['port']}"
+    rng = random.Random(7)
+    rows = []
+    try:
+        time.sleep(2)
+        prefixes = [
+            [rng.randrange(10, vocab) for _ in range(args.prefix_tokens)]
+            for _ in range(args.groups)
+        ]
+        order = [(g, q) for q in range(args.questions) for g in range(args.groups)]
+        for g, q in order:
+            ids = prefixes[g] + [rng.randrange(10, vocab) for _ in range(12)]
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+            status, headers, answer = post(url + "/generate", body)
+            rows.append(
+                {
+                    "group": g,
+                    "question": q,
+                    "status": status,
+                    "prefill": headers.get("X-PDKit-Prefill"),
+                    "predicted": headers.get("X-PDKit-Cached-Predicted"),
+                    "actual_prefill": headers.get("X-PDKit-Cached-Actual"),
+                    "decode_meta_cached": answer.get("meta_info", {}).get("cached_tokens"),
+                    "prompt_tokens": len(ids),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+            time.sleep(0.3)  # the events of this answer reach the router before the next
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
+            metrics = [
+                line
+                for line in answer.read().decode().splitlines()
+                if line.startswith("pdkit_lb_kv")
+            ]
+        print("\n".join(metrics))
+    finally:
+        stop.set()
+        spy.join(2)
+        down = run_pdkit("down", str(topology), timeout=300)
+        print(f"pdkit down: rc {down.returncode}")
+    compared = [r for r in rows if r["predicted"] is not None and r["actual_prefill"] is not None]
+    agreed = [r for r in compared if r["predicted"] == r["actual_prefill"]]
+    print(
+        f"requests {len(rows)}, with a prediction and the prefill's count {len(compared)}, "
+        f"agreed {len(agreed)} ({len(agreed) / max(len(compared), 1):.1%})"
+    )
+    if args.oracle is not None and frames:
+        sample = next((f for f in frames if len(f[2]) < 4000), frames[0])
+        args.oracle.write_text(
+            json.dumps(
+                {
+                    "source": "SGLang 0.5.23 on CPU, a PD prefill with --kv-events-config "
+                    f'{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}","topic":"kv"}}, '
+                    "after one /generate (benchmarks/real_kv_events.py)",
+                    "frames_hex": [part.hex() for part in sample],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+        print(f"oracle: {args.oracle} ({len(frames)} batches seen)")
+    (folder / "rows.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

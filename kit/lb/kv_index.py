@@ -1,0 +1,321 @@
+"""What each prefill has cached, from its KV events (SGLang 0.5.23, `kit.kvevents`).
+
+One `WorkerCache` per worker that publishes events, one `RankCache` per DP rank of it: the set
+of block hashes its radix cache holds, kept from BlockStored / BlockRemoved /
+AllBlocksCleared. A request's cached prefix on a rank is the number of its leading block hashes
+(`kit.kvevents.blocks`, at the worker's block size) found there, times the block size, capped
+at ``len - 1`` tokens as SGLang caps its match.
+
+Never stale, by these rules:
+* a gap in a rank's sequence numbers (lost batches) clears that rank: what follows the gap is
+  all known to be true, what came before may have been evicted unseen;
+* a sequence number lower than the last (the publisher restarted) clears the rank;
+* the subscriber losing its connection, or the worker leaving the routable set (unhealthy,
+  removed, restarting), clears the worker and marks it not `live`;
+* silence: `silence_requests` requests routed to a worker since its last event, the first of
+  them more than `silence_s` ago, and the worker is not `live` until its next event (events
+  stopped: the router routes as if it knew nothing).
+A worker that is not `live` predicts nothing and the policy falls back (`kit.lb.policies`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import zmq
+import zmq.asyncio
+from yarl import URL
+
+from kit.kvevents import wire
+from kit.kvevents.blocks import block_hashes
+
+log = logging.getLogger(__name__)
+
+INFO_TRIES = 5
+INFO_RETRY_S = 1.0
+"""A worker that just became healthy is asked for its /server_info this often, this far apart."""
+
+
+@dataclass
+class RankCache:
+    """One DP rank's cached blocks, as its events said."""
+
+    blocks: set[int] = field(default_factory=set)
+    last_seq: int | None = None
+    gaps: int = 0
+    restarts: int = 0
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+    def receive(self, seq: int, batch: wire.KVEventBatch) -> None:
+        """Apply one batch numbered `seq` (see the module docstring for gaps and restarts)."""
+        if self.last_seq is not None:
+            if seq > self.last_seq + 1:
+                self.gaps += 1
+                self.clear()
+            elif seq <= self.last_seq:
+                self.restarts += 1
+                self.clear()
+        self.last_seq = seq
+        for event in batch.events:
+            if isinstance(event, wire.BlockStored):
+                if event.medium in (None, wire.GPU):
+                    self.blocks.update(event.block_hashes)
+            elif isinstance(event, wire.BlockRemoved):
+                if event.medium in (None, wire.GPU):
+                    self.blocks.difference_update(event.block_hashes)
+            else:
+                self.clear()
+
+    def cached_blocks(self, hashes: Sequence[int]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+
+@dataclass
+class WorkerCache:
+    """A worker's ranks and what its events say it has cached."""
+
+    url: str
+    block_size: int
+    ranks: list[RankCache]
+    live: bool = False
+    last_event_at: float = 0.0
+    # Requests routed since the last event, and when the first of them was.
+    unanswered: int = 0
+    unanswered_since: float = 0.0
+    # Prediction quality: requests whose worker reported cached tokens, and how many agreed.
+    predictions: int = 0
+    agreed: int = 0
+    predicted_tokens: int = 0
+    prompt_tokens: int = 0
+    # An emulated worker's tokenizer vocabulary (its /server_info), for text prompts.
+    sim_vocab: int | None = None
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.ranks)
+
+    def size(self) -> int:
+        """Blocks indexed, all ranks."""
+        return sum(len(r.blocks) for r in self.ranks)
+
+    def clear(self) -> None:
+        for rank in self.ranks:
+            rank.clear()
+
+
+class KvIndex:
+    """Every publishing worker's `WorkerCache`, by URL; `predict` is the policy's question."""
+
+    def __init__(self, *, silence_s: float = 5.0, silence_requests: int = 8) -> None:
+        self.workers: dict[str, WorkerCache] = {}
+        self.silence_s = silence_s
+        self.silence_requests = silence_requests
+
+    def add(self, url: str, block_size: int, dp_size: int) -> WorkerCache:
+        cache = WorkerCache(url, block_size, [RankCache() for _ in range(dp_size)])
+        self.workers[url] = cache
+        return cache
+
+    def drop(self, url: str) -> None:
+        """The worker left or restarts: forget everything it had."""
+        cache = self.workers.get(url)
+        if cache is not None:
+            cache.clear()
+            cache.live = False
+
+    def forget(self, url: str) -> None:
+        self.workers.pop(url, None)
+
+    def receive(self, url: str, rank: int, seq: int, batch: wire.KVEventBatch, now: float) -> None:
+        cache = self.workers.get(url)
+        if cache is None or not 0 <= rank < cache.dp_size:
+            return
+        cache.ranks[rank].receive(seq, batch)
+        cache.live = True
+        cache.last_event_at = now
+        cache.unanswered = 0
+
+    def lost(self, url: str) -> None:
+        """The subscriber's connection to a rank of `url` dropped."""
+        self.drop(url)
+
+    def live(self, url: str, now: float) -> WorkerCache | None:
+        """The worker's cache when it is to be believed now, else None (see silence)."""
+        cache = self.workers.get(url)
+        if cache is None or not cache.live:
+            return None
+        if (
+            cache.unanswered >= self.silence_requests
+            and now - cache.unanswered_since > self.silence_s
+        ):
+            log.warning("KV events: %s went silent; routing without its index", url)
+            cache.clear()
+            cache.live = False
+            return None
+        return cache
+
+    def predict(self, cache: WorkerCache, prompt: Sequence[int]) -> list[int]:
+        """Cached prompt tokens on each DP rank of `cache`'s worker."""
+        usable = (len(prompt) - 1) // cache.block_size
+        if usable <= 0:
+            return [0] * cache.dp_size
+        hashes = block_hashes(prompt, cache.block_size, limit=usable)
+        return [r.cached_blocks(hashes) * cache.block_size for r in cache.ranks]
+
+    def routed(self, url: str, now: float) -> None:
+        """A request went to `url` (for the silence rule)."""
+        cache = self.workers.get(url)
+        if cache is None:
+            return
+        if cache.unanswered == 0:
+            cache.unanswered_since = now
+        cache.unanswered += 1
+
+    def observed(self, url: str, prompt_tokens: int, predicted: int, actual: int) -> None:
+        """The worker answered with its real cached tokens for a prediction."""
+        cache = self.workers.get(url)
+        if cache is None:
+            return
+        cache.predictions += 1
+        cache.agreed += predicted == actual
+        cache.predicted_tokens += predicted
+        cache.prompt_tokens += prompt_tokens
+
+
+def parse_descriptor(info: dict[str, Any]) -> tuple[int, str, int, int] | None:
+    """(port base, topic, block size, DP ranks) from `/server_info`'s ``kv_events``, or None
+    when the worker publishes none (or none a router can reach: not zmq over TCP)."""
+    kv = info.get("kv_events")
+    if not isinstance(kv, dict) or kv.get("publisher") != "zmq":
+        return None
+    try:
+        base = int(kv["endpoint_port_base"])
+        block = int(kv["block_size"])
+        dp = int(kv.get("dp_size") or 1)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if block <= 0 or dp <= 0:
+        return None
+    return base, str(kv.get("topic") or ""), block, dp
+
+
+class KvSubscriber:
+    """Subscribes to every prefill's publishers and feeds the `KvIndex`.
+
+    `watch(url, host)` (the worker became routable): read its `/server_info`, open one SUB per
+    DP rank at ``tcp://host:base + rank`` and apply what arrives; `unwatch(url)` (it left or is
+    out): close them and drop its entries. A watched worker is re-read on every `watch`, so a
+    restart with other settings is picked up."""
+
+    def __init__(
+        self,
+        index: KvIndex,
+        session: aiohttp.ClientSession,
+        *,
+        timeout: float,
+        headers: dict[str, str],
+        clock: Any,
+    ) -> None:
+        self.index = index
+        self._session = session
+        self._timeout = timeout
+        self._headers = headers
+        self._clock = clock
+        self._ctx = zmq.asyncio.Context.instance()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def watch(self, url: str, host: str) -> None:
+        self.unwatch(url)
+        self._tasks[url] = asyncio.create_task(self._run(url, host), name=f"kv-events {url}")
+
+    def unwatch(self, url: str) -> None:
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+        self.index.drop(url)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _server_info(self, url: str) -> dict[str, Any] | None:
+        try:
+            async with self._session.get(
+                URL(url + "/server_info"),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                headers=self._headers,
+            ) as response:
+                if response.status != 200:
+                    return None
+                data = await response.json(content_type=None)
+                return data if isinstance(data, dict) else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def _run(self, url: str, host: str) -> None:
+        info = await self._server_info(url)
+        for _ in range(INFO_TRIES - 1):  # a busy worker may answer /server_info late
+            if info is not None:
+                break
+            await asyncio.sleep(INFO_RETRY_S)
+            info = await self._server_info(url)
+        descriptor = parse_descriptor(info) if info is not None else None
+        if descriptor is None:
+            self.index.forget(url)
+            return
+        base, topic, block_size, dp = descriptor
+        cache = self.index.add(url, block_size, dp)
+        sim = info.get("sim") if info is not None else None
+        if isinstance(sim, dict) and isinstance(sim.get("vocab"), int):
+            cache.sim_vocab = sim["vocab"]
+        sockets: list[zmq.asyncio.Socket] = []
+        monitors: list[zmq.asyncio.Socket] = []
+        try:
+            poller = zmq.asyncio.Poller()
+            for rank in range(dp):
+                sub = self._ctx.socket(zmq.SUB)
+                sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+                monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                sub.connect(f"tcp://{host}:{base + rank}")
+                sockets.append(sub)
+                monitors.append(monitor)
+                poller.register(sub, zmq.POLLIN)
+                poller.register(monitor, zmq.POLLIN)
+            log.info("KV events: subscribed to %s (%d rank(s), block size %d)", url, dp, block_size)
+            while True:
+                for socket, _ in await poller.poll():
+                    if socket in monitors:
+                        await socket.recv_multipart()
+                        log.warning("KV events: lost %s's publisher; its index is dropped", url)
+                        self.index.lost(url)
+                        continue
+                    rank = sockets.index(socket)
+                    message = await socket.recv_multipart()
+                    try:
+                        _, seq, batch = wire.parse(message)
+                    except wire.WireError as exc:
+                        log.warning("KV events from %s rank %d: %s", url, rank, exc)
+                        continue
+                    self.index.receive(url, rank, seq, batch, self._clock())
+        finally:
+            for sub in sockets:
+                sub.disable_monitor()
+                sub.close(linger=0)
+            for monitor in monitors:
+                monitor.close(linger=0)
