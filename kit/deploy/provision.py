@@ -48,10 +48,10 @@ a host reports wins."""
 
 @dataclass(frozen=True)
 class ProvisionOptions:
-    """What `pdkit provision` was asked: check mode, the package source, skipped roles, and
-    variables that override the roles' defaults (`-e`)."""
+    """What `pdkit provision` was asked: a dry run (Ansible's check mode), the package source,
+    skipped roles, and variables that override the roles' defaults (`-e`)."""
 
-    check: bool = False
+    dry_run: bool = False
     wheelhouse: Path | None = None
     """A folder of wheels or a tar archive of them; None: the hosts use a package index."""
     skip: tuple[str, ...] = ()
@@ -242,7 +242,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         ctx, pdkit_wheel_path=wheel, wheelhouse_archive=archive, extra_vars=options.extra_vars
     )
     cmdline = []
-    if options.check:
+    if options.dry_run:
         cmdline.append("--check")
     if skip:
         cmdline += ["--skip-tags", ",".join(skip)]
@@ -250,7 +250,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     console.print(
         f"[bold]pdkit provision {escape(ctx.plan.name)}[/]: {len(ctx.hosts)} host(s), engine "
         f"{ctx.plan.engine}, Python packages from the {escape(source)}"
-        + (" [bold](check mode: nothing is changed)[/]" if options.check else "")
+        + (" [bold](dry run: nothing is changed)[/]" if options.dry_run else "")
         + (f", skipping {', '.join(skip)}" if skip else "")
     )
     with deployment_lock(ctx), AnsibleView(console) as view:
@@ -265,9 +265,9 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         )
     if not result.ok:
         raise DeployError(failure_report(result))
-    _report(ctx, console, result, collector.facts, check=options.check, work=work)
+    _report(ctx, console, result, collector.facts, check=options.dry_run, work=work)
     if options.transfer_test:
-        _transfer_test(ctx, console, collector.facts, check=options.check)
+        _transfer_test(ctx, console, collector.facts, check=options.dry_run)
     return result
 
 
@@ -275,7 +275,7 @@ def _transfer_test(
     ctx: DeployContext, console: Console, facts: dict[str, dict[str, Any]], *, check: bool
 ) -> None:
     if check:
-        console.print("Transfer test: skipped in check mode (it needs the provisioned venv).")
+        console.print("Transfer test: skipped in a dry run (it needs the provisioned venv).")
         return
     console.print(
         "[bold]Transfer test[/]: Mooncake writes between every pair of worker hosts, every rail"
