@@ -1,0 +1,63 @@
+"""playbooks/stop.yml stops node rank 0 of a multi-node instance before its other nodes (SGLang's
+ranks >= 1 ignore SIGTERM and exit once rank 0 is gone), on a systemd host faked by a
+`systemctl` that records its calls (this machine runs no systemd)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.deploy.runner import run_playbook
+
+pytestmark = pytest.mark.e2e
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "@LOG@"
+case "$1" in
+  show) for unit in "$@"; do :; done
+        state=active; grep -qx "stop $unit" "@LOG@" && state=inactive
+        printf 'Id=%s\\nActiveState=%s\\nSubState=running\\nLoadState=loaded\\n' "$unit" "$state"
+        printf 'UnitFileState=enabled\\n' ;;
+  is-enabled) echo enabled ;;
+esac
+exit 0
+"""
+
+
+def test_rank_0_stops_before_its_followers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    log = tmp_path / "systemctl.log"
+    tool = tmp_path / "bin" / "systemctl"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_SYSTEMCTL.replace("@LOG@", str(log)))
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    units = tmp_path / "units"
+    units.mkdir()
+    rank0, follower = "pdkit-t-decode-0.service", "pdkit-t-decode-0-node1.service"
+    for unit in (rank0, follower):
+        (units / unit).write_text("[Service]\n")
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "pdkit_service_manager": "systemd",
+        "pdkit_systemd_unit_dir": str(units),
+        "pdkit_unit_pattern": r"^pdkit-t-.*\.service$",
+        # In the order pdkit lists them: the follower first.
+        "pdkit_process_stop": [
+            {"name": "decode-0-node1", "unit": follower, "node_rank": 1},
+            {"name": "decode-0", "unit": rank0, "node_rank": 0},
+        ],
+    }
+    inventory = {
+        "all": {
+            "vars": {"pdkit_deployment": "t"},
+            "children": {"pdkit_hosts": {"hosts": {"h": host}}},
+        }
+    }
+    result = run_playbook(tmp_path / "ansible", inventory, "stop.yml")
+    assert result.ok, result.output_tail()
+    stops = [line for line in log.read_text().splitlines() if line.startswith("stop ")]
+    assert stops == [f"stop {rank0}", f"stop {follower}"]
