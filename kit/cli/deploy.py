@@ -270,6 +270,15 @@ def provision(
             help="Then test Mooncake transfers between every pair of worker hosts, every rail.",
         ),
     ] = False,
+    compile_deep_gemm: Annotated[
+        bool,
+        typer.Option(
+            "--compile-deep-gemm",
+            help="FP8 models: compile DeepGEMM's kernels for every single-node worker now "
+            "(python -m sglang.compile_deep_gemm with its flags), not at its first start. "
+            "The deployment must not be running.",
+        ),
+    ] = False,
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
     from kit.deploy import DeployContext  # noqa: PLC0415
@@ -279,9 +288,10 @@ def provision(
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
     context = DeployContext.build(resolve_plan(topology), topology, state_dir)
-    if check and (dry_run or transfer_test or wheelhouse is not None):
+    if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
         raise PdkitError(
-            "--check only reads the hosts: leave out --dry-run, --transfer-test and --wheelhouse."
+            "--check only reads the hosts: leave out --dry-run, --transfer-test, "
+            "--compile-deep-gemm and --wheelhouse."
         )
     if check:
         from kit.deploy.hostcheck import check_hosts  # noqa: PLC0415
@@ -295,6 +305,7 @@ def provision(
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
         transfer_test=transfer_test,
+        compile_deep_gemm=compile_deep_gemm,
     )
     run_provision(context, console, options)
 

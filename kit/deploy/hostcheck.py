@@ -15,7 +15,6 @@ item fails, 2 when only what provisioning installs is missing, 0 when the hosts 
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from rich.markup import escape
 
 from kit.deploy.context import DeployContext
 from kit.deploy.inventory import DeployHost
-from kit.deploy.provision import FactsCollector
+from kit.deploy.provision import FactsCollector, fp8_model
 from kit.deploy.runner import failure_report, run_playbook
 from kit.deploy.view import AnsibleView
 from kit.errors import DeployError
@@ -58,7 +57,6 @@ MIN_DRIVER_BRANCH = 580
 NVRTC_ENV = "SGLANG_DG_USE_NVRTC"
 PYTHON_CANDIDATES = ("python3", "python3.13", "python3.12", "python3.11")
 """pdkit_python's candidates (its defaults/main.yml)."""
-FP8_QUANTIZATIONS = ("fp8", "w8a8_fp8", "fbgemm_fp8", "modelopt_fp8")
 
 
 @dataclass(frozen=True)
@@ -71,20 +69,6 @@ class CheckItem:
     found: str
     verdict: Verdict
     fix: str = ""
-
-
-def fp8_model(plan: Plan) -> bool:
-    """Whether the workers run FP8 weights, which SGLang's DeepGEMM kernels compile for: a
-    --quantization fp8 flag, or a model path that says FP8 (DeepSeek-V3/R1 ship in FP8)."""
-    path = plan.model.path.lower()
-    if "fp8" in path or any(name in path for name in ("deepseek-v3", "deepseek-r1")):
-        return True
-    for worker in plan.workers:
-        args = list(worker.command.args)
-        for flag, value in itertools.pairwise(args):
-            if flag == "--quantization" and value in FP8_QUANTIZATIONS:
-                return True
-    return False
 
 
 def _gpu_workers(plan: Plan, host: DeployHost) -> tuple[WorkerProcess, ...]:

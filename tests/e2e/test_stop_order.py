@@ -1,4 +1,4 @@
-"""playbooks/stop.yml stops node rank 0 of a multi-node instance before its other nodes (SGLang's
+"""Two pdkit_process/pdkit_python steps run by Ansible on this machine. playbooks/stop.yml stops node rank 0 of a multi-node instance before its other nodes (SGLang's
 ranks >= 1 ignore SIGTERM and exit once rank 0 is gone), on a systemd host faked by a
 `systemctl` that records its calls (this machine runs no systemd)."""
 
@@ -61,3 +61,41 @@ def test_rank_0_stops_before_its_followers(tmp_path: Path, monkeypatch: pytest.M
     assert result.ok, result.output_tail()
     stops = [line for line in log.read_text().splitlines() if line.startswith("stop ")]
     assert stops == [f"stop {rank0}", f"stop {follower}"]
+
+
+def test_compile_deep_gemm_runs_each_listed_worker_s_flags_and_environment(tmp_path: Path):
+    """The python role's DeepGEMM step (pdkit provision --compile-deep-gemm) runs
+    `python -m sglang.compile_deep_gemm` with the worker's own args and env, here with a
+    stand-in python that records what it was given (compiling needs a GPU)."""
+    record = tmp_path / "compiled.txt"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$HF_HOME $*" >> {record}\n')
+    python.chmod(0o755)
+    processes = [
+        {
+            "name": "prefill-0",
+            "python": str(python),
+            "args": ["--tp-size", "8", "--port", "30000"],
+            "env": {"HF_HOME": "/hf"},
+        },
+        {"name": "router", "python": None, "args": [], "env": {}},
+    ]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- hosts: pdkit_hosts\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: pdkit_python, tasks_from: deep_gemm.yml}\n"
+    )
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "pdkit_python": "/nowhere/python",
+        "pdkit_processes": processes,
+        "pdkit_python_compile_deep_gemm": ["prefill-0"],
+        "pdkit_python_deep_gemm_poll": 1,
+    }
+    inventory = {"all": {"children": {"pdkit_hosts": {"hosts": {"h": host}}}}}
+    result = run_playbook(tmp_path / "ansible", inventory, str(playbook))
+    assert result.ok, result.output_tail()
+    assert record.read_text() == (
+        "/hf -m sglang.compile_deep_gemm --tp-size 8 --port 30000 --timeout 3600\n"
+    )
