@@ -1,6 +1,8 @@
-"""Two pdkit_process/pdkit_python steps run by Ansible on this machine. playbooks/stop.yml stops node rank 0 of a multi-node instance before its other nodes (SGLang's
+"""Two playbook steps run by Ansible on this machine, with stand-ins for what it lacks:
+playbooks/stop.yml stops node rank 0 of a multi-node instance before its other nodes (SGLang's
 ranks >= 1 ignore SIGTERM and exit once rank 0 is gone), on a systemd host faked by a
-`systemctl` that records its calls (this machine runs no systemd)."""
+`systemctl` that records its calls (this machine runs no systemd); the python role's DeepGEMM
+step runs each worker's flags and environment."""
 
 from __future__ import annotations
 
