@@ -50,8 +50,9 @@ ITEMS = (
 """The checklist's items, in the order docs/provisioning.md lists them."""
 
 FACT = "pdkit_check_facts"
-MIN_GLIBC = (2, 28)
-"""manylinux_2_28 wheels (SGLang's torch 2.14.1 among them) need glibc 2.28 or newer."""
+MIN_GLIBC = {"sglang": (2, 34), "sim": (2, 28)}
+"""The glibc each engine's wheels need: SGLang 0.5.23's only wheel is manylinux_2_34 (its torch
+2.14.1 manylinux_2_28); the sim's Mooncake build manylinux_2_28."""
 MIN_DRIVER_BRANCH = 580
 """SGLang 0.5.23 pins torch 2.14.1, a CUDA 13 build (pdkit_nvidia_min_driver_branch)."""
 NVRTC_ENV = "SGLANG_DG_USE_NVRTC"
@@ -173,15 +174,17 @@ def judge(
         if p
     )
     os_ok = system.get("system") == "Linux" and system.get("machine") == "x86_64"
-    os_ok = os_ok and _version(glibc) >= MIN_GLIBC
+    floor = MIN_GLIBC[plan.engine]
+    least = ".".join(map(str, floor))
+    os_ok = os_ok and _version(glibc) >= floor
     add(
         "OS",
-        "Linux x86_64, glibc 2.28+ (manylinux_2_28 wheels)",
+        f"Linux x86_64, glibc {least}+ (manylinux_{least.replace('.', '_')} wheels)",
         seen or "?",
         "ok" if os_ok else "fail",
         ""
         if os_ok
-        else "use a Linux x86_64 host with glibc 2.28 or newer (Ubuntu 22.04/24.04, Debian 12)",
+        else f"use a Linux x86_64 host with glibc {least} or newer (Ubuntu 22.04/24.04, Debian 12)",
     )
 
     gpu_workers = _gpu_workers(plan, host)

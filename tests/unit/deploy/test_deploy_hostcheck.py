@@ -213,3 +213,11 @@ def test_the_probe_reads_this_machine_and_names_who_holds_a_port(tmp_path):
     assert found["os"]["system"] == "Linux"
     [held] = found["listening"]
     assert (held["port"], held["pid"]) == (port, os.getpid())
+
+
+def test_sglang_hosts_need_glibc_2_34_for_sglang_s_manylinux_2_34_wheel(ctx):
+    focal = {**GOOD_HOST["os"], "glibc": "2.31", "pretty_name": "Ubuntu 20.04.6 LTS"}
+    os_item = judge(ctx.plan, ctx.host("a"), facts(os=focal))[0]
+    assert (os_item.item, os_item.verdict) == ("OS", "fail")
+    assert os_item.needed == "Linux x86_64, glibc 2.34+ (manylinux_2_34 wheels)"
+    assert "glibc 2.34 or newer" in os_item.fix
