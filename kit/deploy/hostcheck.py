@@ -314,24 +314,13 @@ def _driver(
     seen = (
         f"{nvidia.get('driver_version')} (CUDA {nvidia.get('cuda_version') or '?'}), {count} GPU(s)"
     )
+    fix = ""
     if branch < floor:
-        return CheckItem(
-            host,
-            "NVIDIA driver",
-            needed,
-            seen,
-            "fail",
-            f"install the {floor} driver (nvidia-driver-{floor}-server) and reboot",
-        )
-    if count < gpus:
-        return CheckItem(
-            host,
-            "NVIDIA driver",
-            needed,
-            seen,
-            "fail",
-            "correct hosts[].gpus, or check the host (nvidia-smi -L)",
-        )
+        fix = f"install the {floor} driver (nvidia-driver-{floor}-server) and reboot"
+    elif count < gpus:
+        fix = "correct hosts[].gpus, or check the host (nvidia-smi -L)"
+    if fix:
+        return CheckItem(host, "NVIDIA driver", needed, seen, "fail", fix)
     return CheckItem(host, "NVIDIA driver", needed, seen, "ok")
 
 
