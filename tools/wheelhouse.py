@@ -6,9 +6,12 @@
 
 Default: `pip download` (on this control machine, which reaches the index) of every package the
 hosts' venv needs, as binary wheels for the hosts' Python and platform (`--python-version`,
-default 3.11; `--platform`, repeatable, default the x86_64 manylinux tags below), plus pdkit
-itself as a wheel of this checkout. Several platform tags are needed: PyPI's sglang-kernel
-0.4.10 has only a manylinux2014 wheel, which `--platform manylinux_2_28_x86_64` alone never finds.
+default 3.11; `--platform`, repeatable, default every x86_64 tag a host of glibc `--glibc`
+(default 2.34) installs), plus pdkit itself as a wheel of this checkout. pip takes the
+`--platform` tags literally (manylinux_2_34 does not bring the older tags with it), so the
+default lists them all, manylinux_2_34 down to manylinux1 as pip on such a host would:
+SGLang 0.5.23 itself is one `cp311-cp311-manylinux_2_34_x86_64` wheel, PyPI's sglang-kernel
+0.4.10 only `manylinux2014`, PyYAML `manylinux_2_17`; one tag alone resolves nothing.
 `--resolve-only`: pip's resolver with the real metadata and no download (`pip install --dry-run
 --report`); prints the resolved set.
 `--from-installed`: no index at all; the wheels are packed from this environment
@@ -43,11 +46,26 @@ from kit.deploy.wheels import (
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_DEFAULTS = REPO / "playbooks/roles/pdkit_python/defaults/main.yml"
 TORCH_CUDA = 13
+"""CUDA major version of the torch SGLang 0.5.23 pins (torch 2.14.1, cuda-toolkit 13.0)."""
 PYTHON_VERSION = "3.11"
 """The hosts' Python (SGLang 0.5.23 needs 3.11+; the python role installs 3.11 where older)."""
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-"""Platform tags an x86_64 GPU host (glibc 2.28+, Ubuntu 20.04 and later) installs."""
-"""CUDA major version of the torch SGLang 0.5.23 pins (torch 2.14.1, cuda-toolkit 13.0)."""
+GLIBC = "2.34"
+"""The hosts' glibc floor: SGLang 0.5.23's only wheel is manylinux_2_34 (Ubuntu 22.04: 2.35)."""
+LEGACY = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
+"""The old manylinux names and the glibc 2.X they stand for (PEP 600)."""
+
+
+def platforms(glibc: str, arch: str = "x86_64") -> list[str]:
+    """Every platform tag pip accepts on a host of this glibc, newest first (as pip orders its
+    own: manylinux_2_Y for Y from the glibc's minor down to 5, the legacy names at theirs)."""
+    major, minor = (int(p) for p in glibc.split(".")[:2])
+    if major != 2 or minor < 5:
+        raise SystemExit(f"--glibc {glibc}: manylinux needs glibc 2.5 or newer")
+    out = []
+    for y in range(minor, 4, -1):
+        out.append(f"manylinux_2_{y}_{arch}")
+        out += [f"{name}_{arch}" for name, at in LEGACY.items() if at == y]
+    return out
 
 
 def role_defaults() -> dict:
@@ -78,10 +96,10 @@ def pdkit_dependencies() -> list[str]:
     return out
 
 
-def resolve(target: list[str], requirements: list[str]) -> list[tuple[str, str]]:
-    """(name, version) of every package pip's resolver picks for `requirements` on the hosts'
-    `target` (python version, platforms), from the index's metadata only; exits with pip's
-    message when nothing fits."""
+def resolve(target: list[str], requirements: list[str]) -> list[tuple[str, str, str]]:
+    """(name, version, file) of every package pip's resolver picks for `requirements` on the
+    hosts' `target` (python version, platforms), from the index's metadata only; exits with
+    pip's message when nothing fits."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "report.json"
         command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet"]
@@ -93,7 +111,14 @@ def resolve(target: list[str], requirements: list[str]) -> list[tuple[str, str]]
             errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
             raise SystemExit("\n".join(errors) or done.stderr)
         installs = json.loads(report.read_text())["install"]
-    return sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in installs)
+    return sorted(
+        (
+            i["metadata"]["name"],
+            i["metadata"]["version"],
+            i["download_info"]["url"].rsplit("/", 1)[-1],
+        )
+        for i in installs
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,9 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"Hosts' Python (default {PYTHON_VERSION}).",
     )
     parser.add_argument(
+        "--glibc",
+        default=GLIBC,
+        help=f"Hosts' glibc, which picks the platform tags (default {GLIBC}: SGLang 0.5.23's "
+        "wheel is manylinux_2_34).",
+    )
+    parser.add_argument(
         "--platform",
         action="append",
-        help=f"Hosts' platform tag, repeatable (default: {' '.join(PLATFORMS)}).",
+        help="Hosts' platform tag, repeatable; replaces the tags --glibc gives.",
     )
     parser.add_argument(
         "--extra",
@@ -147,11 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     target = ["--only-binary=:all:", "--implementation", "cp"]
     target += ["--no-deps"] if args.no_deps else []
     target += ["--python-version", args.python_version]
-    for platform in args.platform or PLATFORMS:
+    for platform in args.platform or platforms(args.glibc):
         target += ["--platform", platform]
     if args.resolve_only:
-        for name, version in resolve(target, [*pdkit_dependencies(), *requirements]):
+        resolved = resolve(target, [*pdkit_dependencies(), *requirements])
+        for name, version, _ in resolved:
             print(f"{name}=={version}")
+        tags = sorted(
+            {
+                tag
+                for _, _, f in resolved
+                for tag in f.removesuffix(".whl").rsplit("-")[-1].split(".")
+            }
+        )
+        print(f"# {len(resolved)} packages; their wheels' platform tags: {' '.join(tags)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_installed:

@@ -217,7 +217,8 @@ def logs(
 @app.command(
     epilog="Examples:\n\n  pdkit provision topologies/llama-8b-1p1d.yaml\n\n"
     "  pdkit provision T --wheelhouse wheelhouse/   (hosts without a package index)\n\n"
-    "  pdkit provision T --check\n\n"
+    "  pdkit provision T --check   (verify the checklist of docs/provisioning.md, read-only)\n\n"
+    "  pdkit provision T --dry-run\n\n"
     "  pdkit provision T --skip nvidia --skip model -e pdkit_base_install_packages=false\n\n"
     "Runs playbooks/provision.yml over the same inventory as `pdkit up`. Roles: base (OS "
     "packages, locked-memory limit, huge pages), nvidia (driver check, persistence mode, fabric "
@@ -230,7 +231,17 @@ def provision(
     topology: TopologyArg,
     *,
     check: Annotated[
-        bool, typer.Option("--check", help="Report what would change; change nothing.")
+        bool,
+        typer.Option(
+            "--check",
+            help="Verify what every host needs (OS, driver, Python, compilers, ports, packages), "
+            "read-only; exit 1 when something must be fixed by hand, 2 when only what "
+            "provisioning installs is missing.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Report what provisioning would change; change nothing."),
     ] = False,
     wheelhouse: Annotated[
         Path | None,
@@ -259,6 +270,15 @@ def provision(
             help="Then test Mooncake transfers between every pair of worker hosts, every rail.",
         ),
     ] = False,
+    compile_deep_gemm: Annotated[
+        bool,
+        typer.Option(
+            "--compile-deep-gemm",
+            help="FP8 models: compile DeepGEMM's kernels for every single-node worker now "
+            "(python -m sglang.compile_deep_gemm with its flags), not at its first start. "
+            "The deployment must not be running.",
+        ),
+    ] = False,
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
     from kit.deploy import DeployContext  # noqa: PLC0415
@@ -267,15 +287,26 @@ def provision(
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
+    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
+        raise PdkitError(
+            "--check only reads the hosts: leave out --dry-run, --transfer-test, "
+            "--compile-deep-gemm and --wheelhouse."
+        )
+    if check:
+        from kit.deploy.hostcheck import check_hosts  # noqa: PLC0415
+
+        code = check_hosts(context, console, parse_extra_vars(extra_vars or []), verbose=verbose)
+        raise typer.Exit(code)
     options = ProvisionOptions(
-        check=check,
+        dry_run=dry_run,
         wheelhouse=wheelhouse,
         skip=tuple(skip or ()),
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
         transfer_test=transfer_test,
+        compile_deep_gemm=compile_deep_gemm,
     )
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
     run_provision(context, console, options)
 
 

@@ -125,6 +125,8 @@ def worker_record(
         **_process_record(worker, layout, worker.command),
         "role": worker.role,
         "stage": "workers",
+        # Node rank 0 stops first: ranks >= 1 ignore SIGTERM and exit after rank 0 does.
+        "node_rank": worker.node_rank,
         "python": worker.python,
         "env": dict(sorted(env.items())),
         "secret_env": {},

@@ -124,7 +124,9 @@ class LiveChange:
                 host_vars["pdkit_process_only"] = list(only)
             host_vars["pdkit_process_remove_others"] = remove_others
             host_vars["pdkit_process_stop"] = [
-                {"name": p.name, "unit": p.unit} for p in stop if p.host == name
+                {"name": p.name, "unit": p.unit, "node_rank": p.node_rank}
+                for p in stop
+                if p.host == name
             ]
         return inventory
 

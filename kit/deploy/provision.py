@@ -13,6 +13,7 @@ can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,9 @@ from kit.topology.plan import Plan
 ROLES = ("base", "nvidia", "rdma", "python", "model")
 """Role tags of provision.yml, in the order they run."""
 
+FP8_QUANTIZATIONS = ("fp8", "w8a8_fp8", "fbgemm_fp8", "modelopt_fp8")
+"""--quantization values whose GEMMs SGLang runs with DeepGEMM (FP8 weights)."""
+
 FACTS = ("pdkit_nvidia_facts", "pdkit_rdma_facts")
 """Facts provision.yml's roles set (`set_fact`) that pdkit shows after the run; the last value
 a host reports wins."""
@@ -48,10 +52,10 @@ a host reports wins."""
 
 @dataclass(frozen=True)
 class ProvisionOptions:
-    """What `pdkit provision` was asked: check mode, the package source, skipped roles, and
-    variables that override the roles' defaults (`-e`)."""
+    """What `pdkit provision` was asked: a dry run (Ansible's check mode), the package source,
+    skipped roles, and variables that override the roles' defaults (`-e`)."""
 
-    check: bool = False
+    dry_run: bool = False
     wheelhouse: Path | None = None
     """A folder of wheels or a tar archive of them; None: the hosts use a package index."""
     skip: tuple[str, ...] = ()
@@ -60,6 +64,32 @@ class ProvisionOptions:
     transfer_test: bool = False
     """Then move KV-sized buffers with Mooncake between every pair of worker hosts on every
     rail (kit.deploy.transfer_check)."""
+    compile_deep_gemm: bool = False
+    """Compile DeepGEMM's kernels for every single-node FP8 worker (`deep_gemm_workers`)."""
+
+
+def fp8_model(plan: Plan) -> bool:
+    """Whether the workers run FP8 weights, which SGLang's DeepGEMM kernels compile for: a
+    --quantization fp8 flag, or a model path that says FP8 (DeepSeek-V3/R1 ship in FP8)."""
+    path = plan.model.path.lower()
+    if "fp8" in path or any(name in path for name in ("deepseek-v3", "deepseek-r1")):
+        return True
+    for worker in plan.workers:
+        args = list(worker.command.args)
+        for flag, value in itertools.pairwise(args):
+            if flag == "--quantization" and value in FP8_QUANTIZATIONS:
+                return True
+    return False
+
+
+def deep_gemm_workers(plan: Plan, host: str) -> list[str]:
+    """The workers on `host` whose DeepGEMM kernels `--compile-deep-gemm` compiles: rank 0 of
+    each single-node GPU instance (a multi-node one compiles only with all its nodes up)."""
+    return [
+        w.name
+        for w in plan.on_host(host)
+        if w.nnodes == 1 and w.launch.device == "cuda" and plan.engine == "sglang"
+    ]
 
 
 def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
@@ -76,6 +106,23 @@ def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             out[name.strip()] = value
     return out
+
+
+def check_deep_gemm(plan: Plan, skip: Sequence[str]) -> None:
+    """`--compile-deep-gemm` needs an FP8 model on GPU workers and the python role."""
+    if plan.engine != "sglang" or not fp8_model(plan):
+        raise DeployError(
+            f"--compile-deep-gemm: {plan.model.path} is not an FP8 model of engine sglang "
+            "(--quantization fp8, a path naming FP8, DeepSeek-V3/R1), whose GEMMs SGLang runs "
+            "with DeepGEMM. To fix: leave the flag out."
+        )
+    if "python" in skip:
+        raise DeployError("--compile-deep-gemm runs in the python role: do not --skip python.")
+    if not any(deep_gemm_workers(plan, h.name) for h in plan.hosts):
+        raise DeployError(
+            "--compile-deep-gemm: no single-node GPU worker to compile for (a multi-node "
+            "instance compiles at its first start, with all its nodes up)."
+        )
 
 
 def check_skip(skip: Sequence[str]) -> tuple[str, ...]:
@@ -97,6 +144,7 @@ def provision_vars(
     *,
     pdkit_wheel_path: Path | None,
     wheelhouse_archive: Path | None,
+    compile_deep_gemm: bool = False,
 ) -> dict[str, Any]:
     """The provision.yml variables of one host (added to its inventory entry). Pure."""
     workers = plan.on_host(host.name)
@@ -130,6 +178,10 @@ def provision_vars(
         "pdkit_python_router_packages": [SMG_REQUIREMENT]
         if plan.router.kind == "smg" and plan.router.host == host.name
         else [],
+        "pdkit_python_nixl": plan.transfer_backend == "nixl" and bool(workers) and not sim,
+        "pdkit_python_compile_deep_gemm": deep_gemm_workers(plan, host.name)
+        if compile_deep_gemm
+        else [],
     }
     if not host.local:
         # The venv whose python the deployment runs (DeployHost.python).
@@ -146,6 +198,7 @@ def provision_inventory(
     pdkit_wheel_path: Path | None,
     wheelhouse_archive: Path | None,
     extra_vars: Mapping[str, Any],
+    compile_deep_gemm: bool = False,
 ) -> dict[str, Any]:
     """`pdkit up`'s inventory with every host's provisioning variables (`-e` ones last)."""
     inventory = ctx.inventory()
@@ -156,6 +209,7 @@ def provision_inventory(
             host,
             pdkit_wheel_path=pdkit_wheel_path,
             wheelhouse_archive=wheelhouse_archive,
+            compile_deep_gemm=compile_deep_gemm,
         )
         hosts[host.name] |= dict(extra_vars)
     if pdkit_wheel_path is not None:
@@ -229,6 +283,8 @@ class FactsCollector:
 def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -> PlaybookResult:
     """Run provision.yml on every host of the topology; raise `DeployError` when it fails."""
     skip = check_skip(options.skip)
+    if options.compile_deep_gemm:
+        check_deep_gemm(ctx.plan, skip)
     work = ctx.state_dir / "provision"
     remote = [h for h in ctx.hosts if not h.local]
     python_role = "python" not in skip and bool(remote)
@@ -239,10 +295,14 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     )
     wheel = _pdkit_wheel(options.wheelhouse, work) if python_role else None
     inventory = provision_inventory(
-        ctx, pdkit_wheel_path=wheel, wheelhouse_archive=archive, extra_vars=options.extra_vars
+        ctx,
+        pdkit_wheel_path=wheel,
+        wheelhouse_archive=archive,
+        extra_vars=options.extra_vars,
+        compile_deep_gemm=options.compile_deep_gemm,
     )
     cmdline = []
-    if options.check:
+    if options.dry_run:
         cmdline.append("--check")
     if skip:
         cmdline += ["--skip-tags", ",".join(skip)]
@@ -250,7 +310,7 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
     console.print(
         f"[bold]pdkit provision {escape(ctx.plan.name)}[/]: {len(ctx.hosts)} host(s), engine "
         f"{ctx.plan.engine}, Python packages from the {escape(source)}"
-        + (" [bold](check mode: nothing is changed)[/]" if options.check else "")
+        + (" [bold](dry run: nothing is changed)[/]" if options.dry_run else "")
         + (f", skipping {', '.join(skip)}" if skip else "")
     )
     with deployment_lock(ctx), AnsibleView(console) as view:
@@ -265,9 +325,9 @@ def provision(ctx: DeployContext, console: Console, options: ProvisionOptions) -
         )
     if not result.ok:
         raise DeployError(failure_report(result))
-    _report(ctx, console, result, collector.facts, check=options.check, work=work)
+    _report(ctx, console, result, collector.facts, check=options.dry_run, work=work)
     if options.transfer_test:
-        _transfer_test(ctx, console, collector.facts, check=options.check)
+        _transfer_test(ctx, console, collector.facts, check=options.dry_run)
     return result
 
 
@@ -275,7 +335,7 @@ def _transfer_test(
     ctx: DeployContext, console: Console, facts: dict[str, dict[str, Any]], *, check: bool
 ) -> None:
     if check:
-        console.print("Transfer test: skipped in check mode (it needs the provisioned venv).")
+        console.print("Transfer test: skipped in a dry run (it needs the provisioned venv).")
         return
     console.print(
         "[bold]Transfer test[/]: Mooncake writes between every pair of worker hosts, every rail"

@@ -6,9 +6,11 @@ the router when ``/readiness`` answers 200 (pdkit's lb and smg both answer 503 u
 a healthy prefill and decode). A multi-node instance is ready when its rank-0 HTTP is: the other
 nodes serve no HTTP and follow rank 0's verdict, unless their own service failed.
 
-Where the service manager can be asked (supervisord on a local host), its view wins over HTTP:
-a process that exited since the rollout (even if supervisord restarted it) has failed, so a
-worker that dies on a taken port fails within seconds instead of at the timeout.
+Where the service manager can be asked (supervisord on a local host; systemd on any host, with
+`systemctl show` over SSH), its view wins over HTTP: a process that exited since the rollout
+(even if its manager restarted it) has failed, so a worker that dies on a taken port fails
+within one poll instead of at the timeout; a systemd unit that hit its start limit (a crash
+loop, `StartLimitBurst`) is named as such.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ FAILED_STATES = frozenset({"BACKOFF", "FATAL", "EXITED", "STOPPED", "STOPPING", 
 
 @dataclass(frozen=True)
 class ServiceInfo:
-    """What supervisord says about one process (times in seconds since the epoch, 0 = never)."""
+    """What the service manager says about one process (times in seconds since the epoch,
+    0 = never). `state` is in supervisord's words; systemd's are mapped onto them
+    (kit.deploy.services.systemd_info) and kept in `shown`. `restarts`: the automatic restarts
+    systemd counts (NRestarts; a start by pdkit resets it), 0 under supervisord."""
 
     name: str
     state: str
@@ -36,6 +41,9 @@ class ServiceInfo:
     stop: float
     exit_status: int
     description: str
+    manager: str = "supervisord"
+    restarts: int = 0
+    shown: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,17 +71,25 @@ def evaluate_service(service: ServiceInfo | None, since: float) -> Verdict | Non
     """
     if service is None:
         return None
+    manager = service.manager
     if service.state in FAILED_STATES:
         exit_part = f", exit status {service.exit_status}" if service.state != "STOPPED" else ""
         reason = service.description or service.state.lower()
         what = (
             "exited during startup" if service.state in ("BACKOFF", "FATAL") else "is not running"
         )
-        return Verdict("failed", f"{what} (supervisord {service.state}: {reason}{exit_part})")
-    if service.stop >= since > 0 and service.state in RUNNING_STATES:
+        shown = service.shown or service.state
+        return Verdict("failed", f"{what} ({manager} {shown}: {reason}{exit_part})")
+    restarted = (
+        service.restarts > 0 and service.start >= since > 0
+        if manager == "systemd"
+        else service.stop >= since > 0
+    )
+    if restarted and service.state in RUNNING_STATES:
+        count = f" ({service.restarts} restart(s))" if service.restarts else ""
         return Verdict(
             "failed",
-            f"exited (exit status {service.exit_status}) and supervisord started it again",
+            f"exited (exit status {service.exit_status}) and {manager} started it again{count}",
         )
     return None
 

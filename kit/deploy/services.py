@@ -1,23 +1,38 @@
-"""Ask a deployment's supervisord what its processes do: XML-RPC over its unix socket, from the
-control machine. Only for hosts with `connection: local` and `service_manager: supervisord`; for
-other hosts pdkit judges readiness by HTTP alone (over SSH this is issue #6's ground).
+"""Ask a host's service manager what the deployment's processes do, from the control machine.
 
-The standard library speaks XML-RPC; only the unix-socket transport is ours, so the control
-machine needs no supervisor package to read the state.
+supervisord: XML-RPC over its unix socket, on hosts with `connection: local` (the standard
+library speaks XML-RPC; only the unix-socket transport is ours). systemd: `systemctl show` of
+the processes' units (ActiveState, SubState, Result, NRestarts, the main process's PID, status
+and start time), run on the host itself or over SSH with the topology's settings, on any host
+with `service_manager: systemd`. Other hosts (supervisord over SSH) are judged by HTTP alone.
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
 import xmlrpc.client
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kit.deploy.inventory import DeployHost
+from kit.deploy.logs import ssh_argv
 from kit.deploy.readiness import ServiceInfo
 
 RPC_TIMEOUT_S = 3.0
+SYSTEMCTL_TIMEOUT_S = 10.0
+SYSTEMD_PROPERTIES = (
+    "Id",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "ExecMainPID",
+    "ExecMainStatus",
+    "ExecMainStartTimestamp",
+    "ExecMainExitTimestamp",
+)
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -73,13 +88,111 @@ def supervisor_processes(
     return {info.name: info for info in map(service_info, infos)}
 
 
+def systemctl_show_argv(units: Iterable[str]) -> list[str]:
+    """`systemctl show` of `units`, times as @epoch seconds (systemd 248+: Ubuntu 22.04 has 249)."""
+    return [
+        "systemctl",
+        "show",
+        "--timestamp=unix",
+        f"--property={','.join(SYSTEMD_PROPERTIES)}",
+        *units,
+    ]
+
+
+def parse_systemctl_show(text: str) -> list[dict[str, str]]:
+    """`systemctl show` output: one block of NAME=VALUE lines per unit, blank lines between."""
+    blocks: list[dict[str, str]] = [{}]
+    for line in text.splitlines():
+        if not line.strip():
+            if blocks[-1]:
+                blocks.append({})
+            continue
+        name, _, value = line.partition("=")
+        blocks[-1][name] = value
+    return [b for b in blocks if b]
+
+
+def _epoch(value: str) -> float:
+    return float(value[1:]) if value.startswith("@") and value[1:].replace(".", "").isdigit() else 0
+
+
+def systemd_info(name: str, props: Mapping[str, str]) -> ServiceInfo:
+    """One unit's `systemctl show` properties as a ServiceInfo (states mapped onto
+    supervisord's: failed -> FATAL, auto-restart -> BACKOFF, active -> RUNNING, ...)."""
+    active = props.get("ActiveState", "")
+    sub = props.get("SubState", "")
+    result = props.get("Result", "")
+    restarts = int(props.get("NRestarts") or 0)
+    stop = _epoch(props.get("ExecMainExitTimestamp", ""))
+    description = f"result {result}" if result and result != "success" else ""
+    if active == "failed":
+        state = "FATAL"
+        if result == "start-limit-hit":
+            description = (
+                f"a crash loop: it failed {restarts + 1} time(s) and hit its start limit "
+                "(StartLimitBurst), so systemd stopped restarting it"
+            )
+    elif active == "activating" and sub == "auto-restart":
+        state = "BACKOFF"
+        description = f"it exited and systemd restarts it ({restarts} restart(s) so far)"
+    elif active in ("activating", "reloading"):
+        state = "STARTING"
+    elif active == "active":
+        state = "RUNNING"
+    elif active == "deactivating":
+        state = "STOPPING"
+    else:
+        state = "EXITED" if stop else "STOPPED"
+    return ServiceInfo(
+        name=name,
+        state=state,
+        pid=int(props.get("ExecMainPID") or 0),
+        start=_epoch(props.get("ExecMainStartTimestamp", "")),
+        stop=stop,
+        exit_status=int(props.get("ExecMainStatus") or 0),
+        description=description,
+        manager="systemd",
+        restarts=restarts,
+        shown=f"{active}/{sub}" if sub else active,
+    )
+
+
+def systemd_processes(
+    host: DeployHost, units: Mapping[str, str], timeout: float = SYSTEMCTL_TIMEOUT_S
+) -> dict[str, ServiceInfo] | None:
+    """The systemd view of `units` (unit -> process name) on `host`, by process name; None when
+    systemctl cannot be run there (no SSH, no systemd)."""
+    if not units:
+        return {}
+    argv = systemctl_show_argv(units)
+    command = argv if host.local else ssh_argv(host, argv)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    found = {}
+    for props in parse_systemctl_show(done.stdout):
+        name = units.get(props.get("Id", ""))
+        if name is not None:
+            found[name] = systemd_info(name, props)
+    return found
+
+
 def can_probe(host: DeployHost) -> bool:
-    """Whether pdkit can ask this host's service manager directly."""
+    """Whether pdkit can ask this host's supervisord directly."""
     return host.local and host.plan.service_manager == "supervisord"
 
 
-def host_processes(host: DeployHost) -> dict[str, ServiceInfo] | None:
-    """The supervisord view of a local host, or None (cannot ask, or supervisord is down)."""
+def host_processes(
+    host: DeployHost, units: Mapping[str, str] | None = None
+) -> dict[str, ServiceInfo] | None:
+    """The service manager's view of a host, or None (cannot ask, or supervisord is down):
+    supervisord on a local host; systemd on any host when `units` (unit -> process name) says
+    which units to read."""
+    if host.plan.service_manager == "systemd" and units:
+        return systemd_processes(host, units)
     if not can_probe(host):
         return None
     return supervisor_processes(host.layout.supervisord_socket)

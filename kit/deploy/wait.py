@@ -1,6 +1,7 @@
-"""Wait until processes are ready: poll their HTTP health from the control machine (and, on
-local supervisord hosts, supervisord's view of them) until all are ready, one fails, or the
-timeout passes. The judging is `kit.deploy.readiness`; this module only polls and times.
+"""Wait until processes are ready: poll their HTTP health from the control machine (and the
+service manager's view of them: supervisord on local hosts, `systemctl show` of their units on
+systemd hosts, every poll) until all are ready, one fails, or the timeout passes. The judging
+is `kit.deploy.readiness`; this module only polls and times.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Target:
     url: str | None
     ready_path: str
     rank0: str | None = None
+    unit: str | None = None
+    """Its systemd unit: on systemd hosts each poll also reads `systemctl show` of it."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ def worker_targets(plan: Plan) -> list[Target]:
             url=w.url if w.serves_http else None,
             ready_path="/health",
             rank0=None if w.serves_http else rank0[w.instance_name],
+            unit=w.unit,
         )
         for w in plan.workers
     ]
@@ -69,13 +73,13 @@ def worker_targets(plan: Plan) -> list[Target]:
 
 def router_targets(plan: Plan) -> list[Target]:
     router = plan.router
-    return [Target(router.name, "router", router.host, router.url, "/readiness")]
+    return [Target(router.name, "router", router.host, router.url, "/readiness", unit=router.unit)]
 
 
 def monitoring_targets(plan: Plan) -> list[Target]:
     """Prometheus (topology `monitoring:`), ready when /-/ready answers 200; none without it."""
     m = plan.monitoring
-    return [Target(m.name, "monitoring", m.host, m.url, "/-/ready")] if m else []
+    return [Target(m.name, "monitoring", m.host, m.url, "/-/ready", unit=m.unit)] if m else []
 
 
 async def _get(prober: Prober, url: str, headers: Mapping[str, str] | None) -> HttpAnswer:
@@ -83,9 +87,19 @@ async def _get(prober: Prober, url: str, headers: Mapping[str, str] | None) -> H
     return HttpAnswer(fetched.status, fetched.detail or None)
 
 
-async def _services(hosts: Sequence[DeployHost], names: set[str]) -> dict[str, ServiceInfo]:
+async def _services(
+    hosts: Sequence[DeployHost], targets: Sequence[Target]
+) -> dict[str, ServiceInfo]:
+    """The service managers' view of `targets` (supervisord on local hosts, `systemctl show`
+    of their units on systemd hosts), read from every host at once."""
+    names = {t.name for t in targets}
+    units = {
+        h.name: {t.unit: t.name for t in targets if t.host == h.name and t.unit} for h in hosts
+    }
     found: dict[str, ServiceInfo] = {}
-    views = await asyncio.gather(*(asyncio.to_thread(host_processes, h) for h in hosts))
+    views = await asyncio.gather(
+        *(asyncio.to_thread(host_processes, h, units[h.name]) for h in hosts)
+    )
     for view in views:
         for name, info in (view or {}).items():
             if name in names:
@@ -109,12 +123,11 @@ async def wait_ready(
     after it has crashed. Returns the last status of every target, in order.
     """
     started = time.monotonic()
-    names = {t.name for t in targets}
     probe_hosts = [hosts[name] for name in sorted({t.host for t in targets}) if name in hosts]
     settled: dict[str, ProcessStatus] = {}
     async with Prober(timeout=REQUEST_TIMEOUT_S) as prober:
         while True:
-            services = await _services(probe_hosts, names)
+            services = await _services(probe_hosts, targets)
             pending = [t for t in targets if t.url and t.name not in settled]
             answers = dict(
                 zip(

@@ -73,7 +73,8 @@ PairState = Literal["ok", "failed", "timeout", "skipped", "wrong"]
 @dataclass(frozen=True)
 class Instance:
     """One prefill or decode instance as the doctor reaches it: rank 0's URL, its bootstrap
-    address (prefill), its DP ranks, and every process of it (one per node) for log tails."""
+    address (prefill), its DP ranks, every process of it (one per node) for log tails, and the
+    /health URL of each other node (`nodes`: (process, URL); SGLang's ranks >= 1 serve it)."""
 
     name: str
     role: Role
@@ -82,18 +83,22 @@ class Instance:
     bootstrap_port: int | None
     dp: int
     processes: tuple[str, ...]
+    nodes: tuple[tuple[str, str], ...] = ()
 
 
 def instances(plan: Plan, role: Role) -> tuple[Instance, ...]:
     """The instances of `role`, in Plan order."""
     out = []
     for rank0 in plan.role(role):
-        processes = tuple(w.name for w in plan.workers if w.instance_name == rank0.instance_name)
-        out.append(_instance(rank0, processes))
+        mine = [w for w in plan.workers if w.instance_name == rank0.instance_name]
+        nodes = tuple((w.name, w.url) for w in mine if not w.serves_http)
+        out.append(_instance(rank0, tuple(w.name for w in mine), nodes))
     return tuple(out)
 
 
-def _instance(w: WorkerProcess, processes: tuple[str, ...]) -> Instance:
+def _instance(
+    w: WorkerProcess, processes: tuple[str, ...], nodes: tuple[tuple[str, str], ...] = ()
+) -> Instance:
     return Instance(
         name=w.instance_name,
         role=w.role,
@@ -102,6 +107,7 @@ def _instance(w: WorkerProcess, processes: tuple[str, ...]) -> Instance:
         bootstrap_port=w.bootstrap_port,
         dp=max(1, w.parallelism.dp),
         processes=processes,
+        nodes=nodes,
     )
 
 
@@ -446,17 +452,24 @@ def _order(prefills: Sequence[Instance], decodes: Sequence[Instance]) -> list[tu
 
 
 async def _health(prober: Prober, targets: Sequence[Instance], timeout: float) -> dict[str, str]:
-    """Why each worker that is not healthy is not: {name: reason} (healthy ones absent)."""
+    """Why each worker that is not healthy is not: {name: what is wrong} (healthy ones absent).
+    Every node of an instance is asked: a multi-node instance is sick when any node is."""
 
-    async def one(instance: Instance) -> tuple[str, Fetched]:
-        return instance.name, await prober.get(f"{instance.url}/health", timeout=timeout)
+    async def one(instance: Instance, process: str, url: str) -> tuple[str, str, Fetched]:
+        return instance.name, process, await prober.get(f"{url}/health", timeout=timeout)
 
-    answers = await asyncio.gather(*(one(t) for t in targets))
-    return {
-        name: (f"HTTP {a.status}" if a.status is not None else a.detail or "no answer")
-        for name, a in answers
-        if not a.ok
-    }
+    asked = [(t, t.name, t.url) for t in targets] + [
+        (t, process, url) for t in targets for process, url in t.nodes
+    ]
+    answers = await asyncio.gather(*(one(*a) for a in asked))
+    down: dict[str, str] = {}
+    for name, process, a in answers:
+        if a.ok or name in down:
+            continue
+        why = f"HTTP {a.status}" if a.status is not None else a.detail or "no answer"
+        who = name if process == name else f"{name}'s node {process}"
+        down[name] = f"{who} does not answer /health ({why})"
+    return down
 
 
 async def run_matrix(plan: Plan, options: DoctorOptions) -> Matrix:
@@ -471,10 +484,7 @@ async def run_matrix(plan: Plan, options: DoctorOptions) -> Matrix:
             for j, d in enumerate(decodes):
                 sick = [w for w in (p, d) if w.name in down]
                 if sick:
-                    symptom = "; ".join(
-                        f"{w.name} does not answer /health ({down[w.name]}): not probed"
-                        for w in sick
-                    )
+                    symptom = "; ".join(f"{down[w.name]}: not probed" for w in sick)
                     results[i, j] = PairResult(p.name, d.name, "failed", symptom=symptom)
         pending = [ij for ij in _order(prefills, decodes) if ij not in results]
         await _schedule(

@@ -232,6 +232,19 @@ class Prober:
                     for path in WORKER_PATHS
                 ]
                 return WorkerAnswers(target, answer, *skipped)
+            if target.follower:
+                # Node ranks >= 1 serve /health and /metrics only.
+                metrics = await self.get(f"{target.url}/metrics")
+                info, loads = (
+                    Fetched(
+                        f"{target.url}{path}",
+                        failure="skipped",
+                        detail=f"not asked: node rank {target.node_rank} serves no {path}",
+                        at=answer.at,
+                    )
+                    for path in WORKER_PATHS[:2]
+                )
+                return WorkerAnswers(target, answer, info, loads, metrics)
             fetched = await asyncio.gather(
                 *(self.get(f"{target.url}{path}") for path in WORKER_PATHS)
             )

@@ -110,7 +110,10 @@ def build_report(
     warnings: list[Finding] = []
     for answers in now.workers:
         status = evaluate_worker(answers, now.taken_at, earlier_workers.get(answers.target.url))
-        status, worker_problems = _with_router_view(status, answers.target.url, seen, router)
+        if answers.target.follower:  # the router routes to the instance's rank 0 only
+            worker_problems = list(status.problems)
+        else:
+            status, worker_problems = _with_router_view(status, answers.target.url, seen, router)
         workers.append(dataclasses.replace(status, problems=tuple(worker_problems)))
         problems += [Finding(status.name, status.endpoint, p) for p in worker_problems]
         warnings += [Finding(status.name, status.endpoint, w) for w in _worker_warnings(status)]
@@ -119,7 +122,7 @@ def build_report(
     problems += [Finding("router", where, p) for p in router.problems]
     warnings += [Finding("router", where, n) for n in router.notes]
     if seen is not None:
-        planned = {url_key(a.target.url) for a in now.workers}
+        planned = {url_key(a.target.url) for a in now.workers if not a.target.follower}
         for key, view in sorted(seen.items()):
             if key not in planned:
                 what = (

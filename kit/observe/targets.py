@@ -1,6 +1,9 @@
 """What to probe, and what each process should answer: read from the Plan, never guessed.
 
-Only node rank 0 of a multi-node instance serves HTTP, so one target stands for the instance.
+Node rank 0 of an instance serves its API; the other nodes of a multi-node instance serve
+`/health` and `/metrics` on their own `--port` (SGLang 0.5.23's dummy health server,
+`utils/common.py` launch_dummy_health_check_server), so each is a target too (`node_rank` > 0),
+probed for those two only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ class Expected:
 
 @dataclass(frozen=True)
 class WorkerTarget:
-    """One instance's HTTP endpoint (its node rank 0)."""
+    """One worker process's HTTP endpoint: an instance's node rank 0 (named as the instance),
+    or another node of a multi-node instance (named as its process, `prefill-0-node1`)."""
 
     name: str
     role: Role
@@ -34,6 +38,12 @@ class WorkerTarget:
     url: str
     nnodes: int
     expected: Expected
+    node_rank: int = 0
+
+    @property
+    def follower(self) -> bool:
+        """A node rank >= 1: it serves only /health and /metrics."""
+        return self.node_rank > 0
 
     @property
     def endpoint(self) -> str:
@@ -64,15 +74,14 @@ class Targets:
 
 
 def targets_from_plan(plan: Plan) -> Targets:
-    """The probe targets of a Plan: rank-0 workers in start order, then the router. Raises
-    `SecretError` when the topology names a router key this machine cannot read."""
+    """The probe targets of a Plan: every worker process in start order (an instance's rank 0,
+    then its other nodes), then the router. Raises `SecretError` when the topology names a
+    router key this machine cannot read."""
     workers = []
     for w in plan.workers:
-        if not w.serves_http:
-            continue
         workers.append(
             WorkerTarget(
-                name=w.instance_name,
+                name=w.instance_name if w.serves_http else w.name,
                 role=w.role,
                 instance=w.instance,
                 host=w.host,
@@ -86,6 +95,7 @@ def targets_from_plan(plan: Plan) -> Targets:
                     bootstrap_port=w.bootstrap_port if w.role == "prefill" else None,
                     tp_size=w.parallelism.tp,
                 ),
+                node_rank=w.node_rank,
             )
         )
     router = plan.router

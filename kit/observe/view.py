@@ -71,7 +71,9 @@ def _failures(worker: WorkerStatus) -> Text:
 
 
 def _name(worker: WorkerStatus) -> str:
-    return worker.name if worker.nnodes == 1 else f"{worker.name} ({worker.nnodes} nodes)"
+    if worker.nnodes == 1 or worker.node_rank:  # another node is named as its process
+        return worker.name
+    return f"{worker.name} ({worker.nnodes} nodes)"
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ class WorkerStatus:
     nnodes: int
     state: State
     cause: str = ""
+    node_rank: int = 0
+    """> 0: another node of a multi-node instance (it serves /health and /metrics only)."""
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     engine: str | None = None
@@ -332,7 +334,7 @@ def evaluate_worker(
 
     state, cause = _state_from_health(answers.health, (running or 0) + (queued or 0))
     problems = [cause] if cause else []
-    if answers.health.answered:
+    if answers.health.answered and not target.follower:
         if server_info:
             wrong = mismatches(server_info, target.expected)
             if wrong:
@@ -361,6 +363,7 @@ def evaluate_worker(
         nnodes=target.nnodes,
         state=state,
         cause=cause,
+        node_rank=target.node_rank,
         problems=tuple(problems),
         notes=tuple(notes),
         engine=detect_engine(server_info) if server_info else None,

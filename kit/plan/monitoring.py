@@ -3,13 +3,16 @@
 Prometheus scrapes, every `scrape_interval_s`, one job per kind of process:
 
     router    pdkit's /metrics on the router's port, or smg's Prometheus port
-    prefill   each prefill instance's /metrics (node rank 0: the only node that serves HTTP;
-    decode    SGLang labels its series per tp/pp/dp rank there)
+    prefill   every node's /metrics: an instance's rank 0, and each other node of a multi-node
+    decode    instance on its own --port (SGLang's ranks >= 1 serve /health and /metrics there,
+              with the series of that node's schedulers); SGLang labels them per tp/pp/dp rank
     prometheus  itself
     node      a node exporter on every host (`node_exporter_port`, when set)
 
-Every series gets the target labels `deployment`, `process` (prefill-0, router, ...) and
-`host` (the topology's host name); `job` says the role. The dashboard (`pdkit dashboard`)
+Every series gets the target labels `deployment`, `process` (prefill-0, router, ...; every
+node of an instance carries the instance's name, so sums by `process` cover the instance) and
+`host` (the topology's host name), and the nodes of a multi-node instance `node_rank`; `job`
+says the role. The dashboard (`pdkit dashboard`)
 queries by these names.
 """
 
@@ -36,6 +39,11 @@ JOBS = ("router", "prefill", "decode", "prometheus", "node")
 
 def _target(address: str, port: int, labels: dict[str, str]) -> ScrapeTarget:
     return ScrapeTarget(address=host_port(address, port), labels=labels)
+
+
+def _worker_labels(worker: WorkerProcess, labels: dict[str, str]) -> dict[str, str]:
+    """A worker target's labels: the nodes of a multi-node instance also get `node_rank`."""
+    return labels | {"node_rank": str(worker.node_rank)} if worker.nnodes > 1 else labels
 
 
 def scrape_jobs(
@@ -66,13 +74,16 @@ def scrape_jobs(
         )
     ]
     for role in ("prefill", "decode"):
-        served = [w for w in workers if w.role == role and w.serves_http]
+        mine = [w for w in workers if w.role == role]
         jobs.append(
             ScrapeJob(
                 job=role,
                 metrics_path="/metrics",
                 targets=tuple(
-                    _target(w.address, w.http_port, labels(w.instance_name, w.host)) for w in served
+                    _target(
+                        w.address, w.http_port, _worker_labels(w, labels(w.instance_name, w.host))
+                    )
+                    for w in mine
                 ),
             )
         )

@@ -9,7 +9,8 @@ and ready to roll!".
 A multi-node instance (``--nnodes``/``--node-rank``) is linked as SGLang's is (`kit.sim.ranks`):
 node rank 0 listens on ``--dist-init-addr`` and reports healthy only once every other rank has
 joined there; the followers join it, then serve only ``/health``, ``/health_generate`` and
-``/ping`` (always 200) on their ``--host:--port``, as SGLang's follower nodes do. The instance's
+``/ping`` (always 200), and ``/metrics`` (empty) with ``--enable-metrics``, on their
+``--host:--port``, as SGLang's follower nodes do. The instance's
 requests go to node rank 0, which emulates all its GPUs. When a rank is lost, the others die as
 SGLang's do (`die_like_sglang`).
 """
@@ -151,11 +152,21 @@ async def run_follower(
 
     for path in ("/health", "/health_generate", "/ping"):
         app.router.add_get(path, ok)
+    if args.enable_metrics:
+        # SGLang's follower serves its node's multiprocess registry; with no scheduler of an
+        # attention-TP rank 0 on the node (plain TP across nodes) it holds no sglang: series,
+        # and the sim's rank 0 emulates every rank's, so this one is empty.
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(
+                body=b"", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+            )
+
+        app.router.add_get("/metrics", metrics)
     lost = asyncio.ensure_future(link.wait_lost())
     try:
         runner = await _serve(app, args.host, args.port, "--port")
         logger.info(
-            "sim: node rank %d of %d: health endpoints only on %s:%d; node rank 0 (%s) "
+            "sim: node rank %d of %d: health and metrics endpoints only on %s:%d; node rank 0 (%s) "
             "serves the instance",
             args.node_rank,
             args.nnodes,

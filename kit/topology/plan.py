@@ -146,7 +146,8 @@ class WorkerProcess(Frozen):
 
     @property
     def serves_http(self) -> bool:
-        """Only node rank 0 of an instance answers HTTP requests."""
+        """Only node rank 0 of an instance serves its API (the other nodes of a multi-node
+        instance serve /health and /metrics on their port, as SGLang 0.5.23's do)."""
         return self.node_rank == 0
 
 

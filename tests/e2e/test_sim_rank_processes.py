@@ -71,8 +71,10 @@ def test_a_killed_rank_takes_its_instance_out_of_routing_until_it_is_whole_again
         assert request_json(rank0.url + "/health", timeout_s=5)[0] == 503
         rank1.start().wait_ready()
         rank0.wait_ready()
-        # The follower serves only the health endpoints, as SGLang's follower nodes do.
+        # The follower serves only the health endpoints and /metrics (with --enable-metrics),
+        # as SGLang's follower nodes do.
         assert request_json(rank1.url + "/health_generate")[0] == 200
+        assert request_json(rank1.url + "/metrics")[0] == 200
         assert request_json(rank1.url + "/generate", {"text": "x"})[0] == 404
 
         asyncio.run(asyncio.wait_for(_route_kill_and_recover(prefill, boot, started), 120))

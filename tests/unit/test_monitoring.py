@@ -15,7 +15,7 @@ from kit.errors import TopologyError
 from kit.plan.monitoring import prometheus_config
 from kit.plan.resolve import resolve
 from kit.plan.shell import plan_to_shell
-from tests.conftest import base_topology
+from tests.conftest import REPO, base_topology
 from tests.support.requires import require_command
 
 
@@ -143,3 +143,20 @@ def test_provisioning_installs_prometheus_on_its_host_only(write_topology):
         for host in deploy_hosts(plan, "/venv/bin/python")
     }
     assert wanted == {"a": False, "b": True}
+
+
+def test_every_node_of_a_multi_node_instance_is_scraped_labelled_with_its_rank(write_topology):
+    """SGLang's ranks >= 1 serve /metrics on their own --port: Prometheus scrapes each node,
+    all under the instance's `process` label, told apart by `node_rank`."""
+    data = yaml.safe_load((REPO / "topologies/deepseek-v3-2p2d.yaml").read_text())
+    data["monitoring"] = {}
+    plan = resolve(write_topology(data))
+    config = yaml.safe_load(prometheus_config(plan.monitoring, plan.name))
+    prefill = next(j for j in config["scrape_configs"] if j["job_name"] == "prefill")
+    scraped = [(g["targets"][0], g["labels"]) for g in prefill["static_configs"]]
+    nodes = [w for w in plan.workers if w.role == "prefill"]
+    assert [target for target, _ in scraped] == [f"{w.address}:{w.http_port}" for w in nodes]
+    assert [(labels["process"], labels["node_rank"]) for _, labels in scraped] == [
+        ("prefill-0", "0"),
+        ("prefill-0", "1"),
+    ]

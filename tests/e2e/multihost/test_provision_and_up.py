@@ -1,7 +1,7 @@
-"""The multi-host story on three namespace hosts reached over real SSH: check mode on fresh
+"""The multi-host story on three namespace hosts reached over real SSH: a dry run on fresh
 hosts (nothing changed), provision from a pushed wheelhouse (the hosts have no route to any
 package index), provision again (no change, and Mooncake transfers between the worker hosts)
-and in check mode (clean), `pdkit up` with prefill on a, decode on b and the router on c (its
+and in a dry run (clean), `pdkit up` with prefill on a, decode on b and the router on c (its
 KV transfer gate passing), a chat completion whose KV crosses hosts over Mooncake TCP, a live
 scale-up to two decodes and a rolling restart of them under `pdkit bench` load (no request
 fails), `pdkit status` seeing all three and then the killed decode, a decode whose transfers are
@@ -65,14 +65,14 @@ def _states(report: dict) -> dict[str, str]:
     return states
 
 
-def test_check_mode_on_fresh_hosts_says_what_would_change_and_changes_nothing(
+def test_a_dry_run_on_fresh_hosts_says_what_would_change_and_changes_nothing(
     testbed, topology, wheelhouse
 ):
     check = run_pdkit(
         testbed,
         "provision",
         str(topology),
-        "--check",
+        "--dry-run",
         "--wheelhouse",
         str(wheelhouse),
         "-e",
@@ -104,7 +104,7 @@ def test_provision_installs_a_venv_from_the_wheelhouse_on_every_host(
         assert "* hard memlock unlimited" in limits.read_text()
 
 
-def test_a_second_provision_changes_nothing_and_check_mode_is_clean(
+def test_a_second_provision_changes_nothing_and_a_dry_run_is_clean(
     testbed, topology, wheelhouse, provisioned
 ):
     assert provisioned.returncode == 0
@@ -115,7 +115,7 @@ def test_a_second_provision_changes_nothing_and_check_mode_is_clean(
     # The transfer engine itself between the worker hosts a and b, both ways (TCP: no RDMA).
     assert re.search(r"a tcp -> b tcp: [\d.]+ GB/s", again.stdout), again.stdout
     assert re.search(r"b tcp -> a tcp: [\d.]+ GB/s", again.stdout), again.stdout
-    check = run_pdkit(testbed, "provision", str(topology), "--check", *common)
+    check = run_pdkit(testbed, "provision", str(topology), "--dry-run", *common)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "nothing would change" in check.stdout
 

@@ -8,6 +8,7 @@ weights."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -154,3 +155,35 @@ def test_model_weights_are_checked_at_their_path_or_copied_there(
     assert "no change: already provisioned" in again.stdout
     checked = run_pdkit(testbed, "provision", str(topology), *only)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_check_verifies_the_checklist_over_ssh_read_only(
+    testbed: TestBed, host_a: NetnsHost, tmp_path: Path
+):
+    """`pdkit provision --check` on a fresh GPU host whose (fake) driver is of the 570 branch:
+    the driver item fails naming it, SGLang is left to provisioning, nothing is written."""
+    topology = gpu_topology(host_a, testbed.ssh_key, tmp_path)
+    fake_nvidia_smi(host_a, driver="570.86.15", cuda="12.8")
+    before = sorted(p.name for p in host_a.root.iterdir())
+    check = run_pdkit(testbed, "provision", str(topology), "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    rows = {
+        re.split(r"\s{2,}", line)[1]: line
+        for line in check.stdout.splitlines()
+        if line.startswith("a  ")
+    }
+    assert list(rows) == [
+        "OS",
+        "NVIDIA driver",
+        "Python 3.11+",
+        "Python.h",
+        "gcc",
+        "SGLang",
+        "ports",
+    ], check.stdout
+    assert "570.86.15 (CUDA 12.8), 2 GPU(s)" in rows["NVIDIA driver"]
+    assert rows["NVIDIA driver"].endswith("FAIL")
+    assert rows["SGLang"].endswith("provision installs")
+    assert rows["OS"].endswith("ok") and rows["ports"].endswith("ok")
+    assert "a: NVIDIA driver: install the 580 driver" in check.stdout
+    assert sorted(p.name for p in host_a.root.iterdir()) == before

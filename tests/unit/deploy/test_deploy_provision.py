@@ -13,6 +13,7 @@ import yaml
 from kit.deploy.context import load_context
 from kit.deploy.provision import (
     _pdkit_wheel,
+    check_deep_gemm,
     check_skip,
     describe_facts,
     parse_extra_vars,
@@ -159,7 +160,7 @@ def test_facts_read_as_one_line_per_kind():
 def test_every_role_default_is_documented_and_prefixed():
     """Each setting follows a comment, directly or in a group of settings the comment heads."""
     roles = sorted((REPO / "playbooks" / "roles").glob("*/defaults/main.yml"))
-    assert len(roles) == 8
+    assert len(roles) == 9
     for defaults in roles:
         role = defaults.parent.parent.name
         lines = defaults.read_text().splitlines()
@@ -222,3 +223,46 @@ def test_a_process_s_executable_is_checked_on_its_host_before_any_start():
     assert "Ensure every process's executable is installed on its host" in names
     main = yaml.safe_load((REPO / "playbooks/roles/pdkit_process/tasks/main.yml").read_text())
     assert main[0]["ansible.builtin.include_tasks"] == "inputs.yml"  # before any file or start
+
+
+def test_nixl_is_installed_on_worker_hosts_of_a_nixl_topology(write_topology):
+    data = base_topology()
+    data["hosts"].append({"name": "lb", "address": "10.0.0.3", "gpus": 0})
+    data["router"]["host"] = "lb"
+    data["transfer"]["backend"] = "nixl"
+    hosts = host_vars(write_topology(data))
+    assert hosts["a"]["pdkit_python_nixl"] is True and hosts["b"]["pdkit_python_nixl"] is True
+    assert hosts["lb"]["pdkit_python_nixl"] is False
+    data["transfer"]["backend"] = "mooncake"
+    assert host_vars(write_topology(data))["a"]["pdkit_python_nixl"] is False
+
+
+def test_compile_deep_gemm_lists_the_single_node_fp8_workers_and_refuses_other_models(
+    write_topology,
+):
+    data = base_topology()
+    data["model"] = {"path": "deepseek-ai/DeepSeek-V3", "trust_remote_code": True}
+    data["prefill"] = {"count": 1, "tp": 8, "hosts": ["a"]}
+    data["decode"] = {"count": 1, "tp": 8, "hosts": ["b"]}
+    ctx = load_context(write_topology(data), control_python="/ctl/venv/bin/python")
+    inventory = provision_inventory(
+        ctx,
+        pdkit_wheel_path=WHEEL,
+        wheelhouse_archive=None,
+        extra_vars={},
+        compile_deep_gemm=True,
+    )
+    hosts = inventory["all"]["children"]["pdkit_hosts"]["hosts"]
+    assert hosts["a"]["pdkit_python_compile_deep_gemm"] == ["prefill-0"]
+    assert hosts["b"]["pdkit_python_compile_deep_gemm"] == ["decode-0"]
+    # The task runs each listed process's own record: its flags and environment.
+    [record] = [p for p in hosts["a"]["pdkit_processes"] if p["name"] == "prefill-0"]
+    assert "--disaggregation-mode" in record["args"] and record["env"]["HF_HOME"]
+    check_deep_gemm(ctx.plan, ())
+    with pytest.raises(DeployError, match="do not --skip python"):
+        check_deep_gemm(ctx.plan, ("python",))
+
+    llama = load_context(write_topology(base_topology()), control_python="/ctl/venv/bin/python")
+    with pytest.raises(DeployError, match="is not an FP8 model of engine sglang"):
+        check_deep_gemm(llama.plan, ())
+    assert host_vars(write_topology(base_topology()))["a"]["pdkit_python_compile_deep_gemm"] == []

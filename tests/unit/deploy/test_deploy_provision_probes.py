@@ -253,3 +253,19 @@ def test_the_venv_gets_a_python_311_where_the_systems_is_older(tmp_path):
     (bin_dir / "python3.11").symlink_to(sys.executable)  # this one is 3.11+
     found, version = find_python(bin_dir, *candidates).split()
     assert (found, version) == (str(bin_dir / "python3.11"), f"3.{sys.version_info.minor}")
+
+
+def test_nixl_s_build_follows_torchs_cuda(tmp_path):
+    script = ROLES / "pdkit_python" / "files" / "mooncake_build.py"
+    for cuda, package in {"13.0": "nixl-cu13", "12.8": "nixl-cu12"}.items():
+        site = tmp_path / cuda / "site"
+        write(site / "torch" / "__init__.py", "")
+        write(site / "torch" / "version.py", f"cuda = {cuda!r}")
+        done = subprocess.run(
+            [sys.executable, str(script), "nixl"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(site)},
+        )
+        assert done.stdout.strip() == package, done.stderr

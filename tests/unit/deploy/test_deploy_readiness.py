@@ -1,4 +1,4 @@
-"""Readiness verdicts: pure functions over an HTTP answer and supervisord's view."""
+"""Readiness verdicts: pure functions over an HTTP answer and the service manager's view."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from kit.deploy.readiness import (
     ServiceInfo,
     Verdict,
     evaluate,
+    evaluate_service,
     follow_rank0,
     timed_out,
 )
+from kit.deploy.services import systemd_info
 
 SINCE = 1000.0
 
@@ -90,3 +92,39 @@ def test_timeout_applies_only_to_unsettled_verdicts():
     assert late.state == "timeout"
     assert "503" in late.detail
     assert timed_out(Verdict("ready", ""), 99, 10).state == "ready"
+
+
+def test_systemd_restarts_since_the_rollout_fail_a_running_unit_older_ones_do_not():
+    props = {
+        "Id": "u",
+        "ActiveState": "active",
+        "SubState": "running",
+        "Result": "success",
+        "NRestarts": "2",
+        "ExecMainPID": "77",
+        "ExecMainStatus": "0",
+        "ExecMainStartTimestamp": "@1000",
+        "ExecMainExitTimestamp": "@999",
+    }
+    restarted = evaluate_service(systemd_info("decode-0", props), since=900)
+    assert restarted is not None and restarted.state == "failed"
+    assert restarted.detail == "exited (exit status 0) and systemd started it again (2 restart(s))"
+    # Restarted before this rollout (pdkit's own start resets NRestarts): not this run's crash.
+    assert evaluate_service(systemd_info("decode-0", props), since=1500) is None
+    backoff = evaluate_service(
+        systemd_info(
+            "decode-0",
+            {
+                **props,
+                "ActiveState": "activating",
+                "SubState": "auto-restart",
+                "ExecMainStatus": "1",
+            },
+        ),
+        since=900,
+    )
+    assert backoff is not None
+    assert backoff.detail == (
+        "exited during startup (systemd activating/auto-restart: it exited and systemd restarts "
+        "it (2 restart(s) so far), exit status 1)"
+    )

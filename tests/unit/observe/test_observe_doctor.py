@@ -16,8 +16,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from kit.observe.doctor import DoctorOptions, explain, run_matrix
+from kit.observe.doctor import DoctorOptions, Instance, _health, explain, run_matrix
 from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
+from kit.observe.probe import Prober
 from kit.plan.resolve import resolve
 
 SLOW = 60.0
@@ -372,3 +373,40 @@ def test_a_reference_decides_even_a_single_pair(tmp_path):
         assert unreachable.pairs[0].ok  # the pair itself is fine
 
     asyncio.run(go())
+
+
+def test_an_instance_whose_other_node_does_not_answer_health_is_not_probed():
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def go() -> dict[str, str]:
+        app = web.Application()
+        app.router.add_get("/health", healthy)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        with socket.socket() as sock:  # a port nobody listens on
+            sock.bind(("127.0.0.1", 0))
+            closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        whole = Instance("prefill-0", "prefill", url, "127.0.0.1", 8998, 1, ("prefill-0",))
+        split = Instance(
+            "decode-0",
+            "decode",
+            url,
+            "127.0.0.1",
+            None,
+            1,
+            ("decode-0-node0", "decode-0-node1"),
+            nodes=(("decode-0-node1", closed),),
+        )
+        try:
+            async with Prober(2) as prober:
+                return await _health(prober, (whole, split), 2)
+        finally:
+            await runner.cleanup()
+
+    down = asyncio.run(go())
+    assert list(down) == ["decode-0"]
+    assert down["decode-0"].startswith("decode-0's node decode-0-node1 does not answer /health (")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp import web
 from kit.errors import ProbeError
 from kit.observe.probe import Prober
 from kit.observe.targets import RouterTarget, Targets
+from kit.observe.worker import evaluate_worker
 from kit.topology.schema import SLO
 from tests.unit.observe.builders import worker_target
 
@@ -155,3 +157,25 @@ def test_the_load_figures_are_read_after_health_so_the_probe_does_not_count_itse
 
     status = asyncio.run(scenario())
     assert status.running == 0
+
+
+def test_another_node_of_an_instance_is_asked_health_and_metrics_only():
+    """SGLang's node ranks >= 1 serve /health and /metrics on their port (its dummy health
+    server): status asks those two, and a healthy follower is healthy without /server_info."""
+
+    async def scenario():
+        async with (
+            serving({"/health": 200, "/metrics": ""}) as (url, hits),
+            Prober(timeout=2) as prober,
+        ):
+            target = replace(
+                worker_target("decode", url), name="decode-0-node1", node_rank=1, nnodes=2
+            )
+            [answers] = await prober.workers([target])
+            return answers, hits
+
+    answers, hits = asyncio.run(scenario())
+    assert sorted(hits) == ["/health", "/metrics"]
+    status = evaluate_worker(answers, time.time())
+    assert (status.state, status.problems, status.node_rank) == ("healthy", (), 1)
+    assert answers.server_info.detail == "not asked: node rank 1 serves no /server_info"

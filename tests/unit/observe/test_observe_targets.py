@@ -1,4 +1,5 @@
-"""Probe targets come from the Plan: one per instance (rank 0), with what the topology expects."""
+"""Probe targets come from the Plan: one per worker process (an instance's rank 0, and its other
+nodes, which serve /health and /metrics), with what the topology expects."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def test_smg_workers_and_the_router_with_its_separate_metrics_port(monkeypatch):
     assert targets.router.api_key == "secret"  # as `pdkit up` reads it: stripped
 
 
-def test_a_multi_node_instance_is_one_target_at_its_rank_0():
+def test_every_node_of_a_multi_node_instance_is_a_target_rank_0_named_as_the_instance():
     plan = resolve(TOPOLOGIES / "deepseek-v3-2p2d.yaml")
     targets = targets_from_plan(plan)
-    rank0 = [w for w in plan.workers if w.node_rank == 0]
-    assert [(t.name, t.url, t.nnodes) for t in targets.workers] == [
-        (f"{w.role}-{w.instance}", w.url, 2) for w in rank0
+    assert [(t.name, t.url, t.nnodes, t.node_rank) for t in targets.workers] == [
+        (w.instance_name if w.node_rank == 0 else w.name, w.url, 2, w.node_rank)
+        for w in plan.workers
     ]
+    assert [t.name for t in targets.workers if t.follower] == ["prefill-0-node1", "decode-0-node1"]
     assert targets.router.metrics_url == f"{plan.router.url}/metrics"  # pdkit: one port

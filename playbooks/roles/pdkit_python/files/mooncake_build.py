@@ -4,7 +4,8 @@ is not the driver's (a 580 driver reports CUDA 13.0 and runs CUDA 12 builds as w
 
 Run with the venv's python after SGLang (and so torch) is installed; read-only. Prints one
 line: mooncake-transfer-engine-cuda13 (CUDA 13 and later), mooncake-transfer-engine (CUDA 12),
-or mooncake-transfer-engine-non-cuda (a CPU torch, or none).
+or mooncake-transfer-engine-non-cuda (a CPU torch, or none). With the argument `nixl`: NIXL's
+build for torch's CUDA instead, nixl-cu13 or nixl-cu12 (transfer.backend nixl).
 """
 
 from __future__ import annotations
@@ -24,13 +25,22 @@ def package_for(cuda: str | None) -> str:
     raise SystemExit(f"torch is built for CUDA {cuda}: no Mooncake build for it (12 or 13 needed)")
 
 
+def nixl_for(cuda: str | None) -> str:
+    """NIXL's package for torch's CUDA version (NIXL has CUDA builds only)."""
+    major = int(cuda.split(".")[0]) if cuda else 0
+    if major not in (12, 13):
+        raise SystemExit(f"torch is built for CUDA {cuda or 'none'}: NIXL has builds for 12 and 13")
+    return f"nixl-cu{major}"
+
+
 def main() -> int:
     try:
         import torch.version
+
+        cuda = torch.version.cuda
     except ImportError:
-        print(package_for(None))
-        return 0
-    print(package_for(torch.version.cuda))
+        cuda = None
+    print(nixl_for(cuda) if sys.argv[1:] == ["nixl"] else package_for(cuda))
     return 0
 
 
