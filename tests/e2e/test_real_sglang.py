@@ -104,8 +104,9 @@ def real(tmp_path_factory):
     data["transfer"]["timeouts"] = {"bootstrap_timeout_s": 30, "heartbeat_interval_s": 2}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
     colocated = RealServer(model, folder).launch()  # starts with the pair
-    # A decode whose page size is not the prefill's (1 on the CPU): the doctor test's layout.
-    odd = RealServer(model, folder, ["--page-size", "16"], role="decode").launch()
+    # A decode whose page size is not the prefill's (1 on the CPU), for the doctor test, which
+    # starts it (beside the decode the migration test killed: not five servers starting at once).
+    odd = RealServer(model, folder, ["--page-size", "16"], role="decode")
     deployment = None
     try:
         started = time.monotonic()
@@ -412,7 +413,21 @@ def test_doctor_names_the_cause_from_what_the_real_engine_wrote(real):
     """Real failures, each matched from the line SGLang 0.5.23 itself wrote: a decode whose
     page size is not its prefill's, a prefill stopped with SIGSTOP, a killed prefill."""
     (prefill,) = resolve(real.topology).role("prefill")
-    odd = real.odd_decode
+    decodes = resolve(real.topology).role("decode")
+    odd = real.odd_decode.launch()
+    for decode in decodes:  # up (the migration test killed one) and holding the prefill's address
+        _wait_healthy(decode.url)
+        assert _pd_generate(prefill.url, prefill.bootstrap_port, decode.url, PROMPTS[1])
+
+    pid = real.pids()["prefill-0"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _wait_for_new(LOST, real, [d.name for d in decodes])  # each decode's heartbeat (2 s)
+        causes = _doctor_causes(real)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert causes and all("prefill_lost" in c for c in causes.values()), causes
+
     odd.wait_ready()
     body = {"text": PROMPTS[0], "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1"}
     body |= {"bootstrap_port": prefill.bootstrap_port, "bootstrap_room": random.getrandbits(63)}
@@ -427,18 +442,6 @@ def test_doctor_names_the_cause_from_what_the_real_engine_wrote(real):
     assert "bootstrap_timeout" in [m.signature.name for m in diagnose(
         ("prefill answer", a) for a in answers)], answers  # fmt: skip
 
-    decodes = resolve(real.topology).role("decode")
-    for decode in decodes:  # up (the migration test killed one) and holding the prefill's address
-        _wait_healthy(decode.url)
-        assert _pd_generate(prefill.url, prefill.bootstrap_port, decode.url, PROMPTS[1])
-    pid = real.pids()["prefill-0"]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        _wait_for_new(LOST, real, [d.name for d in decodes])  # each decode's heartbeat (2 s)
-        causes = _doctor_causes(real)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert causes and all("prefill_lost" in c for c in causes.values()), causes
     for decode in decodes:
         assert _pd_generate(prefill.url, prefill.bootstrap_port, decode.url, PROMPTS[2])
     os.kill(pid, signal.SIGKILL)  # supervisord starts it again
