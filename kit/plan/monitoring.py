@@ -5,6 +5,7 @@ Prometheus scrapes, every `scrape_interval_s`, one job per kind of process:
     router    pdkit's /metrics on the router's port, or smg's Prometheus port
     prefill   each prefill instance's /metrics (node rank 0: the only node that serves HTTP;
     decode    SGLang labels its series per tp/pp/dp rank there)
+    kv_pool   the KV pool's master (`kv_pool:`): its /metrics on metrics_port
     prometheus  itself
     node      a node exporter on every host (`node_exporter_port`, when set)
 
@@ -18,7 +19,8 @@ from __future__ import annotations
 import yaml
 
 from kit.net import bare_host, host_port
-from kit.topology.layout import MONITORING_PROCESS, HostLayout, unit_name
+from kit.sglang.hicache import pool_host
+from kit.topology.layout import KV_POOL_PROCESS, MONITORING_PROCESS, HostLayout, unit_name
 from kit.topology.plan import (
     Command,
     MonitoringProcess,
@@ -31,7 +33,7 @@ from kit.topology.schema import Topology
 
 PROMETHEUS_EXECUTABLE = "prometheus"
 """Debian's `prometheus` package installs it as /usr/bin/prometheus."""
-JOBS = ("router", "prefill", "decode", "prometheus", "node")
+JOBS = ("router", "prefill", "decode", "kv_pool", "prometheus", "node")
 
 
 def _target(address: str, port: int, labels: dict[str, str]) -> ScrapeTarget:
@@ -73,6 +75,22 @@ def scrape_jobs(
                 metrics_path="/metrics",
                 targets=tuple(
                     _target(w.address, w.http_port, labels(w.instance_name, w.host)) for w in served
+                ),
+            )
+        )
+    pool = topology.kv_pool
+    if pool is not None:
+        pool_on = topology.host(pool_host(topology))
+        jobs.append(
+            ScrapeJob(
+                job="kv_pool",
+                metrics_path="/metrics",
+                targets=(
+                    _target(
+                        bare_host(pool_on.address),
+                        pool.metrics_port,
+                        labels(KV_POOL_PROCESS, pool_on.name),
+                    ),
                 ),
             )
         )
