@@ -7,7 +7,8 @@ A prefill that uses the pool starts with
     --hicache-mem-layout page_first --hicache-io-backend kernel --hicache-ratio 2
     --hicache-write-policy write_through --hicache-storage-prefetch-policy timeout
 
-a decode with `--page-size` (prefill and decode must agree) and, with `roles.decode_offload`,
+both roles `--enable-cache-report` (usage.prompt_tokens_details.cached_tokens), a decode with
+`--page-size` (prefill and decode must agree) and, with `roles.decode_offload`,
 `--disaggregation-decode-enable-offload-kvcache` and the same storage flags; each gets
 MOONCAKE_MASTER, MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_PROTOCOL, MOONCAKE_DEVICE,
 MOONCAKE_GLOBAL_SEGMENT_SIZE and MOONCAKE_LOCAL_HOSTNAME (`srt/environ.py:882-894`, read by
@@ -96,7 +97,8 @@ def pool_args(topology: Topology, role: str) -> dict[str, ArgValue]:
     pool = topology.kv_pool
     if pool is None:
         return {}
-    args: dict[str, ArgValue] = {"page-size": pool.page_size}
+    # The decode answers the client: it reports the prefill's cache hits in usage.
+    args: dict[str, ArgValue] = {"page-size": pool.page_size, "enable-cache-report": True}
     if not uses_pool(topology, role):
         return args
     if role == "prefill":

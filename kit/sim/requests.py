@@ -71,6 +71,10 @@ class RequestState:
         self.dp_rank = 0
         # Decode: the first token the prefill sampled (id, logprob).
         self.prefill_first_token: int | None = None
+        # Prompt tokens taken from a cache, and from which tier (SGLang's
+        # cached_tokens_details: device, host, storage); the decode gets the prefill's.
+        self.cached_tokens = 0
+        self.cached_details: dict[str, Any] | None = None
         # A decode does not compute the prompt: its input logprobs come from the prefill.
         self.decode_side = False
         self._first: int | None = None
@@ -224,8 +228,10 @@ class RequestState:
             "num_retractions": self.num_retractions,
             "reasoning_tokens": 0,
             "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
         }
+        if self.cached_details is not None:
+            meta["cached_tokens_details"] = self.cached_details
         if self.inp.return_logprob:
             meta.update(self.logprob_meta())
         if self.finish is not None:

@@ -1,7 +1,7 @@
 # pdkit plan 'local-kvpool': engine sim, SGLang 0.5.23, model meta-llama/Llama-3.1-8B-Instruct, transfer mooncake_tcp
 
 ## host localhost (127.0.0.1)
-# kv-pool (Mooncake Store master): RPC :50051, metrics :9003, metadata :8080 (embedded); 2 clients over tcp give it 1 GiB; starts before the workers, stops after them
+# kv-pool (Mooncake Store master): RPC :50051, metrics :9003, metadata :8080 (embedded); 2 clients over tcp give it 32 GiB; starts before the workers, stops after them
 python -m mooncake.cli \
   --rpc_port=50051 \
   --rpc_address=127.0.0.1 \
@@ -13,7 +13,7 @@ python -m mooncake.cli \
   --http_metadata_server_host=127.0.0.1 \
   --http_metadata_server_port=8080
 # prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998
-MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=536870912 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
+MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
   --host 127.0.0.1 \
@@ -22,6 +22,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=536870912 MOONCAKE_LOCAL_HOSTNAM
   --disaggregation-bootstrap-port 8998 \
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
+  --enable-cache-report \
   --enable-hierarchical-cache \
   --enable-metrics \
   --hicache-io-backend kernel \
@@ -32,7 +33,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=536870912 MOONCAKE_LOCAL_HOSTNAM
   --hicache-write-policy write_through \
   --page-size 16
 # prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999
-MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=536870912 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
+MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
   --host 127.0.0.1 \
@@ -42,6 +43,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=536870912 MOONCAKE_LOCAL_HOSTNAM
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 1 \
+  --enable-cache-report \
   --enable-hierarchical-cache \
   --enable-metrics \
   --hicache-io-backend kernel \
@@ -61,6 +63,7 @@ PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGG
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 2 \
+  --enable-cache-report \
   --enable-metrics \
   --max-running-requests 256 \
   --page-size 16
