@@ -74,7 +74,9 @@ def evaluate_kv_pool(answers: KvPoolAnswers) -> KvPoolStatus:
         why = answers.health.detail or (
             f"/health {answers.health.status}" if answers.health.status else "no answer"
         )
-        cause = f"down ({why}): the workers run without the pool, prefixes are recomputed"
+        cause = (
+            f"does not answer ({why}): the workers run without the pool, prefixes are recomputed"
+        )
         return KvPoolStatus(target.name, target.endpoint, "down", cause)
     if not answers.metrics.ok:
         return KvPoolStatus(target.name, target.endpoint, "up", "its /metrics did not answer")

@@ -5,8 +5,9 @@ KV pool: the real Mooncake Store (L3), which every prefill of the deployment sha
 
 A prefill request looks its full pages up in order: those on the instance are free, those
 found next in the pool are fetched from it for real (`get_batch` of the scaled page bytes,
-each checked against its key) and charged the time the timing model gives their emulated
-bytes over the pool's link; the rest are computed. Once computed, every page goes on the
+each checked against its key, always over TCP) and charged the time the timing model gives
+their emulated bytes over the link MOONCAKE_PROTOCOL names (rdma: the instance's NICs, tcp: one
+host NIC); the rest are computed. Once computed, every page goes on the
 instance and, write-through, the new ones into the pool (`put_batch`), so a prefix first
 computed on prefill-0 is a pool hit on prefill-1.
 
@@ -25,6 +26,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,20 +154,25 @@ class PoolClient:
         self.stats = PoolStats()
         self.down_until = 0.0
         self.last_error = ""
+        # One call at a time: the store client is not known to be safe for concurrent calls
+        # from several threads, and a call that never returns must not take others with it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-pool")
         self._store: Any = MooncakeDistributedStore()
+        # Pages move over TCP whatever MOONCAKE_PROTOCOL says (as the sim's PD transfers do);
+        # the load is charged by the configured protocol's link (`Engine._load_prefix`).
         rc = self._store.setup(
             settings.local_hostname,
             settings.metadata_server,
             segment_bytes,
             LOCAL_BUFFER_BYTES,
-            settings.protocol,
-            settings.device,
+            "tcp",
+            "",
             settings.master,
         )
         if rc != 0:
             raise OSError(
                 f"Mooncake Store setup failed ({rc}): master {settings.master}, metadata "
-                f"{settings.metadata_server}, protocol {settings.protocol}"
+                f"{settings.metadata_server}, protocol tcp"
             )
 
     @property
@@ -186,7 +193,8 @@ class PoolClient:
 
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), POOL_TIMEOUT_S)
+            call = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+            return await asyncio.wait_for(call, POOL_TIMEOUT_S)
         except (TimeoutError, RuntimeError, OSError) as exc:
             self._failed(f"{what}: {exc or 'timed out'}")
             return None
@@ -245,5 +253,6 @@ class PoolClient:
         self.stats.bytes_written += len(keys) * self.page_size_bytes
 
     def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(RuntimeError, OSError):
             self._store.close()

@@ -3,8 +3,10 @@ master (`python -m mooncake.cli`, the wheel's mooncake_master, its HTTP metadata
 embedded), sim prefills with HiCache whose L3 is that store, one sim decode, and pdkit's router;
 every port free, every process stopped on exit.
 
-`pool=False` gives the same cluster with HiCache but no storage backend (each prefill caches
-only its own prefixes): the baseline the pool is measured against.
+`protocol` is the pool's MOONCAKE_PROTOCOL: the sim moves pages over TCP either way and
+charges the load by that link. `pool=False` gives the same cluster with HiCache but no storage
+backend (each prefill caches only its own prefixes): the baseline the pool is measured
+against.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ SEGMENT_BYTES = 32 << 30
 class PoolMaster:
     """mooncake_master on loopback with free ports; a context manager."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(
+        self, log_dir: Path, segment_bytes: int = SEGMENT_BYTES, protocol: str = "tcp"
+    ) -> None:
+        self.segment_bytes = segment_bytes
+        self.protocol = protocol
         self.rpc_port, self.metrics_port, self.metadata_port = (free_port() for _ in range(3))
         self.log_path = log_dir / f"mooncake-master-{self.rpc_port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -50,10 +56,10 @@ class PoolMaster:
         return {
             "MOONCAKE_MASTER": f"127.0.0.1:{self.rpc_port}",
             "MOONCAKE_TE_META_DATA_SERVER": f"http://127.0.0.1:{self.metadata_port}/metadata",
-            "MOONCAKE_PROTOCOL": "tcp",
+            "MOONCAKE_PROTOCOL": self.protocol,
             "MOONCAKE_DEVICE": "",
             "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(SEGMENT_BYTES),
+            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
         }
 
     def start(self, timeout_s: float = 30.0) -> PoolMaster:
@@ -104,6 +110,8 @@ class PoolCluster:
         *,
         prefills: int = 2,
         pool: bool = True,
+        segment_bytes: int = SEGMENT_BYTES,
+        protocol: str = "tcp",
         model: str = "meta-llama/Llama-3.1-8B-Instruct",
         env: dict[str, str] | None = None,
         extra: Sequence[str] = (),
@@ -111,7 +119,7 @@ class PoolCluster:
         timeout_s: float = 30.0,
     ) -> None:
         self.log_dir = Path(tempfile.mkdtemp(prefix="pdkit-kvpool-"))
-        self.master = PoolMaster(self.log_dir) if pool else None
+        self.master = PoolMaster(self.log_dir, segment_bytes, protocol) if pool else None
         hicache = ["--enable-hierarchical-cache", "--enable-cache-report"]
         if pool:
             hicache += ["--hicache-storage-backend", "mooncake"]

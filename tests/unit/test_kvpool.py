@@ -131,16 +131,16 @@ def test_each_pool_mistake_names_the_key_and_the_fix(write_topology, pool, key, 
     assert says in problem.message and fix in problem.fix
 
 
-def test_rdma_needs_devices_and_the_sim_needs_tcp(write_topology):
+def test_rdma_needs_devices_except_on_the_sim(write_topology):
     data = with_pool()
     for host in data["hosts"]:
         host["rdma_devices"], host["gpu_nics"] = [], {}
     data["transfer"]["backend"] = "mooncake_tcp"
     problem = problem_at(write_topology, data, "kv_pool.protocol")
     assert "lists none" in problem.message and "protocol: tcp" in problem.fix
-    sim = with_pool()
-    sim["engine"] = "sim"
-    assert "TCP only" in problem_at(write_topology, sim, "kv_pool.protocol").message
+    data["engine"] = "sim"
+    plan = resolve(write_topology(data))  # the sim charges the rdma link, moves over TCP
+    assert plan.role("prefill")[0].env["MOONCAKE_PROTOCOL"] == "rdma"
 
 
 def test_args_may_not_set_what_the_pool_sets(write_topology):
