@@ -11,9 +11,10 @@ host NIC); the rest are computed. Once computed, every page goes on the
 instance and, write-through, the new ones into the pool (`put_batch`), so a prefix first
 computed on prefill-0 is a pool hit on prefill-1.
 
-The pool may vanish (its master killed): a failed or slow store call marks it down for
-`POOL_RETRY_S`, during which requests skip it and compute what the instance lacks; the worker
-logs it once and its metrics count the failures. SGLang's mooncake backend behaves alike (a
+The pool may vanish (its master killed): a failed store call marks it down for
+`POOL_RETRY_S`, during which requests skip it and compute what the instance lacks (a merely
+slow call, over `POOL_TIMEOUT_S`, is a miss for its request only); the worker logs it once
+and its metrics count the failures. SGLang's mooncake backend behaves alike (a
 failed lookup is a miss).
 """
 
@@ -37,6 +38,8 @@ POOL_TIMEOUT_S = 2.0
 seconds)."""
 POOL_RETRY_S = 5.0
 """How long the pool stays skipped after a failure before the next request tries it again."""
+MAX_IN_FLIGHT = 4
+"""Store calls queued or running at most; past it a request does without the pool."""
 STORAGE_BACKEND_TYPE = "MooncakeStore"
 """What SGLang names the backend in `cached_tokens_details.storage_backend`."""
 
@@ -134,7 +137,7 @@ class PoolStats:
     miss_pages: int = 0
     written_pages: int = 0
     failures: int = 0
-    skipped: int = 0  # lookups not made while the pool was down
+    skipped: int = 0  # calls not made: the pool was down, or MAX_IN_FLIGHT calls were pending
     bytes_read: int = 0
     bytes_written: int = 0
 
@@ -157,6 +160,7 @@ class PoolClient:
         # One call at a time: the store client is not known to be safe for concurrent calls
         # from several threads, and a call that never returns must not take others with it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-pool")
+        self._in_flight = 0
         self._store: Any = MooncakeDistributedStore()
         # Pages move over TCP whatever MOONCAKE_PROTOCOL says (as the sim's PD transfers do);
         # the load is charged by the configured protocol's link (`Engine._load_prefix`).
@@ -192,12 +196,28 @@ class PoolClient:
         self.down_until = time.monotonic() + POOL_RETRY_S
 
     async def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            call = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-            return await asyncio.wait_for(call, POOL_TIMEOUT_S)
-        except (TimeoutError, RuntimeError, OSError) as exc:
-            self._failed(f"{what}: {exc or 'timed out'}")
+        if self._in_flight >= MAX_IN_FLIGHT:
+            # A slow store must not build a queue every later request waits behind (a call
+            # that timed out still holds the thread): do without it for this request.
+            self.stats.skipped += 1
             return None
+        self._in_flight += 1
+        call = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        call.add_done_callback(self._done)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), POOL_TIMEOUT_S)
+        except TimeoutError:
+            # Slow, not gone (a loaded host): this request does without; a master that is gone
+            # fails the next call at once (RPC_FAIL), which marks the pool down.
+            self.stats.failures += 1
+            logger.warning("KV pool %s took over %.0f s: treated as a miss", what, POOL_TIMEOUT_S)
+            return None
+        except (RuntimeError, OSError) as exc:
+            self._failed(f"{what}: {exc}")
+            return None
+
+    def _done(self, _: Any) -> None:
+        self._in_flight -= 1
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many of `keys`, from the first, the pool holds: they are fetched for real and
