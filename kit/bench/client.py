@@ -123,6 +123,7 @@ class Client:
         last = 0.0
         tokens = 0
         usage: dict[str, Any] | None = None
+        ext: dict[str, Any] | None = None
         pending = b""
         # Read whatever has arrived (one or more SSE events); events that came in one read
         # arrived together, so they share its time.
@@ -146,6 +147,7 @@ class Client:
                         _fail(record, "stream", _error_text(json.dumps(chunk)) or "error event")
                         return
                     usage = chunk.get("usage") or usage
+                    ext = chunk.get("sglext") or ext
                     if not _has_text(chunk):
                         continue
                 elif not _has_text_bytes(payload):
@@ -163,6 +165,7 @@ class Client:
         count = int(usage["completion_tokens"]) if usage else tokens
         record.completion_tokens = count
         record.prompt_tokens = int(usage["prompt_tokens"]) if usage else None
+        _cached(record, usage, ext)
         record.tpot_ms = (last - first) * 1000 / (count - 1) if count > 1 else 0.0
         record.ok = True
 
@@ -174,6 +177,7 @@ class Client:
         record.ttft_ms = (time.perf_counter() - started) * 1000  # no stream: first = last
         record.completion_tokens = int(usage.get("completion_tokens") or 0)
         record.prompt_tokens = usage.get("prompt_tokens")
+        _cached(record, usage, data.get("sglext"))
         record.tpot_ms = 0.0
         record.ok = True
 
@@ -238,3 +242,19 @@ def _fail(record: RequestRecord, kind: str, detail: str) -> None:
     record.ok = False
     record.error_kind = kind
     record.error = detail
+
+
+def _cached(
+    record: RequestRecord, usage: dict[str, Any] | None, ext: dict[str, Any] | None
+) -> None:
+    """The cached prompt tokens an answer reports, and their sources when it breaks them down
+    (SGLang's `sglext.cached_tokens_details`: device, host, storage)."""
+    details = (usage or {}).get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        record.cached_tokens = int(details["cached_tokens"])
+    sources = (ext or {}).get("cached_tokens_details")
+    if isinstance(sources, dict):
+        record.cached_device = int(sources.get("device") or 0) + int(sources.get("host") or 0)
+        record.cached_storage = int(sources.get("storage") or 0)
+        if record.cached_tokens is None:
+            record.cached_tokens = record.cached_device + record.cached_storage

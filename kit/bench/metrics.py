@@ -118,6 +118,8 @@ class PointSummary:
     queue_growing: bool = False
     """The trend marks a growing queue (`kit.perf.sweep.queue_growing`): the deployment does
     not sustain this rate, whatever the attainment of this finite point."""
+    cache: CacheSummary | None = None
+    """Cached prompt tokens by source, when the answers report them."""
 
     def meets(self, slo: SLO) -> bool:
         """Attainment at least the target, with a steady queue (the model's rule too)."""
@@ -169,7 +171,60 @@ class PointSummary:
             "machine": self.machine,
             "notes": self.notes,
             "bottlenecks": sorted(self.bottlenecks),
+            "cache": None if self.cache is None else self.cache.to_json(),
         }
+
+
+@dataclass(frozen=True)
+class CacheSummary:
+    """Prompt tokens of the answered requests: all, taken from a cache, of which from the
+    prefill's own cache (device) and from the KV pool (storage); computed is the rest."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    device_tokens: int | None
+    storage_tokens: int | None
+    pool_hit_requests: int
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def pool_hit_rate(self) -> float | None:
+        if self.storage_tokens is None or not self.prompt_tokens:
+            return None
+        return self.storage_tokens / self.prompt_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "computed_tokens": self.computed_tokens,
+            "device_tokens": self.device_tokens,
+            "storage_tokens": self.storage_tokens,
+            "pool_hit_requests": self.pool_hit_requests,
+            "hit_rate": round(self.hit_rate, 4),
+        }
+
+    @classmethod
+    def of(cls, ok: Sequence[RequestRecord]) -> CacheSummary | None:
+        """None when no answer reported its cached tokens."""
+        reported = [r for r in ok if r.cached_tokens is not None]
+        if not reported:
+            return None
+        detailed = [r for r in reported if r.cached_storage is not None]
+        return cls(
+            prompt_tokens=sum(r.prompt_tokens or r.input_tokens for r in reported),
+            cached_tokens=sum(r.cached_tokens or 0 for r in reported),
+            device_tokens=sum(r.cached_device or 0 for r in detailed) if detailed else None,
+            storage_tokens=sum(r.cached_storage or 0 for r in detailed) if detailed else None,
+            pool_hit_requests=sum(1 for r in detailed if r.cached_storage),
+        )
 
 
 def _shares(records: Sequence[RequestRecord], attr: str) -> dict[str, WorkerShare]:
@@ -238,6 +293,7 @@ def summarize(point: PointResult, slo: SLO) -> PointSummary:
         send_lag_p90_ms=send_lag,
         machine=point.load.to_json(),
         ttft_trend_ms=trend,
+        cache=CacheSummary.of(ok),
         queue_growing=sweep.queue_growing(trend, slo),
         rejected=sum(1 for r in measured if r.status == 429),
     )

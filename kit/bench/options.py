@@ -147,6 +147,8 @@ def options(args: BenchArgs, plan: Plan | None) -> BenchOptions:
         concurrency=args.concurrency,
         prefix_share=args.prefix_share,
         prefix_groups=args.prefix_groups,
+        # With a KV pool, ask each answer where its cached prompt tokens came from.
+        cache_details=plan is not None and plan.kv_pool is not None,
     )
     search = (
         SearchSpec(

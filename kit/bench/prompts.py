@@ -79,11 +79,14 @@ def prompt_text(plan: PromptPlan, api: Api) -> str:
 
 
 def request_body(
-    api: Api, model: str, text: str, max_tokens: int, *, stream: bool
+    api: Api, model: str, text: str, max_tokens: int, *, stream: bool, cache_details: bool = False
 ) -> dict[str, Any]:
     """The OpenAI-style body: exactly `max_tokens` out (`ignore_eos`, SGLang's extension),
-    usage in the stream's last chunk."""
+    usage in the stream's last chunk; `cache_details` asks for SGLang's breakdown of the
+    cached prompt tokens by source."""
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "ignore_eos": True}
+    if cache_details:
+        body["return_cached_tokens_details"] = True
     if api == "chat":
         body["messages"] = [{"role": "user", "content": text}]
     else:

@@ -39,6 +39,13 @@ class RequestRecord:
     itl_ms: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None
     """What the server counted (usage.prompt_tokens)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server took from a cache (usage.prompt_tokens_details.cached_tokens,
+    with SGLang's --enable-cache-report); None: not reported."""
+    cached_device: int | None = None
+    """Of those, found on the prefill instance (GPU and host memory: device + host)."""
+    cached_storage: int | None = None
+    """Of those, loaded from the KV pool (HiCache L3: storage)."""
     completion_tokens: int = 0
     request_id: str = ""
     prefill: str = ""

@@ -41,6 +41,9 @@ class LoadSpec:
     prefix_share: float = 0.0
     """Share of each prompt (0..1) that is its group's shared prefix."""
     prefix_groups: int = 0
+    cache_details: bool = False
+    """Ask for SGLang's `sglext.cached_tokens_details` (return_cached_tokens_details): where
+    each answer's cached prompt tokens came from (device, host, storage)."""
 
 
 @dataclass
@@ -108,6 +111,7 @@ async def run_point(
                 prompt_text(plan_prompt(spec, load, i, r), load.api),
                 r.output_len,
                 stream=load.stream,
+                cache_details=load.cache_details,
             )
         ).encode()
         for i, r in enumerate(requests)

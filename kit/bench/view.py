@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from kit.bench.metrics import Percentiles, PointSummary
+from kit.bench.metrics import CacheSummary, Percentiles, PointSummary
 from kit.bench.runner import Progress
 
 
@@ -118,4 +118,20 @@ def notes_lines(summaries: Sequence[PointSummary]) -> list[str]:
             example = s.error_examples.get(kind, "")
             lines.append(f"{s.label}: {count} x {kind}: {example}")
         lines += [f"{s.label}: {note}" for note in s.notes]
+        if s.cache is not None and s.cache.cached_tokens:
+            lines.append(f"{s.label}: {cache_line(s.cache)}")
     return lines
+
+
+def cache_line(cache: CacheSummary) -> str:
+    """Where the prompt tokens came from (answers with SGLang's --enable-cache-report)."""
+    text = (
+        f"{cache.hit_rate:.0%} of {cache.prompt_tokens} prompt tokens were cached, "
+        f"{cache.computed_tokens} computed"
+    )
+    if cache.storage_tokens is not None:
+        text += (
+            f" (prefill's own cache {cache.device_tokens}, KV pool {cache.storage_tokens} in "
+            f"{cache.pool_hit_requests} requests)"
+        )
+    return text

@@ -106,6 +106,17 @@ def size(
         bool,
         typer.Option("--calibration/--no-calibration", help="Use the stored calibration."),
     ] = True,
+    prefix_share: Annotated[
+        float,
+        typer.Option(
+            "--prefix-share",
+            help="Share of each prompt its group shares: also estimate prefix caching and a "
+            "KV pool (kv_pool:) for the chosen deployment.",
+        ),
+    ] = 0.0,
+    prefix_groups: Annotated[
+        int, typer.Option("--prefix-groups", help="Groups of prompts with a shared prefix.")
+    ] = 0,
 ) -> None:
     """Choose prefill:decode counts and parallelism for a model, GPUs, SLO and workload."""
     given = dict(locals())  # every parameter by name, taken before any other local exists

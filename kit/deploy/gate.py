@@ -16,6 +16,7 @@ from rich.console import Console
 
 from kit.deploy.context import DeployContext
 from kit.deploy.logs import tail
+from kit.deploy.pool_check import check_pool
 from kit.errors import DeployError
 from kit.observe.doctor import LOG_LINES, DoctorOptions, LogReader
 from kit.observe.doctor_view import (
@@ -79,7 +80,13 @@ def run_doctor(
     as_json: bool = False,
     input_tokens: int,
 ) -> int:
-    """`pdkit doctor`: the exit status (0 when every pair moved KV)."""
-    return doctor(
+    """`pdkit doctor`: the exit status (0 when every pair moved KV and, with `kv_pool:`, every
+    host with pool clients put and got a page through the pool)."""
+    status = doctor(
         ctx.plan, console, options, log_reader(ctx), as_json=as_json, input_tokens=input_tokens
     )
+    checks = check_pool(ctx)
+    if not as_json:
+        for check in checks:
+            console.print(check.line(), style="" if check.ok else "red", markup=False)
+    return status or (0 if all(c.ok for c in checks) else 1)

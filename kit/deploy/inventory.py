@@ -8,7 +8,8 @@ control machine) that holds the value; the playbook reads it with ``lookup('ansi
 
 Inventory groups: ``pdkit_hosts`` (every host of the deployment), ``pdkit_workers`` (hosts
 running a worker), ``pdkit_router`` (the router's host) and ``pdkit_monitoring`` (Prometheus'
-host, empty without `monitoring:`).
+host, empty without `monitoring:`) and ``pdkit_kv_pool`` (the KV pool master's host, empty
+without `kv_pool:`).
 
 A record may carry `files` (path, content, mode: written with the process's own files, a change
 restarts it) and `directories` (path, mode): Prometheus' configuration and data folder.
@@ -27,13 +28,14 @@ from kit.topology.layout import HostLayout, service_name, unit_pattern
 from kit.topology.plan import (
     Command,
     HostPlan,
+    KvPoolProcess,
     MonitoringProcess,
     Plan,
     RouterProcess,
     WorkerProcess,
 )
 
-Stage = Literal["workers", "router", "monitoring"]
+Stage = Literal["kv_pool", "workers", "router", "monitoring"]
 
 CONTROL_ROUTER_KEY_ENV = "PDKIT_DEPLOY_ROUTER_API_KEY"
 """Variable of the ansible-playbook process that carries the router's client API key."""
@@ -91,7 +93,9 @@ def deploy_hosts(plan: Plan, control_python: str) -> tuple[DeployHost, ...]:
 
 
 def _process_record(
-    process: WorkerProcess | RouterProcess | MonitoringProcess, layout: HostLayout, command: Command
+    process: WorkerProcess | RouterProcess | MonitoringProcess | KvPoolProcess,
+    layout: HostLayout,
+    command: Command,
 ) -> dict[str, Any]:
     """What every process record holds: its names and files (from the Plan and the host's
     layout; the playbooks format none of them) and its command."""
@@ -175,10 +179,26 @@ def monitoring_record(
     }
 
 
+def kv_pool_record(pool: KvPoolProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:
+    """The process record of the KV pool's master (Mooncake Store, `kv_pool:`)."""
+    env = {**pool.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": pool.name}
+    return {
+        **_process_record(pool, layout, pool.command),
+        "role": "kv_pool",
+        "stage": "kv_pool",
+        "env": dict(sorted(env.items())),
+        "secret_env": {},
+        "url": pool.url,
+    }
+
+
 def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     """Everything one host's plays need: connection, layout, interpreter, processes."""
     hf_home = host.layout.hf_home if plan.engine == "sglang" else None
-    records = [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
+    records = []
+    if plan.kv_pool is not None and plan.kv_pool.host == host.name:
+        records.append(kv_pool_record(plan.kv_pool, plan.name, host.layout))
+    records += [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
     if plan.router.host == host.name:
         records.append(router_record(plan.router, plan.name, host.layout))
     if plan.monitoring is not None and plan.monitoring.host == host.name:
@@ -221,6 +241,7 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
                 "pdkit_monitoring": {
                     "hosts": {plan.monitoring.host: {}} if plan.monitoring else {}
                 },
+                "pdkit_kv_pool": {"hosts": {plan.kv_pool.host: {}} if plan.kv_pool else {}},
             },
         }
     }

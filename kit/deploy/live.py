@@ -52,6 +52,7 @@ from kit.deploy.steps import (
     DRAIN_TIMEOUT_S,
     WORKER_TIMEOUT_S,
     UpOptions,
+    deploy_kv_pool,
     finish_rollout,
     play,
     raise_unless_ready,
@@ -218,6 +219,9 @@ class LiveChange:
             )
             self._run("deploy.yml", "workers", self._inventory(only=names))
             self._wait_workers(names, "serving")
+        if self.mode == "up" and ctx.plan.kv_pool is not None:
+            # Idempotent: starts a master that is not running, restarts one whose flags changed.
+            deploy_kv_pool(ctx, console, self.secret_env, self.options.verbose)
         record = recorded
         for wave in waves(changes, self.options.parallel):
             surged = [s for s in wave if s.instance in surges]

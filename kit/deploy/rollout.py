@@ -1,16 +1,18 @@
 """`pdkit up`, `pdkit restart` and `pdkit down`: the order of things and what the user is told.
 
 up:      with nothing recorded as running (or a router that does not answer), everything:
-         deploy.yml --tags workers -> wait for every worker's /health -> deploy.yml --tags
-         router -> the end of a rollout (kit.deploy.steps.finish_rollout: the router's
-         /readiness -> (monitoring:) deploy.yml --tags monitoring and Prometheus' /-/ready ->
+         (kv_pool:) deploy.yml --tags kv_pool and the master's /health -> deploy.yml --tags
+         workers -> wait for every worker's /health -> deploy.yml --tags router -> the end of
+         a rollout (kit.deploy.steps.finish_rollout: the router's /readiness -> (monitoring:)
+         deploy.yml --tags monitoring and Prometheus' /-/ready ->
          the KV transfer gate (kit.deploy.gate: one PD request per prefill x decode pair;
          --no-gate skips it) -> endpoint, curl line, status table, Prometheus' first scrapes);
          on a running deployment, only the difference, live (kit.deploy.live).
 restart: the selected instances replaced live, one wave at a time (kit.deploy.live); a role's
          only instance with a stand-in on free GPUs first, else within the router's hold, else
          refused unless --force (kit.deploy.surge).
-down:    down.yml (router first, then workers, then the deployment's supervisord); logs stay.
+down:    down.yml (router first, then workers, then the KV pool's master with the deployment's
+         supervisord); logs stay.
 
 Every failure raises `DeployError` with what failed (host, task or process, its stderr or log
 tail) and what is still running.
@@ -43,6 +45,7 @@ from kit.deploy.state import (
 from kit.deploy.steps import (
     WORKER_TIMEOUT_S,
     UpOptions,
+    deploy_kv_pool,
     deployment_lock,
     finish_rollout,
     play,
@@ -150,6 +153,7 @@ def _up(
 ) -> None:
     plan = ctx.plan
     _header(ctx, console, "pdkit up")
+    pool_status = deploy_kv_pool(ctx, console, secret_env, options.verbose)
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
     started = time.monotonic()
     result = play(
@@ -173,13 +177,22 @@ def _up(
         ctx, console, "deploy.yml", tags="router", secret_env=secret_env, verbose=options.verbose
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
-    finish_rollout(ctx, console, options, secret_env, statuses, monitoring=True, gate=options.gate)
+    finish_rollout(
+        ctx,
+        console,
+        options,
+        secret_env,
+        pool_status + statuses,
+        monitoring=True,
+        gate=options.gate,
+    )
 
 
 def down(ctx: DeployContext, console: Console, verbose: bool = False) -> None:
     """Stop the router, then the workers; keep configuration and logs."""
     plan = ctx.plan
-    console.print(f"[bold]pdkit down {plan.name}[/]: router first, then workers")
+    last = ", then the KV pool's master" if plan.kv_pool else ""
+    console.print(f"[bold]pdkit down {plan.name}[/]: router first, then workers{last}")
     if _nothing_deployed(ctx):
         console.print(f"Nothing of deployment {plan.name} was running.")
         return

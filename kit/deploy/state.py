@@ -36,7 +36,7 @@ STARTS_FILE = "starts.json"
 TEMPLATES = Path("roles") / "pdkit_process" / "templates"
 """The templates every process's files are rendered from, under the playbooks folder."""
 
-ProcessRole = Literal["prefill", "decode", "router", "monitoring"]
+ProcessRole = Literal["prefill", "decode", "router", "monitoring", "kv_pool"]
 
 
 class _Frozen(BaseModel):
@@ -181,6 +181,23 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
                 http_port=monitoring.port,
                 args=monitoring.command.args,
                 env=monitoring.env,
+                fingerprint=_fingerprint(record, host, templates),
+            )
+        )
+    if plan.kv_pool is not None:
+        pool = plan.kv_pool
+        record, host = records[pool.name]
+        out.append(
+            ProcessRecord(
+                name=pool.name,
+                instance=pool.name,
+                role="kv_pool",
+                host=pool.host,
+                unit=pool.unit,
+                http_port=pool.metrics_port,
+                url=pool.url,
+                args=pool.command.args,
+                env=pool.env,
                 fingerprint=_fingerprint(record, host, templates),
             )
         )

@@ -32,7 +32,14 @@ from kit.deploy.routing import admin_key
 from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.services import host_processes
 from kit.deploy.view import AnsibleView, ReadinessView, status_table
-from kit.deploy.wait import ProcessStatus, Target, monitoring_targets, router_targets, wait_ready
+from kit.deploy.wait import (
+    ProcessStatus,
+    Target,
+    kv_pool_targets,
+    monitoring_targets,
+    router_targets,
+    wait_ready,
+)
 from kit.errors import DeployError, PdkitError, ProbeError
 from kit.observe.doctor import DoctorOptions
 from kit.observe.prometheus import ScrapeHealth, wait_scraped
@@ -42,6 +49,7 @@ WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
 """Default seconds for every worker to become ready, by engine (SGLang loads real weights)."""
 ROUTER_TIMEOUT_S = 60.0
 MONITORING_TIMEOUT_S = 60.0
+KV_POOL_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 """Default seconds an instance leaving the router may take to finish its requests."""
 LOG_TAIL_LINES = 25
@@ -180,6 +188,8 @@ def raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage:
             + ", ".join(f"{s.target.name} ({s.verdict.state})" for s in unsettled)
             + "."
         )
+    if stage == "kv_pool":
+        lines.append("No worker or router was started by this run.")
     if stage == "workers":
         lines.append("The router was not started by this run.")
     if stage == "joining":
@@ -235,6 +245,28 @@ def _running_now(ctx: DeployContext) -> str:
     if unknown:
         text += f" (Not known for {', '.join(unknown)}: see `pdkit status`.)"
     return text
+
+
+def deploy_kv_pool(
+    ctx: DeployContext, console: Console, secret_env: dict[str, str], verbose: bool
+) -> list[ProcessStatus]:
+    """Deploy the KV pool's master (topology `kv_pool:`) and wait for its /health; nothing
+    without. It runs before the workers, whose store clients connect to it at start."""
+    pool = ctx.plan.kv_pool
+    if pool is None:
+        return []
+    console.print(
+        f"[bold]KV pool[/]: installing and starting the Mooncake Store master on {pool.host} "
+        "(Ansible, deploy.yml --tags kv_pool)"
+    )
+    result = play(
+        ctx, console, "deploy.yml", tags="kv_pool", secret_env=secret_env, verbose=verbose
+    )
+    console.print(f"  {result.progress.summary()}", style="dim", markup=False)
+    console.print(f"[bold]KV pool[/]: waiting for /health (timeout {KV_POOL_TIMEOUT_S:.0f} s)")
+    status = wait_until_ready(ctx, console, kv_pool_targets(ctx.plan), KV_POOL_TIMEOUT_S, None)
+    raise_unless_ready(ctx, status, stage="kv_pool")
+    return status
 
 
 def deploy_monitoring(
@@ -297,6 +329,8 @@ def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessS
     urls = {w.name: w.url for w in plan.workers if w.serves_http} | {"router": plan.router.url}
     if plan.monitoring is not None:
         urls[plan.monitoring.name] = plan.monitoring.url
+    if plan.kv_pool is not None:
+        urls[plan.kv_pool.name] = plan.kv_pool.url
     urls = {name: url.removeprefix("http://") for name, url in urls.items()}
     rows = [
         (

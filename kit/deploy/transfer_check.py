@@ -117,7 +117,8 @@ def link_rates(facts: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], 
     return out
 
 
-def _argv(host: DeployHost, args: list[str]) -> list[str]:
+def host_argv(host: DeployHost, args: list[str]) -> list[str]:
+    """argv that runs a script sent on stdin with the host's Python (over SSH if remote)."""
     command = [host.python, "-", *args]
     return command if host.local else ssh_argv(host, command)
 
@@ -132,7 +133,7 @@ class _Target:
 
     def __init__(self, host: DeployHost, rail: Rail, serve_s: float) -> None:
         self.rail = rail
-        argv = _argv(host, ["target", *_common(rail), "--serve-s", str(serve_s)])
+        argv = host_argv(host, ["target", *_common(rail), "--serve-s", str(serve_s)])
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -165,7 +166,7 @@ class _Target:
             if self.proc.poll() is not None:
                 break
         self.stop()
-        return _last_error(self.proc.stderr.read() if self.proc.stderr else "") or "no answer"
+        return last_error(self.proc.stderr.read() if self.proc.stderr else "") or "no answer"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -177,7 +178,7 @@ class _Target:
                 self.proc.wait()
 
 
-def _last_error(stderr: str) -> str:
+def last_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line[:1] == "E" or "rror" in line or "failed" in line]
     return (errors or lines or [""])[-1][:300]
@@ -188,7 +189,7 @@ def _write(host: DeployHost, source: Rail, target: _Target) -> tuple[int, float,
     args += ["--session", target.session, "--remote-addr", str(target.addr)]
     try:
         done = subprocess.run(
-            _argv(host, args),
+            host_argv(host, args),
             input=PROBE.read_text(),
             capture_output=True,
             text=True,
@@ -201,7 +202,7 @@ def _write(host: DeployHost, source: Rail, target: _Target) -> tuple[int, float,
     if done.returncode != 0 or not lines:
         result = json.loads(lines[-1]) if lines else {}
         rc = f"Mooncake returned {result['rc']}: " if "rc" in result else ""
-        return 0, 0.0, rc + (_last_error(done.stderr) or f"exit status {done.returncode}")
+        return 0, 0.0, rc + (last_error(done.stderr) or f"exit status {done.returncode}")
     result = json.loads(lines[-1])
     return int(result["bytes"]), float(result["seconds"]), ""
 

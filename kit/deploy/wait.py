@@ -82,6 +82,12 @@ def monitoring_targets(plan: Plan) -> list[Target]:
     return [Target(m.name, "monitoring", m.host, m.url, "/-/ready", unit=m.unit)] if m else []
 
 
+def kv_pool_targets(plan: Plan) -> list[Target]:
+    """The KV pool's master (topology `kv_pool:`), ready when its /health answers 200."""
+    k = plan.kv_pool
+    return [Target(k.name, "kv_pool", k.host, k.url, "/health")] if k else []
+
+
 async def _get(prober: Prober, url: str, headers: Mapping[str, str] | None) -> HttpAnswer:
     fetched = await prober.get(url, dict(headers) if headers else None)
     return HttpAnswer(fetched.status, fetched.detail or None)

@@ -23,7 +23,7 @@ import aiohttp
 
 from kit.errors import ProbeError
 from kit.net import FailureKind, classify_failure
-from kit.observe.targets import RouterTarget, Targets, WorkerTarget
+from kit.observe.targets import KvPoolTarget, RouterTarget, Targets, WorkerTarget
 
 WORKER_PATHS = ("/server_info", "/v1/loads?include=all", "/metrics")
 """What a worker is asked besides /health."""
@@ -94,6 +94,15 @@ class RouterAnswers:
 
 
 @dataclass(frozen=True)
+class KvPoolAnswers:
+    """What the KV pool's master said: its /health and /metrics."""
+
+    target: KvPoolTarget
+    health: Fetched
+    metrics: Fetched
+
+
+@dataclass(frozen=True)
 class Round:
     """One probe round. `taken_at` is wall-clock (time.time()) when it started, `seconds` how
     long asking everything took; `router_metrics_before` is an earlier scrape of the router's
@@ -104,6 +113,7 @@ class Round:
     taken_at: float
     seconds: float
     router_metrics_before: Fetched | None = None
+    kv_pool: KvPoolAnswers | None = None
 
 
 async def _mark_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
@@ -273,8 +283,10 @@ class Prober:
         """
         taken_at, started = time.time(), time.monotonic()
         router_task = asyncio.ensure_future(self.router(targets.router))  # first in the queue
+        pool_task = asyncio.ensure_future(self.kv_pool(targets.kv_pool))
         workers = await self.workers(targets.workers)
         router = await router_task
+        kv_pool = await pool_task
         seconds = time.monotonic() - started
         before: Fetched | None = None
         if rate_window_s > 0 and router.metrics.ok:
@@ -293,7 +305,17 @@ class Prober:
             taken_at=taken_at,
             seconds=seconds,
             router_metrics_before=before,
+            kv_pool=kv_pool,
         )
+
+    async def kv_pool(self, target: KvPoolTarget | None) -> KvPoolAnswers | None:
+        """The KV pool master's /health and /metrics (None without `kv_pool:`)."""
+        if target is None:
+            return None
+        health, metrics = await asyncio.gather(
+            self.get(f"{target.url}/health"), self.get(f"{target.url}/metrics")
+        )
+        return KvPoolAnswers(target, health, metrics)
 
 
 def _auth(target: RouterTarget) -> dict[str, str] | None:

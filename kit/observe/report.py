@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kit.observe.kvpool import KvPoolStatus, evaluate_kv_pool
 from kit.observe.probe import Round, WorkerAnswers
 from kit.observe.router import RoutedWorker, RouterStatus, evaluate_router
 from kit.observe.targets import Targets
@@ -46,6 +47,7 @@ class Report:
     router: RouterStatus
     problems: tuple[Finding, ...]
     warnings: tuple[Finding, ...]
+    kv_pool: KvPoolStatus | None = None
 
     @property
     def healthy(self) -> bool:
@@ -133,6 +135,9 @@ def build_report(
                 warnings.append(Finding("router", where, what))
     if router.slo_met is False:
         warnings.append(Finding("router", where, _slo_miss(router)))
+    pool = evaluate_kv_pool(now.kv_pool) if now.kv_pool is not None else None
+    if pool is not None and pool.state == "down":
+        problems.append(Finding(pool.name, pool.endpoint, pool.cause))
     return Report(
         deployment=targets.deployment,
         taken_at=now.taken_at,
@@ -142,6 +147,7 @@ def build_report(
         router=router,
         problems=tuple(problems),
         warnings=tuple(warnings),
+        kv_pool=pool,
     )
 
 
@@ -174,6 +180,9 @@ def report_to_json(report: Report) -> dict[str, Any]:
     """The report as plain JSON data (what `--json` prints)."""
     data = dataclasses.asdict(report)
     data["healthy"] = report.healthy
+    if report.kv_pool is not None:
+        pool = report.kv_pool
+        data["kv_pool"] |= {"free_bytes": pool.free_bytes, "misses": pool.misses}
     data["problems"] = [dict(dataclasses.asdict(f), line=str(f)) for f in report.problems]
     data["warnings"] = [dict(dataclasses.asdict(f), line=str(f)) for f in report.warnings]
     return data

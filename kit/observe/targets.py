@@ -64,6 +64,19 @@ class RouterTarget:
 
 
 @dataclass(frozen=True)
+class KvPoolTarget:
+    """The KV pool master's HTTP endpoint (/health, /metrics)."""
+
+    name: str
+    host: str
+    url: str
+
+    @property
+    def endpoint(self) -> str:
+        return self.url.removeprefix("http://")
+
+
+@dataclass(frozen=True)
 class Targets:
     """Everything one status round probes."""
 
@@ -71,6 +84,7 @@ class Targets:
     workers: tuple[WorkerTarget, ...]
     router: RouterTarget
     slo: SLO
+    kv_pool: KvPoolTarget | None = None
 
 
 def targets_from_plan(plan: Plan) -> Targets:
@@ -111,4 +125,9 @@ def targets_from_plan(plan: Plan) -> Targets:
             api_key=router.api_key(),
         ),
         slo=plan.slo,
+        kv_pool=(
+            KvPoolTarget(plan.kv_pool.name, plan.kv_pool.host, plan.kv_pool.url)
+            if plan.kv_pool
+            else None
+        ),
     )

@@ -12,6 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kit.observe.kvpool import kv_pool_line
 from kit.observe.report import Report
 from kit.observe.router import Latency, RouterStatus
 from kit.observe.worker import WorkerStatus
@@ -294,6 +295,9 @@ class StatusScreen:
         head.append(f"  (probed in {report.probe_s:.2f} s, timeout {report.timeout_s:g} s, {when})")
         yield head
         yield router_lines(report.router)
+        if report.kv_pool is not None:
+            style = "red" if report.kv_pool.state == "down" else ""
+            yield Text(kv_pool_line(report.kv_pool), style=style)
         shown: set[str] = set()
         for role in ("prefill", "decode"):
             mine = [w for w in report.workers if w.role == role]

@@ -3,18 +3,21 @@ the same topology always gives a byte-identical Plan.
 
 The placement (hosts, GPUs, ports, RDMA devices) is decided once, before validation, and
 handed in; each worker's argv and env come from `kit.sglang.render`, its launch record from
-`kit.plan.launch`, the router from `kit.plan.router`, Prometheus from `kit.plan.monitoring`.
+`kit.plan.launch`, the router from `kit.plan.router`, Prometheus from `kit.plan.monitoring`,
+the KV pool's master from `kit.plan.kvpool`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from kit.net import bare_host
+from kit.plan.kvpool import build_kv_pool
 from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
-from kit.sglang import render
+from kit.sglang import hicache, render
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
@@ -56,6 +59,12 @@ def build_workers(
 ) -> list[WorkerProcess]:
     """Every worker process, instance by instance in placement order, node by node."""
     workers = []
+    pool_clients = Counter(
+        node.host
+        for p in placed.instances
+        if hicache.uses_pool(topology, p.role)
+        for node in p.nodes
+    )
     for p in placed.instances:
         spec: Role = getattr(topology, p.role)
         launch = worker_launch(topology, p)
@@ -97,6 +106,7 @@ def build_workers(
                         host,
                         ucx,
                         render.collective_env(topology, p.role, host, nics, p.nnodes),
+                        pool_clients=pool_clients[host.name],
                     ),
                     python=sglang_python(topology, host.name, topology_dir),
                 )
@@ -150,4 +160,5 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         router=router,
         slo=topology.slo,
         monitoring=build_monitoring(topology, workers, router, layouts),
+        kv_pool=build_kv_pool(topology, workers, layouts),
     )

@@ -6,6 +6,7 @@ Prometheus scrapes, every `scrape_interval_s`, one job per kind of process:
     prefill   every node's /metrics: an instance's rank 0, and each other node of a multi-node
     decode    instance on its own --port (SGLang's ranks >= 1 serve /health and /metrics there,
               with the series of that node's schedulers); SGLang labels them per tp/pp/dp rank
+    kv_pool   the KV pool's master (`kv_pool:`): its /metrics on metrics_port
     prometheus  itself
     node      a node exporter on every host (`node_exporter_port`, when set)
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 import yaml
 
 from kit.net import bare_host, host_port
-from kit.topology.layout import MONITORING_PROCESS, HostLayout, unit_name
+from kit.sglang.hicache import pool_host
+from kit.topology.layout import KV_POOL_PROCESS, MONITORING_PROCESS, HostLayout, unit_name
 from kit.topology.plan import (
     Command,
     MonitoringProcess,
@@ -34,7 +36,7 @@ from kit.topology.schema import Topology
 
 PROMETHEUS_EXECUTABLE = "prometheus"
 """Debian's `prometheus` package installs it as /usr/bin/prometheus."""
-JOBS = ("router", "prefill", "decode", "prometheus", "node")
+JOBS = ("router", "prefill", "decode", "kv_pool", "prometheus", "node")
 
 
 def _target(address: str, port: int, labels: dict[str, str]) -> ScrapeTarget:
@@ -84,6 +86,22 @@ def scrape_jobs(
                         w.address, w.http_port, _worker_labels(w, labels(w.instance_name, w.host))
                     )
                     for w in mine
+                ),
+            )
+        )
+    pool = topology.kv_pool
+    if pool is not None:
+        pool_on = topology.host(pool_host(topology))
+        jobs.append(
+            ScrapeJob(
+                job="kv_pool",
+                metrics_path="/metrics",
+                targets=(
+                    _target(
+                        bare_host(pool_on.address),
+                        pool.metrics_port,
+                        labels(KV_POOL_PROCESS, pool_on.name),
+                    ),
                 ),
             )
         )

@@ -5,7 +5,14 @@ from __future__ import annotations
 import shlex
 
 from kit.plan.monitoring import prometheus_config
-from kit.topology.plan import Command, MonitoringProcess, Plan, RouterProcess, WorkerProcess
+from kit.topology.plan import (
+    Command,
+    KvPoolProcess,
+    MonitoringProcess,
+    Plan,
+    RouterProcess,
+    WorkerProcess,
+)
 
 
 def command_lines(command: Command, env: dict[str, str], python: str = "python") -> list[str]:
@@ -58,20 +65,32 @@ def _monitoring_comment(m: MonitoringProcess) -> str:
     )
 
 
+def _kv_pool_comment(k: KvPoolProcess) -> str:
+    metadata = f"metadata :{k.metadata_port} (embedded)" if k.metadata_port else k.metadata_url
+    return (
+        f"# {k.name} (Mooncake Store master): RPC :{k.rpc_port}, metrics :{k.metrics_port}, "
+        f"{metadata}; {len(k.clients)} clients over {k.protocol} give it "
+        f"{k.capacity_bytes / (1 << 30):g} GiB; starts before the workers, stops after them"
+    )
+
+
 def plan_to_shell(plan: Plan) -> str:
     """Every process of the plan, per host, as paste-able shell."""
     out = [
         f"# pdkit plan '{plan.name}': engine {plan.engine}, SGLang {plan.sglang_version}, "
         f"model {plan.model.path}, transfer {plan.transfer_backend}"
     ]
-    monitoring = plan.monitoring
+    monitoring, pool = plan.monitoring, plan.kv_pool
     for host in plan.hosts:
         workers = plan.on_host(host.name)
         has_router = plan.router.host == host.name
         has_monitoring = monitoring is not None and monitoring.host == host.name
-        if not workers and not has_router and not has_monitoring:
+        has_pool = pool is not None and pool.host == host.name
+        if not workers and not has_router and not has_monitoring and not has_pool:
             continue
         out += ["", f"## host {host.name} ({host.address})"]
+        if pool is not None and has_pool:
+            out += [_kv_pool_comment(pool), *command_lines(pool.command, pool.env)]
         for w in workers:
             python = w.python or "python"
             out += [_worker_comment(w), *command_lines(w.command, w.env, python)]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
+from kit.sglang.hicache import POOL_FLAGS
 from kit.sglang.render import role_args
 from kit.sglang.startup import check as startup_problems
 from kit.topology.args import normalize_flag
@@ -65,16 +66,19 @@ def check(topology: Topology, catalog: Catalog) -> list[Problem]:
 def _flags(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
     scopes: list[tuple[str, dict[str, ArgValue]]] = [("defaults", topology.defaults.args)]
     scopes += [(role, getattr(topology, role).args) for role in ROLE_NAMES]
+    owned = {**OWNED_FLAGS, **POOL_FLAGS} if topology.kv_pool is not None else OWNED_FLAGS
     for scope, args in scopes:
         for key, value in args.items():
-            yield from _flag(catalog, scope, key, value)
+            yield from _flag(catalog, scope, key, value, owned)
 
 
-def _flag(catalog: Catalog, scope: str, key: str, value: ArgValue) -> Iterator[Problem]:
+def _flag(
+    catalog: Catalog, scope: str, key: str, value: ArgValue, owned: dict[str, str]
+) -> Iterator[Problem]:
     path = (scope, "args", key)
     name = normalize_flag(key)
     spec = catalog.lookup(name)
-    owner = OWNED_FLAGS.get(name) or (OWNED_FLAGS.get(normalize_flag(spec.flag)) if spec else None)
+    owner = owned.get(name) or (owned.get(normalize_flag(spec.flag)) if spec else None)
     if owner:
         role = scope if scope != "defaults" else "prefill/decode"
         yield Problem(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from kit.net import bare_host, host_port
-from kit.sglang import cpu
+from kit.sglang import cpu, hicache
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
@@ -32,10 +32,12 @@ PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 
 
 def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
-    """The user's args for a role: pdkit defaults < defaults.args < role.args, normalized."""
+    """The user's args for a role: pdkit defaults < the pool's HiCache flags (`kv_pool:`, which
+    `args` may not set) < defaults.args < role.args, normalized."""
     spec: Role = getattr(topology, role)
     merged: dict[str, ArgValue] = {}
-    for source in (PDKIT_DEFAULT_ARGS, topology.defaults.args, spec.args):
+    pool = hicache.pool_args(topology, role)
+    for source in (PDKIT_DEFAULT_ARGS, pool, topology.defaults.args, spec.args):
         for key, value in source.items():
             merged[normalize_flag(key)] = value
     return merged
@@ -134,10 +136,14 @@ def worker_env(
     host: Host,
     ucx_devices: str | None = None,
     collective: dict[str, str] | None = None,
+    *,
+    pool_clients: int = 1,
 ) -> dict[str, str]:
-    """A worker's environment: pdkit's variables (`collective`: `collective_env`'s), then the
-    user's `env`, which wins key by key."""
+    """A worker's environment: pdkit's variables (`collective`: `collective_env`'s; the pool's
+    MOONCAKE_*, `pool_clients` being the pool-using processes on the host), then the user's
+    `env`, which wins key by key."""
     env: dict[str, str] = dict(collective or {})
+    env.update(hicache.pool_env(topology, role, host, pool_clients))
     if topology.engine == "sim" and host.gpu_type:
         env["PDKIT_SIM_GPU"] = host.gpu_type
     # The address the transfer engine advertises to its peers.

@@ -206,16 +206,43 @@ def _finish(state: RequestState) -> tuple[str | None, Any]:
     return reason.kind, reason.matched if reason.kind == "stop" else None
 
 
-def usage(states: list[RequestState], n: int) -> dict[str, Any]:
-    prompt = sum(s.inp.prompt_len for i, s in enumerate(states) if i % n == 0)
+@dataclass(frozen=True)
+class CacheReport:
+    """What a response says about cached prompt tokens: `usage.prompt_tokens_details` with
+    the server's --enable-cache-report, `sglext.cached_tokens_details` (device, host, storage)
+    when the request sets `return_cached_tokens_details` (SGLang 0.5.23's serving_chat)."""
+
+    usage: bool = False
+    details: bool = False
+
+
+def usage(states: list[RequestState], n: int, cache: CacheReport | None = None) -> dict[str, Any]:
+    firsts = [s for i, s in enumerate(states) if i % n == 0]
+    prompt = sum(s.inp.prompt_len for s in firsts)
     completion = sum(len(s.output_ids) for s in states)
+    cached = sum(s.cached_tokens for s in firsts)
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": cached} if cache and cache.usage else None,
         "reasoning_tokens": 0,
     }
+
+
+def sglext(states: list[RequestState], cache: CacheReport | None) -> dict[str, Any] | None:
+    """The response's `sglext` (None: left out, as SGLang drops it when empty)."""
+    if cache is None or not cache.details:
+        return None
+    details = next((s.cached_details for s in states if s.cached_details is not None), None)
+    return {"cached_tokens_details": details} if details is not None else None
+
+
+def _with_sglext(
+    body: dict[str, Any], states: list[RequestState], cache: CacheReport | None
+) -> dict[str, Any]:
+    ext = sglext(states, cache)
+    return {**body, "sglext": ext} if ext is not None else body
 
 
 def _chat_logprobs(state: RequestState, start: int = 0) -> dict[str, Any]:
@@ -276,7 +303,9 @@ def _completion_logprobs(
     }
 
 
-def chat_response(states: list[RequestState], model: str, n: int) -> dict[str, Any]:
+def chat_response(
+    states: list[RequestState], model: str, n: int, cache: CacheReport | None = None
+) -> dict[str, Any]:
     choices = []
     for i, state in enumerate(states):
         kind, matched = _finish(state)
@@ -294,19 +323,24 @@ def chat_response(states: list[RequestState], model: str, n: int) -> dict[str, A
                 "matched_stop": matched,
             }
         )
-    return {
+    body = {
         "id": states[0].inp.rid.split("-")[0],
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(states, n),
+        "usage": usage(states, n, cache),
         "metadata": {"weight_version": "default"},
     }
+    return _with_sglext(body, states, cache)
 
 
 def completion_response(
-    states: list[RequestState], model: str, n: int, echo: Echo | None = None
+    states: list[RequestState],
+    model: str,
+    n: int,
+    echo: Echo | None = None,
+    cache: CacheReport | None = None,
 ) -> dict[str, Any]:
     choices = []
     for i, state in enumerate(states):
@@ -323,15 +357,16 @@ def completion_response(
                 "matched_stop": matched,
             }
         )
-    return {
+    body = {
         "id": states[0].inp.rid.split("-")[0],
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(states, n),
+        "usage": usage(states, n, cache),
         "metadata": {"weight_version": "default"},
     }
+    return _with_sglext(body, states, cache)
 
 
 class StreamFormatter:
@@ -434,15 +469,16 @@ class StreamFormatter:
                 out.append(self._chunk(index, {} if self.chat else "", kind, matched=matched))
         return out
 
-    def usage_chunk(self, n: int) -> str:
+    def usage_chunk(self, n: int, cache: CacheReport | None = None) -> str:
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": [],
-            "usage": usage(self.states, n),
+            "usage": usage(self.states, n, cache),
         }
+        body = _with_sglext(body, self.states, cache)
         return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 

@@ -1,7 +1,8 @@
 """Read the argv pdkit renders for ``python -m sglang.launch_server``.
 
 The sim honours the flags that change what a worker does or how fast it is (model, addresses,
-disaggregation role and ports, parallel sizes, memory and batching limits, metrics, keys), the
+disaggregation role and ports, parallel sizes, memory and batching limits, metrics, keys,
+HiCache and its storage backend), the
 flags that change which requests it takes (``--context-length``, ``--allow-auto-truncate``,
 ``--enable-custom-logit-processor``: see `kit.sim.admission`) and
 accepts every other SGLang flag without acting on it: those are kept in `WorkerArgs.ignored` and
@@ -94,6 +95,12 @@ class WorkerArgs:
     api_key: str | None = None
     admin_api_key: str | None = None
     load_balance_method: str = "auto"
+    # HiCache: the sim emulates the prefix cache only with it on (L1+L2 on the instance) and,
+    # with the mooncake storage backend, its L3 on the real Mooncake Store (kit.sim.prefix).
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float | None = None
+    hicache_storage_backend: str | None = None
+    enable_cache_report: bool = False
     random_seed: int | None = None
     log_level: str = "info"
     # The radix cache (on by default on a prefill, off on a decode unless asked) and its KV
@@ -255,9 +262,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--api-key")
     add("--admin-api-key")
     add("--load-balance-method", choices=LOAD_BALANCE_METHODS, default="auto")
+    add("--enable-hierarchical-cache", "--enable-hicache", action="store_true")
+    add("--hicache-ratio", type=float)
+    add("--hicache-storage-backend")
+    add("--disable-radix-cache", action="store_true")
+    add("--enable-cache-report", action="store_true")
     add("--random-seed", type=int)
     add("--log-level", choices=LOG_LEVELS, default="info")
-    add("--disable-radix-cache", action="store_true")
     add("--disaggregation-decode-enable-radix-cache", action="store_true")
     add("--kv-events-config", type=_kv_events)
     return p
@@ -361,9 +372,13 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         api_key=ns.api_key,
         admin_api_key=ns.admin_api_key,
         load_balance_method=ns.load_balance_method,
+        enable_hierarchical_cache=ns.enable_hierarchical_cache,
+        hicache_ratio=ns.hicache_ratio,
+        hicache_storage_backend=ns.hicache_storage_backend,
+        disable_radix_cache=ns.disable_radix_cache,
+        enable_cache_report=ns.enable_cache_report,
         random_seed=ns.random_seed,
         log_level=ns.log_level,
-        disable_radix_cache=ns.disable_radix_cache,
         disaggregation_decode_enable_radix_cache=ns.disaggregation_decode_enable_radix_cache,
         kv_events=ns.kv_events_config,
         ignored=tuple(unknown),

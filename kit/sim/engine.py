@@ -41,6 +41,7 @@ from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
 from kit.sim.pd_client import PdError, PrefillDirectory
+from kit.sim.prefix import STORAGE_BACKEND_TYPE, LocalCache, PoolClient, page_keys
 from kit.sim.prefix_cache import PrefixCache
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.settings import SimSettings
@@ -88,6 +89,15 @@ class PdStats:
     last_speed_gb_s: float = 0.0
     checksum_ok: int = 0
     kv_corrupted: int = 0  # KV that arrived altered and was decoded from anyway (no check)
+
+
+@dataclass
+class CacheStats:
+    """Prompt tokens by where they came from (prefill side, HiCache on)."""
+
+    device_tokens: int = 0  # found on the instance (L1 + L2)
+    storage_tokens: int = 0  # loaded from the KV pool (L3)
+    lookups: int = 0
 
 
 def _gpu(name: str) -> GpuSpec:
@@ -159,8 +169,9 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
         self.transfer_observers: list[Callable[[TransferRecord], None]] = []
+        # The radix cache per rank that publishes KV events (kit.sim.prefix_cache); where it
+        # is on, it decides what is cached and HiCache's tiers below are not emulated.
         self.caches: list[PrefixCache] | None = None
-        self.cached_tokens_total = 0  # prompt tokens served from the prefix caches
         if args.kv_events is not None and args.radix_cache:
             self.caches = [
                 PrefixCache(
@@ -170,6 +181,19 @@ class Engine:
                 )
                 for rank in range(len(self.ranks))
             ]
+        # HiCache (kit.sim.prefix): the instance's prefix cache, and the pool as its L3.
+        self.prefix_cache: LocalCache | None = None
+        hicache = args.enable_hierarchical_cache and not args.disable_radix_cache
+        if hicache and self.mode is not Mode.DECODE:
+            # L1 (GPU) and L2 (host, --hicache-ratio x the GPU pool) as one LRU.
+            ratio = max(1.0, args.hicache_ratio or 2.0)
+            self.prefix_cache = LocalCache(int(self.pages_per_rank * len(self.ranks) * ratio))
+        self.pool: PoolClient | None = None
+        self.cache = CacheStats()
+        self.cache_namespace = (
+            f"pdkit-sim:{args.served_model_name}:{args.kv_cache_dtype}:{args.page_size}:"
+            f"{self.kv_bytes_per_token}"
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -187,6 +211,32 @@ class Engine:
         except TransferError as exc:
             raise StartupError(str(exc)) from exc
 
+    def start_kv_pool(self) -> None:
+        """Join the KV pool (Mooncake Store) as HiCache's L3, giving it this worker's global
+        segment scaled like the KV it stores (PDKIT_SIM_KV_SCALE); with
+        --hicache-storage-backend mooncake only."""
+        if self.prefix_cache is None or self.args.hicache_storage_backend != "mooncake":
+            return
+        settings = self.settings.kv_pool
+        if settings is None:
+            raise StartupError(
+                "--hicache-storage-backend mooncake needs MOONCAKE_MASTER (the Mooncake Store "
+                "master's host:port), as SGLang's MooncakeStoreConfig.load_from_env does. To "
+                "fix: set it, or give the topology a kv_pool: section"
+            )
+        scale = self.kv_bytes_per_token / self.timing.kv_bytes_per_token
+        segment = max(int(settings.global_segment_bytes * scale), 1 << 20)
+        try:
+            self.pool = PoolClient(settings, self.args.page_size * self.kv_bytes_per_token, segment)
+        except (OSError, ImportError) as exc:
+            raise StartupError(str(exc)) from exc
+        logger.info(
+            "HiCache L3: Mooncake Store at %s (%s), global segment %d bytes (scaled)",
+            settings.master,
+            settings.protocol,
+            segment,
+        )
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -195,6 +245,8 @@ class Engine:
             cache.close()
         if self.kv is not None:
             self.kv.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], state: RequestState) -> None:
         task = asyncio.ensure_future(coro)
@@ -328,7 +380,8 @@ class Engine:
             return
         cache = self.caches[rank_index]
         state.cached_tokens = seq.computed = cache.match(state.inp.prompt_ids)
-        self.cached_tokens_total += state.cached_tokens
+        self.cache.lookups += 1
+        self.cache.device_tokens += state.cached_tokens
         if self.mode is Mode.NULL:
             hook = state.finished_hook
 
@@ -364,6 +417,7 @@ class Engine:
 
             state.prefilled_hook = handed_off
             self._match_prefix(state, seq, rank_index)
+            await self._load_prefix(state, seq)
             rank.submit(seq)
             return
         room = state.inp.bootstrap_room
@@ -394,7 +448,54 @@ class Engine:
 
         state.prefilled_hook = prefilled
         self._match_prefix(state, seq, rank_index)
+        await self._load_prefix(state, seq)
         rank.submit(seq)
+
+    async def _load_prefix(self, state: RequestState, seq: Sequence) -> None:
+        """HiCache: take the prompt's leading pages from the instance's cache, then from the
+        pool (fetched for real, charged the timing model's load time over the pool's link),
+        so that only the rest is computed; once computed, every page is cached here and the
+        new ones are written through to the pool. SGLang computes at least the last token, so
+        the page holding it is never taken from a cache."""
+        cache = self.prefix_cache
+        if cache is None or self.caches is not None or state.inp.health_check or state.done:
+            return
+        page = self.args.page_size
+        keys = page_keys(state.inp.prompt_ids[: seq.prompt_len - 1], page, self.cache_namespace)
+        local = cache.match(keys)
+        stored = 0
+        pool = self.pool
+        if pool is not None and local < len(keys):
+            loop = asyncio.get_running_loop()
+            started_model, started_wall = self.clock.now(), loop.time()
+            stored = await pool.lookup(keys[local:])
+            if stored:
+                modeled = self.timing.kv_transfer_seconds(
+                    stored * page, rdma=pool.settings.protocol == "rdma"
+                )
+                wait = self.clock.wall(started_model + modeled) - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                trace.stage(state, "prefill_storage_load", started_wall)
+        self.cache.lookups += 1
+        self.cache.device_tokens += local * page
+        self.cache.storage_tokens += stored * page
+        seq.computed = (local + stored) * page
+        details: dict[str, Any] = {"device": local * page, "host": 0}
+        if pool is not None:
+            details |= {"storage": stored * page, "storage_backend": STORAGE_BACKEND_TYPE}
+        state.cached_details = details if seq.computed else None
+        state.cached_tokens = seq.computed
+        fresh = keys[local + stored :]
+        then = state.prefilled_hook
+
+        def prefilled(st: RequestState) -> None:
+            cache.insert(keys)
+            if pool is not None and fresh:
+                self._spawn(pool.write(fresh), st)
+            then(st)
+
+        state.prefilled_hook = prefilled
 
     async def _send_kv(
         self, state: RequestState, seq: Sequence, rank_index: int, reservation: Reservation
@@ -462,6 +563,8 @@ class Engine:
                     "bytes": written.bytes,
                     "first_token_id": first,
                     "kv_tokens": seq.prompt_len,
+                    "cached_tokens": state.cached_tokens,
+                    "cached_tokens_details": state.cached_details,
                     "latency_ms": self.pd.last_latency_ms,
                 }
             )
@@ -638,6 +741,9 @@ class Engine:
             )
         )
         state.prefill_first_token = int(answer["first_token_id"])
+        # SGLang reports the prefill's cache hits on the decode (its L3 hits via metadata).
+        state.cached_tokens = int(answer.get("cached_tokens") or 0)
+        state.cached_details = answer.get("cached_tokens_details")
         trace.stage(state, "decode_transferred", asked)
         rank.kv_arrived(seq)
 

@@ -226,8 +226,30 @@ class Metrics:
             "pdkit_sim:step_timer_lag_max_seconds",
             "Worst lateness of the emulator's step timers (wall s).",
         )
-        self._counted = {"bootstrap": 0, "transfer": 0, "kv_bytes": 0, "prompt": 0, "generated": 0}
-        self._counted["cached"] = 0
+        # HiCache: prompt tokens by cache source, as SGLang 0.5.23 counts them
+        # (observability/metrics_collector.py: device, host, storage).
+        self.pool_up = Gauge(
+            "pdkit_sim:kv_pool_up",
+            "1 while the KV pool (HiCache L3, Mooncake Store) answers, 0 while it is skipped.",
+            names,
+            registry=reg,
+        )
+        self.pool_failures = Counter(
+            "pdkit_sim:kv_pool_failures",
+            "Mooncake Store calls that failed or timed out.",
+            names,
+            registry=reg,
+        )
+        self._counted = {
+            "bootstrap": 0,
+            "transfer": 0,
+            "kv_bytes": 0,
+            "prompt": 0,
+            "generated": 0,
+            "device": 0,
+            "storage": 0,
+            "pool_failures": 0,
+        }
         # Listed from the start with its label, as SGLang lists it.
         self.cached_tokens.labels(**self.labels, cache_source="device")
 
@@ -283,6 +305,9 @@ class Metrics:
         """The Prometheus text exposition, gauges refreshed from the engine."""
         e = self.engine
         throughput = e.gen_throughput()
+        computed = sum(r.stats.prompt_tokens for r in e.ranks)
+        cached = e.cache.device_tokens + e.cache.storage_tokens
+        hit_rate = cached / (cached + computed) if cached + computed else 0.0
         for i, rank in enumerate(e.ranks):
             lab = self._rank_labels(i)
             pool = rank.pool
@@ -292,7 +317,7 @@ class Metrics:
             self.used_tokens.labels(**lab).set(pool.used_pages * pool.page_size)
             self.max_tokens.labels(**lab).set(pool.capacity_tokens)
             self.throughput.labels(**lab).set(round(throughput / len(e.ranks), 3))
-            self.cache_hit.labels(**lab).set(0.0)
+            self.cache_hit.labels(**lab).set(round(hit_rate, 4))
             self.retracted.labels(**lab).set(len(rank.retracted))
             self.bootstrap_q.labels(**lab).set(e.pd.bootstrap_queue if i == 0 else 0)
             self.inflight_q.labels(**lab).set(len(rank.inflight))
@@ -303,13 +328,19 @@ class Metrics:
         self._bump(self.bootstrap_failed, "bootstrap", e.pd.bootstrap_failed)
         self._bump(self.transfer_failed, "transfer", e.pd.transfer_failed)
         self._bump(self.sim_kv_bytes, "kv_bytes", e.pd.kv_bytes_moved)
-        # SGLang counts every prompt token; the scheduler computed only the uncached ones.
-        computed = sum(r.stats.prompt_tokens for r in e.ranks)
-        self._bump(self.prompt_tokens, "prompt", computed + e.cached_tokens_total)
-        cached = e.cached_tokens_total - self._counted["cached"]
-        if cached > 0:
-            self.cached_tokens.labels(**self.labels, cache_source="device").inc(cached)
-            self._counted["cached"] = e.cached_tokens_total
+        # SGLang counts every prompt token, cached ones included.
+        self._bump(self.prompt_tokens, "prompt", computed + cached)
+        for source, total in (
+            ("device", e.cache.device_tokens),
+            ("storage", e.cache.storage_tokens),
+        ):
+            delta = total - self._counted[source]
+            if delta > 0:
+                self.cached_tokens.labels(**self.labels, cache_source=source).inc(delta)
+                self._counted[source] = total
+        if e.pool is not None:
+            self.pool_up.labels(**self.labels).set(1 if e.pool.up else 0)
+            self._bump(self.pool_failures, "pool_failures", e.pool.stats.failures)
         self._bump(
             self.generation_tokens, "generated", sum(r.stats.generated_tokens for r in e.ranks)
         )

@@ -66,13 +66,16 @@ class RequestState:
         self.finished_at: float | None = None
         # When its first prefill chunk was scheduled (SGLang's forward_entry_time; monotonic).
         self.forward_entry_at: float | None = None
-        # Prompt tokens its rank had cached (kit.sim.prefix_cache): SGLang's cached_tokens.
-        self.cached_tokens = 0
         self.token_times: list[float] = []
         self.num_retractions = 0
         self.dp_rank = 0
         # Decode: the first token the prefill sampled (id, logprob).
         self.prefill_first_token: int | None = None
+        # Prompt tokens taken from a cache (SGLang's cached_tokens: the rank's radix cache,
+        # kit.sim.prefix_cache, or HiCache's tiers, kit.sim.prefix), and from which tier
+        # (cached_tokens_details: device, host, storage); the decode gets the prefill's.
+        self.cached_tokens = 0
+        self.cached_details: dict[str, Any] | None = None
         # A decode does not compute the prompt: its input logprobs come from the prefill.
         self.decode_side = False
         self._first: int | None = None
@@ -228,6 +231,8 @@ class RequestState:
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens,
         }
+        if self.cached_details is not None:
+            meta["cached_tokens_details"] = self.cached_details
         if self.inp.return_logprob:
             meta.update(self.logprob_meta())
         if self.finish is not None:

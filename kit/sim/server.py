@@ -501,11 +501,18 @@ class Api:
                     status, message = error
                     kind = "BadRequest" if status == 400 else str(status)
                     return _json(api_openai.error_body(message, status, kind), status)
+            cache = self._cache_report(body)
             if chat:
-                return _json(api_openai.chat_response(states, model, n))
-            return _json(api_openai.completion_response(states, model, n, echo))
+                return _json(api_openai.chat_response(states, model, n, cache))
+            return _json(api_openai.completion_response(states, model, n, echo, cache))
         finally:
             self._end(states)
+
+    def _cache_report(self, body: dict[str, Any]) -> api_openai.CacheReport:
+        return api_openai.CacheReport(
+            usage=self.engine.args.enable_cache_report,
+            details=body.get("return_cached_tokens_details") is True,
+        )
 
     async def _stream_openai(
         self,
@@ -541,7 +548,7 @@ class Api:
             await _any_change([states[i] for i in pending])
         options = body.get("stream_options") or {}
         if options.get("include_usage") and all(api_native.error_of(s) is None for s in states):
-            await response.write(fmt.usage_chunk(n).encode())
+            await response.write(fmt.usage_chunk(n, self._cache_report(body)).encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

@@ -44,7 +44,11 @@ least 2), ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`` (2), ``SGLANG_HEALTH_C
 ``/health_generate``), ``SGLANG_DISAGGREGATION_THREAD_POOL_SIZE`` (threads that run Mooncake
 writes; default 4), ``SGLANG_HOST_IP`` (the address the transfer engine advertises; default
 ``--host``, or the primary address when that is a wildcard). ``MOONCAKE_PROTOCOL`` is
-ignored: the sim always uses ``tcp``. Timeouts accept fractional seconds (SGLang: integers).
+ignored for PD transfers: the sim always uses ``tcp``. Timeouts accept fractional seconds
+(SGLang: integers). With ``--enable-hierarchical-cache --hicache-storage-backend mooncake``,
+HiCache's ``MOONCAKE_MASTER``, ``MOONCAKE_TE_META_DATA_SERVER``, ``MOONCAKE_PROTOCOL``,
+``MOONCAKE_DEVICE``, ``MOONCAKE_LOCAL_HOSTNAME`` and ``MOONCAKE_GLOBAL_SEGMENT_SIZE`` set up the
+real Mooncake Store client of the prefix cache's L3 (kit/sim/prefix.py).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kit.perf.gpus import DEFAULT_GPU
+from kit.sim.prefix import PoolSettings
 
 SPEED_ENV = "PDKIT_SIM_SPEED"
 
@@ -93,6 +98,8 @@ class SimSettings:
     transfer_threads: int = TRANSFER_THREADS
     host_ip: str | None = None
     fault: str | None = None
+    kv_pool: PoolSettings | None = None
+    """The Mooncake Store client settings (MOONCAKE_*) HiCache's mooncake backend reads."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SimSettings:
@@ -111,7 +118,13 @@ class SimSettings:
                 f"PDKIT_SIM_FAULT={env['PDKIT_SIM_FAULT']!r} is not a fault; use one of "
                 f"{', '.join(FAULTS)} (or leave it unset)"
             )
+        host_ip = env.get("SGLANG_HOST_IP") or None
+        try:
+            pool = PoolSettings.from_env(dict(env), host_ip or "localhost")
+        except ValueError as exc:
+            raise SettingsError(f"MOONCAKE_GLOBAL_SEGMENT_SIZE: {exc}") from exc
         return cls(
+            kv_pool=pool,
             gpu=env.get("PDKIT_SIM_GPU") or DEFAULT_GPU,
             load_seconds=_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
             speed=speed_from_env(env),

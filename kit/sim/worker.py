@@ -223,6 +223,7 @@ async def _run_rank0(
     engine = Engine(args, settings, RealClock(loop, settings.speed))
     host_ip = advertised_ip(args.host, settings.host_ip)
     engine.start_transfer_engine(host_ip)
+    engine.start_kv_pool()
     api = Api(engine)
     runners: list[web.AppRunner] = []
     try:

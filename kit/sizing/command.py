@@ -18,6 +18,7 @@ from kit.perf.timing import Efficiency
 from kit.perf.workload import WorkloadSpec
 from kit.sizing import calibration, emit, report
 from kit.sizing.plot import pareto_figure
+from kit.sizing.prefix import prefix_lines, prefix_report
 from kit.sizing.problem import (
     SizingError,
     SizingProblem,
@@ -58,6 +59,8 @@ class SizeArgs:
     robustness: bool = True
     calibrate: Path | None = None
     use_calibration: bool = True
+    prefix_share: float = 0.0
+    prefix_groups: int = 0
 
 
 def run(args: SizeArgs, console: Console) -> None:
@@ -80,15 +83,20 @@ def run(args: SizeArgs, console: Console) -> None:
         files["topology"] = str(_emit(args.emit, result, chosen, variants, note))
     if args.out is not None:
         files.update(_write_out(args.out, result, chosen, variants, note))
+    prefix = (
+        prefix_report(problem, chosen, args.prefix_share, args.prefix_groups)
+        if chosen is not None
+        else None
+    )
     if args.as_json:
-        print(
-            json.dumps(
-                report.result_json(result, _efficiency_json(problem, note), variants, files),
-                indent=2,
-            )
-        )
+        data = report.result_json(result, _efficiency_json(problem, note), variants, files)
+        if prefix is not None:
+            data["prefix_caching"] = prefix
+        print(json.dumps(data, indent=2))
         return
     _print(console, result, variants, files, args.top)
+    for line in prefix_lines(prefix) if prefix is not None else []:
+        console.print(line, markup=False, highlight=False)
 
 
 def build_problem(args: SizeArgs) -> tuple[SizingProblem, str]:
@@ -97,6 +105,10 @@ def build_problem(args: SizeArgs) -> tuple[SizingProblem, str]:
         raise SizingError("--requests must be at least 1.")
     if args.top < 1:
         raise SizingError("--top must be at least 1.")
+    if not 0 <= args.prefix_share < 1 or (args.prefix_share > 0 and args.prefix_groups < 1):
+        raise SizingError(
+            "--prefix-share must be in [0, 1) and needs --prefix-groups N (N >= 1 groups)."
+        )
     if args.topology is not None:
         if args.gpus is not None:
             raise SizingError(

@@ -5,7 +5,8 @@ no later stage (deploy, the playbooks, observe) formats a name or a path again.
 
 Names: instance ``<role>-<index>`` (``prefill-0``); process: the instance name, or
 ``<instance>-node<rank>`` for each node of a multi-node instance (``decode-1-node1``); the
-router is ``router``, Prometheus (``monitoring:``) ``prometheus``. systemd unit:
+router is ``router``, Prometheus (``monitoring:``) ``prometheus``, the KV pool's master
+(``kv_pool:``) ``kv-pool``. systemd unit:
 ``pdkit-<deployment>-<process>.service``.
 
 Host: everything lives under the host's root prefix (``root:`` in the topology, default ``/``).
@@ -50,6 +51,7 @@ MAX_SOCKET_PATH = 100
 
 ROUTER_PROCESS = "router"
 MONITORING_PROCESS = "prometheus"
+KV_POOL_PROCESS = "kv-pool"
 
 
 def instance_name(role: str, index: int) -> str:
@@ -64,8 +66,10 @@ def process_name(instance: str, node_rank: int, nnodes: int) -> str:
 
 UNIT_PREFIX = "pdkit-"
 UNIT_SUFFIX = ".service"
-PROCESS_PATTERN = rf"({ROUTER_PROCESS}|{MONITORING_PROCESS}|(prefill|decode)-[0-9]+(-node[0-9]+)?)"
-"""Every process name `process_name` can give (and the router's and Prometheus')."""
+_SERVICES = f"{ROUTER_PROCESS}|{MONITORING_PROCESS}|{KV_POOL_PROCESS}"
+PROCESS_PATTERN = rf"({_SERVICES}|(prefill|decode)-[0-9]+(-node[0-9]+)?)"
+"""Every process name `process_name` can give (and the router's, Prometheus' and the KV
+pool master's)."""
 
 
 def service_name(deployment: str, process: str) -> str:

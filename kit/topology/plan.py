@@ -256,6 +256,36 @@ class MonitoringProcess(Frozen):
         return http_url(self.address, self.port)
 
 
+class KvPoolProcess(Frozen):
+    """The KV cache pool's master (Mooncake Store, topology `kv_pool:`), with its HTTP
+    metadata server embedded unless the topology names one elsewhere."""
+
+    name: str
+    host: str
+    address: str
+    bind: str
+    rpc_port: int
+    metrics_port: int = Field(description="HTTP port of /metrics and /health.")
+    metadata_port: int | None = Field(
+        description="Port of the embedded HTTP metadata server (None: one elsewhere)."
+    )
+    master_address: str = Field(description="host:port clients reach the master at.")
+    metadata_url: str = Field(description="The metadata server clients use.")
+    protocol: str = Field(description="tcp or rdma (MOONCAKE_PROTOCOL of the clients).")
+    page_size: int = Field(description="Tokens per KV page the workers store.")
+    clients: tuple[str, ...] = Field(description="Processes that use the pool.")
+    capacity_bytes: int = Field(description="DRAM the clients give the pool, all together.")
+    unit: str = Field(description="systemd unit name (systemd hosts).")
+    log_path: str = Field(description="Log file on the host (absolute).")
+    command: Command
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        """The master's HTTP base URL (/health, /metrics)."""
+        return http_url(self.address, self.metrics_port)
+
+
 class ModelPlan(Frozen):
     path: str
     served_name: str
@@ -276,6 +306,7 @@ class Plan(Frozen):
     router: RouterProcess
     slo: SLO
     monitoring: MonitoringProcess | None = None
+    kv_pool: KvPoolProcess | None = None
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
@@ -293,14 +324,20 @@ class Plan(Frozen):
 
     @property
     def process_names(self) -> tuple[str, ...]:
-        """Every process: workers in start order, the router, then Prometheus (if any)."""
+        """Every process: the KV pool's master (if any), workers in start order, the router,
+        then Prometheus (if any)."""
         extra = (self.monitoring.name,) if self.monitoring else ()
-        return (*(w.name for w in self.workers), self.router.name, *extra)
+        pool = (self.kv_pool.name,) if self.kv_pool else ()
+        return (*pool, *(w.name for w in self.workers), self.router.name, *extra)
 
-    def process(self, name: str) -> WorkerProcess | RouterProcess | MonitoringProcess:
+    def process(
+        self, name: str
+    ) -> WorkerProcess | RouterProcess | MonitoringProcess | KvPoolProcess:
         """The process called `name` (KeyError if none)."""
         if name == self.router.name:
             return self.router
+        if self.kv_pool is not None and name == self.kv_pool.name:
+            return self.kv_pool
         if self.monitoring is not None and name == self.monitoring.name:
             return self.monitoring
         for worker in self.workers:

@@ -18,6 +18,10 @@ DECODE_KV_EVENTS = 5657
 ROUTER = 8000
 ROUTER_METRICS = 29000
 PROMETHEUS = 9090
+# Mooncake Store master (mooncake_master defaults): RPC, metrics/health, embedded metadata.
+KV_POOL_RPC = 50051
+KV_POOL_METRICS = 9003
+KV_POOL_METADATA = 8080
 # Mooncake transfer engine RPC range (MC_MIN_RPC_PORT .. MC_MAX_RPC_PORT defaults).
 MOONCAKE_RPC = range(15000, 17001)
 

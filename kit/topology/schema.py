@@ -447,6 +447,132 @@ class Monitoring(Strict):
     )
 
 
+KvPoolProtocol = Literal["rdma", "tcp"]
+HiCacheLayout = Literal["page_first", "page_first_direct", "layer_first"]
+HiCacheIoBackend = Literal["kernel", "direct"]
+HiCacheWritePolicy = Literal["write_through", "write_through_selective", "write_back"]
+HiCachePrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
+
+
+class KvPoolRoles(Strict):
+    """Which workers use the pool."""
+
+    prefill: bool = Field(
+        True,
+        description="Prefills use the pool as HiCache's L3 (--enable-hierarchical-cache "
+        "--hicache-storage-backend mooncake): a prefix one prefill computed is loaded by any.",
+    )
+    decode_offload: bool = Field(
+        False,
+        description="Decodes also write the KV of finished requests to the pool "
+        "(--disaggregation-decode-enable-offload-kvcache), so a later turn's prefill finds it.",
+    )
+
+
+class KvPool(Strict):
+    """A KV cache pool in the cluster's DRAM: Mooncake Store, used by SGLang's HiCache as its
+    L3. `pdkit up` starts the store's master (`mooncake_master` from the Mooncake wheel, with its
+    HTTP metadata server embedded) before the workers and stops it after them; each worker that
+    uses the pool gives it `segment_gb` of its host's DRAM (its global segment) and gets the
+    HiCache flags and the MOONCAKE_* environment. `kv_pool: {}` turns it on with these
+    defaults. See docs/kvpool.md."""
+
+    host: str | None = Field(None, description="Host to run the master on; default: the router's.")
+    bind: str = Field("0.0.0.0", description="Address the master's ports bind.")
+    rpc_port: int = Field(
+        ports.KV_POOL_RPC, ge=1, le=65535, description="The master's RPC port (MOONCAKE_MASTER)."
+    )
+    metrics_port: int = Field(
+        ports.KV_POOL_METRICS,
+        ge=1,
+        le=65535,
+        description="The master's HTTP port for /metrics and /health (readiness, status, "
+        "Prometheus).",
+    )
+    metadata_server: str = Field(
+        "embedded",
+        description="Where the store's clients publish their segments: `embedded` (the "
+        "master's own HTTP metadata server on metadata_port), or the URL of one that runs "
+        "elsewhere (http://host:port/metadata), which pdkit does not deploy.",
+    )
+    metadata_port: int = Field(
+        ports.KV_POOL_METADATA,
+        ge=1,
+        le=65535,
+        description="Port of the embedded HTTP metadata server (metadata_server: embedded).",
+    )
+    segment_gb: float = Field(
+        4.0,
+        ge=0,
+        description="DRAM each host gives the pool, GiB (split evenly among the processes "
+        "there that use it: each one's MOONCAKE_GLOBAL_SEGMENT_SIZE). 0: clients only, the "
+        "pool then lives on the hosts in host_segment_gb.",
+    )
+    host_segment_gb: dict[str, float] = Field(
+        default_factory=dict,
+        description="Host name -> DRAM it gives the pool, GiB, where it differs from segment_gb.",
+    )
+    protocol: KvPoolProtocol = Field(
+        "rdma",
+        description="How pages move between a worker and the pool (MOONCAKE_PROTOCOL): rdma "
+        "(the hosts' RDMA devices) or tcp.",
+    )
+    devices: tuple[str, ...] = Field(
+        (),
+        description="RDMA devices the store's transfer engine uses (MOONCAKE_DEVICE); default: "
+        "each host's rdma_devices.",
+    )
+    eviction_high_watermark: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of the pool in use at which the master evicts "
+        "(--eviction_high_watermark_ratio).",
+    )
+    eviction_ratio: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Share of the objects evicted each time (--eviction_ratio).",
+    )
+    roles: KvPoolRoles = Field(
+        default_factory=KvPoolRoles, description="Which workers use the pool."
+    )
+    page_size: int = Field(
+        64,
+        ge=1,
+        description="Tokens per KV page (--page-size on every worker: prefill and decode must "
+        "agree, and the pool stores whole pages).",
+    )
+    mem_layout: HiCacheLayout = Field(
+        "page_first",
+        description="Host memory layout of HiCache's L2 (--hicache-mem-layout): page_first "
+        "with io_backend kernel, page_first_direct with direct. Mooncake refuses layer_first "
+        "for MHA models.",
+    )
+    io_backend: HiCacheIoBackend = Field(
+        "kernel",
+        description="How pages move between GPU and host memory (--hicache-io-backend).",
+    )
+    write_policy: HiCacheWritePolicy = Field(
+        "write_through",
+        description="When pages reach the pool (--hicache-write-policy): write_through (as "
+        "soon as computed, so another prefill finds them), write_through_selective (pages hit "
+        "more than once), write_back (only on eviction from host memory).",
+    )
+    prefetch_policy: HiCachePrefetchPolicy = Field(
+        "timeout",
+        description="When a prefetch from the pool stops (--hicache-storage-prefetch-policy): "
+        "best_effort, wait_complete, or timeout.",
+    )
+    host_ratio: float = Field(
+        2.0,
+        gt=0,
+        description="HiCache's L2 (host memory) size as a multiple of the GPU KV pool "
+        "(--hicache-ratio); at or below 1 SGLang warns that the L2 adds little.",
+    )
+
+
 class SLO(Strict):
     """Service level objective, used by status and bench."""
 
@@ -481,6 +607,11 @@ class Topology(Strict):
     slo: SLO = Field(default_factory=SLO, description="Latency targets for status and bench.")
     monitoring: Monitoring | None = Field(
         None, description="Prometheus scraping the deployment (off unless set; `{}`: defaults)."
+    )
+    kv_pool: KvPool | None = Field(
+        None,
+        description="A KV cache pool in the cluster's DRAM (Mooncake Store as HiCache's L3; "
+        "off unless set; `{}`: defaults).",
     )
 
     def host(self, name: str) -> Host:

@@ -13,6 +13,7 @@ from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
 from kit.topology.cpu_hosts import cpu_host_problems
+from kit.topology.kvpool import kv_pool_host, kv_pool_problems
 from kit.topology.listeners import process_ports
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
@@ -25,6 +26,7 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
     placement when the caller has it already (else it is placed here)."""
     problems = [*_references(topology), *_nics(topology), *_router(topology)]
     problems += _monitoring(topology)
+    problems += kv_pool_problems(topology)
     problems += timeout_env_problems(topology)
     placed = placed or placement(topology)
     problems += placed.problems
@@ -211,6 +213,17 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
     monitoring_host = _monitoring_host(topology)
     if topology.monitoring is not None and monitoring_host is not None:
         claim(monitoring_host, topology.monitoring.port, "Prometheus", ("monitoring", "port"))
+    pool, pool_host = topology.kv_pool, kv_pool_host(topology)
+    if pool is not None and pool_host is not None:
+        claim(pool_host, pool.rpc_port, "the KV pool master", ("kv_pool", "rpc_port"))
+        claim(pool_host, pool.metrics_port, "the KV pool metrics", ("kv_pool", "metrics_port"))
+        if pool.metadata_server == "embedded":
+            claim(
+                pool_host,
+                pool.metadata_port,
+                "the KV pool metadata server",
+                ("kv_pool", "metadata_port"),
+            )
     return problems
 
 

@@ -200,6 +200,36 @@ def request_json(
         return status, text
 
 
+def start_router(
+    argv: Sequence[str], log_path: Path, url: str, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """``python -m kit.lb ARGV`` logging to `log_path`, once `url`/readiness answers 200; a
+    router that exits or is not ready in time is killed (its `poll()` is then not None)."""
+    repo = Path(__file__).resolve().parents[2]
+    with log_path.open("wb") as log:  # a file: a pipe nobody reads would fill and block
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kit.lb", *argv],
+            cwd=repo,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _LIVE.add(proc)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url + "/readiness", timeout=2) as answer,
+        ):
+            if answer.status == 200:
+                return proc
+        if time.monotonic() > deadline:
+            _terminate(proc, grace_s=5.0)
+            break
+        time.sleep(0.05)
+    return proc
+
+
 class PdCluster:
     """One prefill and one decode sim worker behind ``python -m kit.lb``, every process stopped
     on exit; a context manager. `extra` is added to both workers' argv, `lb_args` to the
@@ -237,35 +267,18 @@ class PdCluster:
 
     def start(self) -> PdCluster:
         """Start everything and wait until the router is ready (RuntimeError with the logs)."""
-        repo = Path(__file__).resolve().parents[2]
         self.prefill.start()
         self.decode.start()
         self.prefill.wait_ready(self.timeout_s)
         self.decode.wait_ready(self.timeout_s)
         argv = ["--prefill", self.prefill.url, str(self.bootstrap_port), "--decode"]
         argv += [self.decode.url, "--host", "127.0.0.1", "--port", str(self.port)]
-        with self.lb_log.open("wb") as log:  # a file: a pipe nobody reads would fill and block
-            self.lb = subprocess.Popen(
-                [sys.executable, "-m", "kit.lb", *argv, *self.lb_args],
-                cwd=repo,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        _LIVE.add(self.lb)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/readiness", timeout=2) as answer,
-            ):
-                if answer.status == 200:
-                    return self
-            if self.lb.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                output = self.lb_log.read_text(errors="replace")
-                raise RuntimeError(f"the router did not get ready:\n{output[-3000:]}")
-            time.sleep(0.05)
+        self.lb = start_router([*argv, *self.lb_args], self.lb_log, self.url, self.timeout_s)
+        if self.lb.poll() is not None:
+            self.stop()
+            output = self.lb_log.read_text(errors="replace")
+            raise RuntimeError(f"the router did not get ready:\n{output[-3000:]}")
+        return self
 
     def stop(self) -> None:
         if self.lb is not None and self.lb.poll() is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
+from kit.sglang.hicache import POOL_KEYS, pool_args
 from kit.sglang.startup import v0_5_23
 from kit.sglang.startup.rules import LaunchValues, StartupRule
 from kit.topology.args import normalize_flag
@@ -70,6 +71,8 @@ def launch_values(
             ("model", "served_name") if model.served_name else ("model", "path"),
         ),
     }
+    for flag, value in pool_args(topology, role).items():
+        owned[flag] = (value, ("kv_pool", *POOL_KEYS.get(flag, ())))
     for flag, (value, key) in owned.items():
         values[flag] = value
         keys[flag] = key

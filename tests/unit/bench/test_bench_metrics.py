@@ -149,3 +149,22 @@ def test_a_search_whose_points_are_shorter_than_three_lifetimes_says_how_many_re
         text = short_points(result, spec, SLO_)
         assert bool(text) is warned
     assert "1.7 request lifetimes" in text and "--requests 176 " in text
+
+
+def test_cached_tokens_are_summed_by_source_when_the_answers_report_them():
+    from kit.bench.client import _cached  # noqa: PLC0415
+    from kit.bench.metrics import CacheSummary  # noqa: PLC0415
+    from kit.bench.records import RequestRecord  # noqa: PLC0415
+
+    records = [RequestRecord(i, 1.0, False, 1000, 8, ok=True, prompt_tokens=1000) for i in range(3)]
+    _cached(records[0], {"prompt_tokens_details": {"cached_tokens": 0}}, None)
+    ext = {"cached_tokens_details": {"device": 0, "host": 0, "storage": 960}}
+    _cached(records[1], {"prompt_tokens_details": {"cached_tokens": 960}}, ext)
+    _cached(records[2], {}, {"cached_tokens_details": {"device": 960, "host": 0}})
+    assert (records[1].cached_device, records[1].cached_storage) == (0, 960)
+    assert records[2].cached_tokens == 960  # from the details when usage has none
+    cache = CacheSummary.of(records)
+    assert cache is not None
+    assert (cache.cached_tokens, cache.storage_tokens, cache.device_tokens) == (1920, 960, 960)
+    assert cache.computed_tokens == 3000 - 1920 and cache.pool_hit_requests == 1
+    assert CacheSummary.of([RequestRecord(9, 1.0, False, 10, 1, ok=True)]) is None

@@ -1,0 +1,78 @@
+# pdkit plan 'local-kvpool': engine sim, SGLang 0.5.23, model meta-llama/Llama-3.1-8B-Instruct, transfer mooncake_tcp
+
+## host localhost (127.0.0.1)
+# kv-pool (Mooncake Store master): RPC :50051, metrics :9003, metadata :8080 (embedded); 2 clients over tcp give it 32 GiB; starts before the workers, stops after them
+python -m mooncake.cli \
+  --rpc_port=50051 \
+  --rpc_address=127.0.0.1 \
+  --metrics_port=9003 \
+  --metrics_host=127.0.0.1 \
+  --eviction_high_watermark_ratio=0.9 \
+  --eviction_ratio=0.05 \
+  --enable_http_metadata_server=true \
+  --http_metadata_server_host=127.0.0.1 \
+  --http_metadata_server_port=8080
+# prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998
+MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
+  --model-path meta-llama/Llama-3.1-8B-Instruct \
+  --served-model-name llama-3.1-8b \
+  --host 127.0.0.1 \
+  --port 30000 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8998 \
+  --disaggregation-transfer-backend mooncake_tcp \
+  --tp-size 1 \
+  --enable-cache-report \
+  --enable-hierarchical-cache \
+  --enable-metrics \
+  --hicache-io-backend kernel \
+  --hicache-mem-layout page_first \
+  --hicache-ratio 2.0 \
+  --hicache-storage-backend mooncake \
+  --hicache-storage-prefetch-policy timeout \
+  --hicache-write-policy write_through \
+  --page-size 16
+# prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999
+MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
+  --model-path meta-llama/Llama-3.1-8B-Instruct \
+  --served-model-name llama-3.1-8b \
+  --host 127.0.0.1 \
+  --port 30001 \
+  --disaggregation-mode prefill \
+  --disaggregation-bootstrap-port 8999 \
+  --disaggregation-transfer-backend mooncake_tcp \
+  --tp-size 1 \
+  --base-gpu-id 1 \
+  --enable-cache-report \
+  --enable-hierarchical-cache \
+  --enable-metrics \
+  --hicache-io-backend kernel \
+  --hicache-mem-layout page_first \
+  --hicache-ratio 2.0 \
+  --hicache-storage-backend mooncake \
+  --hicache-storage-prefetch-policy timeout \
+  --hicache-write-policy write_through \
+  --page-size 16
+# decode-0 (decode): GPUs 2, HTTP :30100
+PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
+  --model-path meta-llama/Llama-3.1-8B-Instruct \
+  --served-model-name llama-3.1-8b \
+  --host 127.0.0.1 \
+  --port 30100 \
+  --disaggregation-mode decode \
+  --disaggregation-transfer-backend mooncake_tcp \
+  --tp-size 1 \
+  --base-gpu-id 2 \
+  --enable-cache-report \
+  --enable-metrics \
+  --max-running-requests 256 \
+  --page-size 16
+# router (pdkit): :8000, policies prefill=prefix_affinity decode=least_inflight
+python -m kit.lb \
+  --prefill http://127.0.0.1:30000 8998 \
+  --prefill http://127.0.0.1:30001 8999 \
+  --decode http://127.0.0.1:30100 \
+  --host 127.0.0.1 \
+  --port 8000 \
+  --prefill-policy prefix_affinity \
+  --decode-policy least_inflight

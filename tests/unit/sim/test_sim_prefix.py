@@ -1,0 +1,32 @@
+"""The sim's prefix cache: page keys name whole prefixes, the local LRU keeps what fits."""
+
+from __future__ import annotations
+
+from kit.sim.prefix import LocalCache, PoolSettings, page_bytes, page_keys, parse_size
+
+
+def test_a_page_key_names_the_whole_prefix_up_to_its_page():
+    a = page_keys(list(range(40)), 16, "m")
+    b = page_keys([*range(16), 99, *range(17, 40)], 16, "m")
+    assert len(a) == 2  # the 8 tokens of the partial page are not cached
+    assert a[0] == b[0] and a[1] != b[1]
+    assert page_keys(list(range(40)), 16, "other")[0] != a[0]  # deployments stay apart
+
+
+def test_the_local_cache_matches_leading_pages_and_evicts_the_oldest():
+    cache = LocalCache(3)
+    cache.insert(["a", "b", "c"])
+    assert cache.match(["a", "b", "x", "c"]) == 2
+    cache.insert(["d"])  # c was used least recently
+    assert cache.match(["c"]) == 0 and cache.match(["a", "b", "d"]) == 3
+
+
+def test_pool_settings_come_from_the_mooncake_environment():
+    assert PoolSettings.from_env({}, "h") is None
+    env = {"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "4gb"}
+    settings = PoolSettings.from_env(env, "10.0.0.2")
+    assert settings is not None
+    assert (settings.local_hostname, settings.global_segment_bytes) == ("10.0.0.2", 4 << 30)
+    assert settings.protocol == "rdma"  # SGLang's default
+    assert parse_size("1048576") == 1 << 20
+    assert page_bytes("k", 10) == page_bytes("k", 10) != page_bytes("j", 10)
