@@ -13,17 +13,20 @@ from kit.perf.timing import pages
 
 
 class KvPool:
-    """Fixed pool of `total_pages` pages; O(pages) allocation from a free list."""
+    """Fixed pool of `total_pages` pages; allocation costs the pages taken, not the pool's size."""
 
     def __init__(self, total_pages: int, page_size: int) -> None:
         if total_pages < 1:
             raise ValueError("a KV pool needs at least one page")
         self.page_size = page_size
         self.total_pages = total_pages
-        # The free list is popped from its end, lowest index last-in: a fresh pool and every
-        # freed block hand their pages out again in ascending, contiguous order, which keeps
-        # a request's KV in few runs (few Mooncake writes, a short reservation message).
-        self._free = list(range(total_pages - 1, -1, -1))
+        # Freed pages are handed out again first, popped from the end of `_freed` (a freed
+        # block comes back in ascending, contiguous order), then pages never used, ascending
+        # from `_fresh`: a request's KV stays in few runs (few Mooncake writes, a short
+        # reservation message). The never-used pages are not listed: a big instance has
+        # millions of pages (a free list of them took GBs for an EP deployment's ranks).
+        self._freed: list[int] = []
+        self._fresh = 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -31,15 +34,15 @@ class KvPool:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return len(self._freed) + self.total_pages - self._fresh
 
     @property
     def free_tokens(self) -> int:
-        return len(self._free) * self.page_size
+        return self.free_pages * self.page_size
 
     @property
     def used_pages(self) -> int:
-        return self.total_pages - len(self._free)
+        return self.total_pages - self.free_pages
 
     def usage(self) -> float:
         """Fraction of pages in use (0..1)."""
@@ -50,17 +53,21 @@ class KvPool:
 
     def alloc(self, count: int) -> list[int] | None:
         """Take `count` pages, or None (and take nothing) when fewer are free."""
-        if count > len(self._free):
+        if count > self.free_pages:
             return None
         if count == 0:
             return []
-        taken = self._free[-count:]
-        del self._free[-count:]
+        reused = min(count, len(self._freed))
+        taken = self._freed[len(self._freed) - reused :]
+        del self._freed[len(self._freed) - reused :]
         taken.reverse()
+        fresh = count - reused
+        taken.extend(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
         return taken
 
     def free(self, page_ids: Sequence[int]) -> None:
-        self._free.extend(reversed(page_ids))
+        self._freed.extend(reversed(page_ids))
 
 
 def page_runs(page_ids: Sequence[int]) -> list[tuple[int, int]]:

@@ -31,6 +31,15 @@ def test_freed_blocks_come_back_as_contiguous_runs():
     assert len(page_runs(again)) <= 2  # not 60 single pages
 
 
+def test_a_pool_of_millions_of_pages_costs_what_it_hands_out():
+    pool = KvPool(50_000_000, 1)  # an EP instance's rank; a listed free list took GBs
+    first = pool.alloc(3)
+    assert first == [0, 1, 2] and pool.free_pages == 50_000_000 - 3
+    pool.free(first)
+    assert pool.alloc(5) == [0, 1, 2, 3, 4]  # the freed run first, then pages never used
+    assert pool.alloc(50_000_000) is None and pool.used_pages == 5
+
+
 def test_extents_cover_exactly_the_request_bytes():
     ext = extents(1000, 64, [0, 1, 5], 150)
     assert ext == [(1000, 128), (1000 + 5 * 64, 22)]
