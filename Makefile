@@ -74,7 +74,7 @@ typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
 
 test: deps
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra --durations=25
 
 test-unit: $(VENV)/.stamp
 	$(VENV)/bin/pytest -q -m "not e2e and not sglang"
