@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kit.sim import api_native, api_openai
+from kit.sim import api_native, api_openai, role_switch
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
 from kit.sim.errors import RequestRefused, Stage
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
@@ -81,6 +81,9 @@ class Api:
         args = engine.args
         self.keys = (args.api_key, args.admin_api_key)
         self._live: dict[int, RequestState] = {}
+        self.on_role_switch: Callable[[str], None] | None = None
+        """Called with the new role after a switch (the worker registers a new prefill's
+        ranks with its bootstrap server)."""
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024**2)
@@ -104,6 +107,7 @@ class Api:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/abort_request", self.abort_request)
+        r.add_post("/pd_role_switch", self.pd_role_switch)
         return app
 
     # -- middleware ------------------------------------------------------------------------
@@ -136,6 +140,21 @@ class Api:
             if scheme.lower() != "bearer" or not secrets.compare_digest(token, expected or ""):
                 return _json({"error": "Unauthorized"}, 401)
         return await handler(request)
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def pd_role_switch(self, request: web.Request) -> web.Response:
+        """SGLang's runtime role switch (`kit.sim.role_switch`)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        status, data = role_switch.switch(self.engine, body)
+        if data["success"] and data["message"] == "ok":
+            self.metrics.rebase()
+            if self.on_role_switch is not None:
+                self.on_role_switch(data["new_role"])
+        return _json(data, status)
 
     # -- health and info -------------------------------------------------------------------
 
