@@ -110,7 +110,8 @@ class RoleSwitcher:
         return RouterAdmin(router.kind, router.url, router_key(self.ctx), self.drain_timeout)
 
     def move(self, current: Split, target: Split) -> list[Switched]:
-        """Switch |target - current| instances (the last ones of the giving role)."""
+        """Switch |target - current| instances of the giving role: those serving outside their
+        Plan role first (a switch back), then the last ones."""
         with deployment_lock(self.ctx):
             return asyncio.run(self._move(current, target))
 
@@ -125,10 +126,18 @@ class RoleSwitcher:
             routed = await admin.workers()
             roles = current_roles(plan, routed)
             every = {i.name: i for role in ("prefill", "decode") for i in instances(plan, role)}
-            givers = [every[n] for n, r in sorted(roles.items(), reverse=True) if r == giver]
+            # Instances serving outside their Plan role go back first, then the last ones.
+            named = sorted((n for n, r in roles.items() if r == giver), reverse=True)
+            named.sort(key=lambda n: every[n].role == giver)
+            givers = [every[n] for n in named]
             for instance in givers[:count]:
                 done.append(await self._one(admin, instance, giver, taker))
         return done
+
+    async def _graphs(self, admin: RouterAdmin) -> dict[str, Any]:
+        routed = await admin.workers()
+        decodes = [r.url for r in routed.values() if r.role == "decode" and r.routed]
+        return await decode_graphs(decodes)
 
     async def _one(
         self,
@@ -143,7 +152,7 @@ class RoleSwitcher:
         await admin.remove(url)
         drain_s = time.monotonic() - began
         began = time.monotonic()
-        answer = await _post_switch(url, new)
+        answer = await _post_switch(url, new, await self._graphs(admin) if new == "decode" else {})
         switch_s = time.monotonic() - began
         if not answer.get("success"):
             message = str(answer.get("message") or answer)
@@ -193,13 +202,13 @@ class RoleSwitcher:
         return Switched(instance.name, old, new, drain_s, switch_s, gate_s, join_s)
 
 
-async def _post_switch(url: str, role: str) -> dict[str, Any]:
+async def _post_switch(url: str, role: str, graphs: dict[str, Any]) -> dict[str, Any]:
     try:
         async with (
             aiohttp.ClientSession() as session,
             session.post(
                 f"{url}/pd_role_switch",
-                json={"new_role": role},
+                json={"new_role": role, **graphs},
                 timeout=aiohttp.ClientTimeout(total=SWITCH_TIMEOUT_S),
             ) as response,
         ):
@@ -221,6 +230,23 @@ async def _post_switch(url: str, role: str) -> dict[str, Any]:
         data["success"] = False
         data["safe_to_restore"] = True
     return data
+
+
+GRAPH_FIELDS = ("decode_cuda_graph_bs", "decode_cuda_graph_memory_gb")
+"""What SGLang's /server_info reports per DP rank of a decode (internal_states) and its role
+switch takes on a flip to decode: the graphs to capture and the memory they took on a peer."""
+
+
+async def decode_graphs(urls: list[str]) -> dict[str, Any]:
+    """The decode CUDA-graph fields of the first decode in `urls` that reports them ({} when
+    none does: SGLang then refuses a flip that needs them, and says so)."""
+    async with Prober(timeout=10.0, concurrency=4) as prober:
+        for url in urls:
+            states = (await prober.get(f"{url}/server_info")).json() or {}
+            for state in states.get("internal_states") or []:
+                if isinstance(state, dict) and all(k in state for k in GRAPH_FIELDS):
+                    return {k: state[k] for k in GRAPH_FIELDS}
+    return {}
 
 
 async def _wait_health(prober: Prober, url: str) -> None:

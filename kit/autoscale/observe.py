@@ -116,7 +116,7 @@ def interval(
     if now.router is not None and before.router is not None:
         requests = (
             increase(
-                now.router.first_total(names.requests), before.router.first_total(names.requests)
+                _requests(now.router, names.requests), _requests(before.router, names.requests)
             )
             or 0.0
         )

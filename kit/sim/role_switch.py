@@ -15,9 +15,15 @@ that order:
     already in the role                 success, "already in target role"
     not idle                            "instance is not idle; drain all requests before
                                         switching" (safe to restore)
+    to decode without decode_cuda_graph_memory_gb
+                                        "decode_cuda_graph_memory_gb is required before
+                                        capturing decode graphs" (no decode graphs captured:
+                                        the sim captures none, as SGLang on a prefill; a
+                                        router reads the footprint from a decode peer's
+                                        /server_info internal_states); a negative one
+                                        "... must be non-negative"
 Then the role flips: the engine's schedulers are rebuilt for the new role (the KV pool and the
-launch values kept), answer "ok". SGLang's CUDA-graph headroom check on a flip to decode
-(`decode_cuda_graph_memory_gb`) has no counterpart: the sim captures no graphs.
+launch values kept), answer "ok". The GPU headroom behind the footprint is never short here.
 """
 
 from __future__ import annotations
@@ -73,5 +79,21 @@ def switch(engine: Engine, body: Any) -> tuple[int, dict[str, Any]]:
         return 400, answer(
             False, "instance is not idle; drain all requests before switching", old, new, True
         )
+    if new == "decode":
+        # No decode CUDA graphs were captured (the sim captures none, as SGLang on a prefill
+        # or on the CPU): SGLang wants the footprint measured on a decode peer first.
+        required = body.get("decode_cuda_graph_memory_gb")
+        if required is None:
+            return 400, answer(
+                False,
+                "decode_cuda_graph_memory_gb is required before capturing decode graphs",
+                old,
+                new,
+                True,
+            )
+        if not isinstance(required, int | float) or required < 0:
+            return 400, answer(
+                False, "decode_cuda_graph_memory_gb must be non-negative", old, new, True
+            )
     engine.switch_role(new)
     return 200, answer(True, "ok", old, new)

@@ -224,7 +224,7 @@ class Api:
 
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
-        states = [
+        states: list[dict[str, Any]] = [
             {
                 "dp_rank": i,
                 "max_total_num_tokens": r.pool.capacity_tokens,
@@ -236,6 +236,11 @@ class Api:
                 "num_queue_reqs": r.num_queued(),
                 "token_usage": round(r.pool.usage(), 4),
                 "last_gen_throughput": round(e.gen_throughput() / len(e.ranks), 3),
+                # What a role-switching router feeds back as PdRoleSwitchReqInput (SGLang's
+                # internal_state._add_disaggregation); the sim captures no CUDA graphs.
+                "disaggregation_mode": e.mode.value,
+                "decode_cuda_graph_bs": [],
+                "decode_cuda_graph_memory_gb": 0.0,
             }
             for i, r in enumerate(e.ranks)
         ]
