@@ -213,11 +213,18 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
             "instance serves",
             error,
         )
-    if inputs.observed is None or inputs.forecast is None or inputs.requests < limits.min_requests:
+    if inputs.requests < limits.min_requests:
         return _hold(
             inputs,
             f"{inputs.requests} request(s) finished in the interval, fewer than min_requests "
             f"{limits.min_requests}: too few to judge the workload",
+            error,
+        )
+    if inputs.observed is None or inputs.forecast is None:
+        return _hold(
+            inputs,
+            f"{inputs.requests} request(s) finished but the workers' metrics do not show their "
+            "lengths (a /metrics unanswered, or --enable-metrics missing)",
             error,
         )
     if memory.mispredicted >= limits.mispredicted_intervals:

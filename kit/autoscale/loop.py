@@ -135,6 +135,12 @@ class Autoscaler:
         router_metrics = metrics(answers.router.metrics.body, answers.router.metrics.ok)
         return Scrape(at, router_metrics, workers), routed
 
+    async def _roles(self) -> dict[str, str]:
+        """The role each instance serves now (after a move)."""
+        router = self.plan.router
+        async with RouterAdmin(router.kind, router.url, router_key(self.ctx), 5.0) as admin:
+            return current_roles(self.plan, await admin.workers())
+
     def in_flight(self) -> str | None:
         """What change runs now: the deployment lock's holder (see the module doc)."""
         lock = self.ctx.state_dir / "lock"
@@ -191,6 +197,8 @@ class Autoscaler:
         applied = None
         if decision.action == "move":
             applied = "dry run: not applied" if self.options.dry_run else self._apply(decision)
+            if not self.options.dry_run:
+                roles = asyncio.run(self._roles())
         rec = records.DecisionRecord.of(
             decision,
             at=time.time(),

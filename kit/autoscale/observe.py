@@ -81,9 +81,11 @@ class Interval:
 
 
 def _grown(now: MetricSet | None, before: MetricSet | None, name: str) -> float:
+    """A counter's increase; one that first appears in the interval counts from zero (a
+    labelled counter has no series before its first request)."""
     if now is None or before is None:
         return 0.0
-    return increase(now.total(name), before.total(name)) or 0.0
+    return increase(now.total(name), before.total(name) or 0.0) or 0.0
 
 
 def _hist(
@@ -116,7 +118,8 @@ def interval(
     if now.router is not None and before.router is not None:
         requests = (
             increase(
-                _requests(now.router, names.requests), _requests(before.router, names.requests)
+                _requests(now.router, names.requests),
+                _requests(before.router, names.requests) or 0.0,
             )
             or 0.0
         )

@@ -104,3 +104,15 @@ def test_the_metrics_export_the_decision(tmp_path):
     assert metrics.total("pdkit_autoscale_action", action="move") == 1
     assert metrics.total("pdkit_autoscale_efficiency", factor="compute") == 0.5
     assert metrics.total("pdkit_autoscale_forecast", what="rate") == 4.2
+
+
+def test_counters_that_first_appear_in_the_interval_count_from_zero():
+    # Before the first request a labelled counter has no series at all.
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    empty = Scrape(
+        0, parse_metrics(""), {"prefill-0": parse_metrics(""), "decode-0": parse_metrics("")}
+    )
+    now = scrape(5, 20, 0, {"prefill-0": (20, 4000, 20), "decode-0": (20, 0, 200)})
+    seen = interval(empty, now, roles, "pdkit", SLO())
+    assert seen.requests == 20
+    assert seen.mix == Mix(4.0, 200, 10)
