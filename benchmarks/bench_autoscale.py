@@ -163,6 +163,7 @@ def serve(topology: Path, ctx: DeployContext, run: Run, phase_s: float, out: Pat
     log = out / f"{run.name}-autoscale.log"
     if run.autoscale:
         env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+        env[API_KEY_ENV] = API_KEY
         with log.open("w") as handle:
             scaler = subprocess.Popen(
                 [
@@ -180,6 +181,8 @@ def serve(topology: Path, ctx: DeployContext, run: Run, phase_s: float, out: Pat
             )
     try:
         for name, rate, prompt, output in PHASES:
+            if scaler is not None and scaler.poll() is not None:
+                raise RuntimeError(f"pdkit autoscale exited: {log.read_text()[-2000:]}")
             folder = out / f"{run.name}-{name}"
             offset = time.monotonic() - began
             args = ["bench", str(topology), "--rate", str(rate), "--duration", str(phase_s)]

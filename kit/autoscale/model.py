@@ -38,7 +38,7 @@ from kit.sizing.calibration import (
     mape,
     with_efficiency,
 )
-from kit.sizing.capacity import GROUP_PROBE, decode_rate, prefill_estimate, prefill_slo
+from kit.sizing.capacity import decode_rate, prefill_group
 from kit.sizing.measure import Meter, SteadyWorkload
 from kit.sizing.problem import SizingProblem
 from kit.sizing.search import ROUGH
@@ -130,17 +130,9 @@ class PoolModel:
             tolerance,
             growth,
         )
-        prefill = self._config(self.prefill)
-        slo = prefill_slo(problem, prefill)
-        single = meter.goodput(
-            Cluster(prefill=Instances(prefill)), prefill_estimate(problem, prefill), slo=slo
-        ).rate
-        group = meter.goodput(
-            Cluster(prefill=Instances(prefill, GROUP_PROBE)), single * GROUP_PROBE, slo=slo
-        ).rate
-        limit = max((group - single) / (GROUP_PROBE - 1), single)
+        group = prefill_group(problem, self._config(self.prefill), meter)
         decode = decode_rate(problem, self._config(self.decode))
-        found = (single, limit, decode)
+        found = (group.single, group.limit, decode)
         self._capacities[key] = found
         return found
 
