@@ -253,6 +253,13 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
         return _hold(inputs, "no prediction for the current split", error)
     here = inputs.goodput[current]
     best_goodput, best = max(rated, key=lambda pair: (pair[0], pair[1] == current))
+    if best_goodput <= 0:
+        return _hold(
+            inputs,
+            f"no allowed split meets the SLO by the model for {inputs.forecast.describe()}: "
+            "nothing to gain by moving",
+            error,
+        )
     if best == current:
         return _hold(
             inputs,

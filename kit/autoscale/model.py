@@ -13,8 +13,12 @@ turn, minimising the squared log error of the latencies it governs, compute for 
 for TPOT), to the interval's observed P50/P90 TTFT and TPOT. The requests replayed are the
 interval's as far as the metrics tell them: Poisson arrivals at the observed rate with the
 observed mean lengths, on the current split. The fit is skipped when the model is within
-`FIT_TOLERANCE` already, and an interval where fewer than half the requests met the SLO is not
-fitted (as calibration skips overloaded points: a queue says more about the load than the GPUs).
+`FIT_TOLERANCE` already; a factor is left alone when, at kit/perf's sourced factors, the model
+explains less than `MIN_EXPLAINED` of its latencies (the rest is overhead it does not model:
+128-token prompts' TTFT is mostly HTTP and router time, and fitting it as slow GPUs would
+make every long prefill look slow); and an interval where fewer than half the requests met
+the SLO is not fitted (as calibration skips overloaded points: a queue says more about the load
+than the GPUs).
 
 Rates are wall requests/s; the model runs at full speed under the SLO scaled by the sim's
 `PDKIT_SIM_SPEED` (`kit.bench.predict`).
@@ -46,6 +50,9 @@ from kit.topology.schema import SLO, Topology
 
 FIT_TOLERANCE = 0.1
 """Mean error of the four latencies (0.1: 10%) below which the factors are left as they are."""
+MIN_EXPLAINED = 0.25
+"""Least share of an observed latency the model must explain at its sourced factors for the
+factor behind it to be fitted (see `PoolModel.correct`)."""
 REPLAY_REQUESTS = 120
 """Most requests replayed per fit evaluation (the interval's count when fewer)."""
 MIX_ROUNDING = 0.05
@@ -191,8 +198,20 @@ class PoolModel:
                 cache[key] = self.replay(split, mix, count, efficiency)
             return cache[key]
 
+        # The latency the GPUs explain at kit/perf's own factors: where that is a small share
+        # of what was seen, the rest is what the roofline does not model (HTTP hops, the
+        # router, Mooncake handshakes), and fitting it into an efficiency would misjudge
+        # longer requests (short prompts' TTFT would make every long prefill look slow).
+        sourced = predicted(Efficiency())
         current = start
         for factor, metrics in FITS.items():
+            explained = [
+                getattr(sourced, m) / getattr(observed.latencies, m)
+                for m in metrics
+                if getattr(observed.latencies, m) > 0
+            ]
+            if not explained or min(explained) < MIN_EXPLAINED:
+                continue
             fixed = current
 
             def loss(

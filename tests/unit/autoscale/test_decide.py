@@ -190,3 +190,10 @@ def test_the_limits_come_from_the_topology():
     assert (limits.prefill_min, limits.prefill_max) == (1, 2)
     assert (limits.decode_min, limits.decode_max) == (2, 3)
     assert limits.cooldown_s == 5 and limits.max_step == 2
+
+
+def test_when_no_split_meets_the_slo_it_holds_and_says_so():
+    rated = dict.fromkeys(candidates(LIMITS, Split(3, 3)), 0.0)
+    decision, _ = decide(LIMITS, Memory(), inputs(Split(3, 3), Split(3, 3), goodput=rated))
+    assert decision.action == "hold"
+    assert "no allowed split meets the SLO by the model" in decision.reason

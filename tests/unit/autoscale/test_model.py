@@ -58,3 +58,18 @@ def test_an_overloaded_interval_is_not_fitted(model):
     slow = fresh.replay(Split(3, 3), mix, 80, Efficiency(compute=0.3, memory=0.7))
     corrected = fresh.correct(Split(3, 3), mix, Observed(slow, 0.2, 80))
     assert not corrected.fitted and fresh.efficiency == Efficiency()
+
+
+def test_latency_the_gpus_do_not_explain_is_not_fitted_into_their_efficiency(model):
+    """Short prompts: the TTFT a deployment shows is mostly HTTP and router time; taking it for
+    slow GPUs would make every long prefill look slow."""
+    fresh = replace(model, efficiency=Efficiency(), _capacities={})
+    mix = Mix(20, 128, 64)
+    modelled = fresh.replay(Split(3, 3), mix, 80, Efficiency())
+    overhead = replace(
+        modelled,
+        p50_ttft_ms=modelled.p50_ttft_ms * 10,
+        p90_ttft_ms=modelled.p90_ttft_ms * 10,
+    )
+    fresh.correct(Split(3, 3), mix, Observed(overhead, 1.0, 80))
+    assert fresh.efficiency.compute == Efficiency().compute
