@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -87,9 +88,35 @@ class Run:
     moves: list[str] = field(default_factory=list)
 
 
+def free_block(size: int, taken: set[int]) -> int:
+    """The first of `size` consecutive free ports (every instance of a role takes the next)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        block = set(range(base, base + size))
+        if base + size < 65536 and not block & taken and all(_free(p) for p in block):
+            taken |= block
+            return base
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def deploy(folder: Path) -> tuple[Path, dict[str, Any]]:
     name = f"bench-auto-{uuid.uuid4().hex[:6]}"
     topology, data = write_topology(folder, name)
+    # Any instance may serve either role: each role's ports, and the bootstrap ports every
+    # switchable instance takes, are blocks of the pool's size.
+    taken = {data["router"]["port"]}
+    for role, key in (("prefill", "port"), ("prefill", "bootstrap_port"), ("decode", "port")):
+        data[role][key] = free_block(POOL, taken)
     data["hosts"][0]["gpus"] = POOL
     data["prefill"]["count"], data["decode"]["count"] = 1, POOL - 1
     data["decode"].pop("args", None)
@@ -275,6 +302,7 @@ def main() -> int:
     up = pdkit("up", str(topology), "--no-gate")
     if up.returncode != 0:
         print(up.stdout[-3000:], up.stderr[-3000:])
+        pdkit("down", str(topology), timeout=300)
         return 1
     print(f"pdkit up: {time.monotonic() - began:.0f} s")
     runs = [
