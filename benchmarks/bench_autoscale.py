@@ -126,9 +126,9 @@ def deploy(folder: Path) -> tuple[Path, dict[str, Any]]:
     }
     data["slo"] = {"ttft_ms": 400 / SPEED, "tpot_ms": 40 / SPEED, "attainment": 0.9}
     data["autoscale"] = {
-        "interval_s": 8,
-        "cooldown_s": 8,
-        "max_step": 2,
+        "interval_s": 6,
+        "cooldown_s": 6,
+        "max_step": 4,
         "min_requests": 8,
         "hysteresis": 0.15,
     }

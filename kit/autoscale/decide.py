@@ -91,13 +91,17 @@ class Mix:
     output_tokens: float
 
     def error(self, observed: Mix) -> float:
-        """The largest relative error of this forecast against `observed` (0.2: 20%)."""
+        """The largest relative error of this forecast against `observed` (0.2: 20%), each
+        relative to the smaller of the two (symmetric: 300 tokens forecast for 150 and 150 for
+        300 are both 100% off)."""
         pairs = (
             (self.rate, observed.rate),
             (self.input_tokens, observed.input_tokens),
             (self.output_tokens, observed.output_tokens),
         )
-        return max(abs(f - o) / o if o > 0 else (0.0 if f == 0 else 1.0) for f, o in pairs)
+        return max(
+            abs(f - o) / min(f, o) if min(f, o) > 0 else (0.0 if f == o else 1.0) for f, o in pairs
+        )
 
     def describe(self) -> str:
         return (

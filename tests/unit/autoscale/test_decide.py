@@ -138,7 +138,8 @@ def test_it_stops_acting_after_several_mispredicted_intervals_and_says_so():
 
 def test_the_forecast_error_is_the_worst_of_rate_and_lengths():
     assert Mix(10, 200, 600).error(Mix(10, 200, 600)) == 0
-    assert Mix(10, 200, 600).error(Mix(10, 400, 600)) == pytest.approx(0.5)
+    assert Mix(10, 200, 600).error(Mix(10, 400, 600)) == pytest.approx(1.0)
+    assert Mix(10, 400, 600).error(Mix(10, 200, 600)) == pytest.approx(1.0)  # symmetric
     assert Mix(12, 200, 600).error(Mix(10, 200, 300)) == pytest.approx(1.0)
 
 
@@ -197,3 +198,11 @@ def test_when_no_split_meets_the_slo_it_holds_and_says_so():
     decision, _ = decide(LIMITS, Memory(), inputs(Split(3, 3), Split(3, 3), goodput=rated))
     assert decision.action == "hold"
     assert "no allowed split meets the SLO by the model" in decision.reason
+
+
+def test_the_forecast_blends_a_wobble_and_restarts_at_a_step():
+    steady = forecast(Mix(10, 200, 600), Mix(12, 220, 580), reset=0.5)
+    assert steady == Mix(11, 210, 590)
+    shifted = forecast(Mix(10, 200, 600), Mix(10, 3000, 8), reset=0.5)
+    assert shifted == Mix(10, 3000, 8)
+    assert forecast(Mix(10, 200, 600), None, reset=0.5) == Mix(10, 200, 600)
