@@ -271,14 +271,21 @@ def plot(runs: list[Run], slo: dict[str, float], path: Path) -> None:
         axes[0].step(times, [p for _, p, _ in run.timeline], where="post", label=run.name)
         bins = attainment_bins(run, slo)
         axes[1].plot([t for t, _ in bins], [a * 100 for _, a in bins], marker="o", label=run.name)
-    shift = runs[0].phases["A"]["seconds"] if runs and "A" in runs[0].phases else None
+    for index, run in enumerate(runs):
+        # Each run's phase B starts when its phase A's last request finished.
+        if "A" in run.phases:
+            for ax in axes:
+                ax.axvline(
+                    run.phases["A"]["seconds"],
+                    color=f"C{index}",
+                    linestyle="--",
+                    linewidth=1,
+                )
     for ax in axes:
-        if shift:
-            ax.axvline(shift, color="grey", linestyle="--", linewidth=1)
         ax.grid(alpha=0.3)
         ax.legend(loc="best")
     axes[0].set_ylabel(f"prefill instances (of {POOL})")
-    axes[0].set_title("Split over time (dashed: the workload shifts from A to B)")
+    axes[0].set_title("Split over time (dashed, per run: the workload shifts from A to B)")
     axes[1].set_ylabel(f"SLO attainment per {BIN_S:.0f} s (%)")
     axes[1].set_xlabel("seconds from the start of the run")
     axes[1].axhline(slo["attainment"] * 100, color="red", linewidth=0.8)
