@@ -44,6 +44,8 @@ SWITCH_TIMEOUT_S = 120.0
 """Seconds a role switch (the POST) may take."""
 HEALTH_TIMEOUT_S = 60.0
 GATE_TIMEOUT_S = 60.0
+IDLE_POLL_S = 0.5
+"""Seconds between two switch requests while SGLang says the drained instance is not idle."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,17 @@ class RoleSwitcher:
         await admin.remove(url)
         drain_s = time.monotonic() - began
         began = time.monotonic()
-        answer = await _post_switch(url, new, await self._graphs(admin) if new == "decode" else {})
+        graphs = await self._graphs(admin) if new == "decode" else {}
+        answer = await _post_switch(url, new, graphs)
+        # Out of the router, an instance may still finish work the router no longer sees (a
+        # prefill whose KV its decode has not pulled yet): SGLang says "not idle"; ask again
+        # until the drain timeout.
+        deadline = time.monotonic() + self.drain_timeout
+        while not answer.get("success") and "not idle" in str(answer.get("message")):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(IDLE_POLL_S)
+            answer = await _post_switch(url, new, graphs)
         switch_s = time.monotonic() - began
         if not answer.get("success"):
             message = str(answer.get("message") or answer)
