@@ -17,7 +17,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -27,7 +27,7 @@ help:
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -124,6 +124,9 @@ bench-routing: $(VENV)/.stamp $(SMG_VENV)/.stamp
 
 bench-kvpool: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_kvpool
+
+bench-autoscale: $(VENV)/.stamp
+	$(PY) -m benchmarks.bench_autoscale
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) $(SGLANG_CPU_VENV) .pytest_cache .mypy_cache .ruff_cache

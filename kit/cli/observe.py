@@ -14,6 +14,7 @@ from kit.cli.options import (
     ConcurrencyOpt,
     JsonOpt,
     ProbeTimeoutOpt,
+    StateDirOpt,
     TopologyArg,
     pair_timeout,
     reference_url,
@@ -62,13 +63,18 @@ def status(
     ] = None,
     timeout: ProbeTimeoutOpt = 3.0,
     concurrency: ConcurrencyOpt = 128,
+    state_dir: StateDirOpt = None,
 ) -> None:
-    """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO."""
+    """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO,
+    and the autoscaler's last decision."""
+    from kit.autoscale.record import status_section  # noqa: PLC0415
+    from kit.deploy.layout import state_dir as deployment_dir  # noqa: PLC0415
     from kit.observe import ProbeOptions  # noqa: PLC0415
     from kit.observe import status as run_status  # noqa: PLC0415
 
     plan = resolve_plan(topology)
     options = ProbeOptions(timeout_s=timeout, concurrency=concurrency)
+    folder = deployment_dir(topology, plan.name, state_dir)
     raise typer.Exit(
         run_status(
             plan,
@@ -78,6 +84,7 @@ def status(
             watch=watch or count is not None,
             interval_s=interval,
             count=count,
+            extra=lambda: status_section(folder),
         )
     )
 

@@ -13,9 +13,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.text import Text
 
 from kit.errors import ProbeError
 from kit.observe.probe import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Prober, Round
@@ -79,8 +81,24 @@ def _plain(console: Console, text: str) -> None:
     console.print(text, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
-def _json(report: Report) -> str:
-    return json.dumps(report_to_json(report), separators=(",", ":"))
+Extra = Callable[[], tuple[str, dict[str, Any]] | None]
+"""A section a layer above adds to each status screen (e.g. the autoscaler's last decision):
+its line for the screen and its object for --json, None when it has nothing to say."""
+
+
+def _json(report: Report, extra: Extra | None = None) -> str:
+    data = report_to_json(report)
+    found = extra() if extra else None
+    if found is not None:
+        data = {**data, "autoscale": found[1]}
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _screen(report: Report, extra: Extra | None = None) -> RenderableType:
+    found = extra() if extra else None
+    if found is None:
+        return status_view(report)
+    return Group(status_view(report), Text(found[0]))
 
 
 def _for_tables(console: Console) -> Console:
@@ -110,6 +128,7 @@ def status(
     watch: bool = False,
     interval_s: float = DEFAULT_INTERVAL_S,
     count: int | None = None,
+    extra: Extra | None = None,
 ) -> int:
     """Show the status once, or refresh it in place every `interval_s` with `watch` (Ctrl-C
     stops; `count` stops after that many refreshes). With `as_json` and `watch`, one JSON
@@ -118,20 +137,20 @@ def status(
     if not watch:
         report = asyncio.run(probe_once(targets, options, DEFAULT_RATE_WINDOW_S))
         if as_json:
-            _plain(console, _json(report))
+            _plain(console, _json(report, extra))
         else:
-            _for_tables(console).print(status_view(report))
+            _for_tables(console).print(_screen(report, extra))
         return 0
     live: Live | None = None
     wide = _for_tables(console)
 
     def show(report: Report) -> None:
         if as_json:
-            _plain(console, _json(report))
+            _plain(console, _json(report, extra))
         elif live is not None:
-            live.update(status_view(report), refresh=True)
+            live.update(_screen(report, extra), refresh=True)
         else:  # piped: one screen after the other
-            wide.print(status_view(report), "\n")
+            wide.print(_screen(report, extra), "\n")
 
     with contextlib.ExitStack() as stack:
         if console.is_terminal and not as_json:

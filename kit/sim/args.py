@@ -67,6 +67,8 @@ class WorkerArgs:
     disaggregation_ib_device: str | None = None
     # SGLang verifies the KV's Adler-32 on the decode only when both roles set it.
     disaggregation_enable_kv_checksum: bool = False
+    enable_pd_role_switch: bool = False
+    """`POST /pd_role_switch` may flip the role at run time (`kit.sim.role_switch`)."""
     tp_size: int = 1
     dp_size: int = 1
     enable_dp_attention: bool = False
@@ -234,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
     add("--disaggregation-ib-device")
     add("--disaggregation-enable-kv-checksum", action="store_true")
+    add("--enable-pd-role-switch", action="store_true")
     add("--tp-size", "--tp", "--tensor-parallel-size", type=_positive, default=1)
     add("--dp-size", "--dp", "--data-parallel-size", type=_positive, default=1)
     add("--enable-dp-attention", action="store_true")
@@ -345,6 +348,7 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         disaggregation_transfer_backend=ns.disaggregation_transfer_backend,
         disaggregation_ib_device=ns.disaggregation_ib_device,
         disaggregation_enable_kv_checksum=ns.disaggregation_enable_kv_checksum,
+        enable_pd_role_switch=ns.enable_pd_role_switch,
         tp_size=ns.tp_size,
         dp_size=ns.dp_size,
         enable_dp_attention=ns.enable_dp_attention,

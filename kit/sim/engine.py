@@ -21,6 +21,7 @@ transfer backend skips the hand-off.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -762,3 +763,13 @@ class Engine:
     @property
     def idle(self) -> bool:
         return all(r.idle for r in self.ranks) and self.pd.bootstrap_queue == 0
+
+    def switch_role(self, new_role: str) -> None:
+        """Serve as `new_role` from now on (`kit.sim.role_switch` checks the instance is
+        idle first): the KV pool and the launch values are kept, the role's schedulers are
+        rebuilt, as SGLang rebuilds only its disaggregation structures."""
+        self.mode = Mode(new_role)
+        self.args = dataclasses.replace(self.args, disaggregation_mode=new_role)
+        self.ranks = self.config.build(
+            self.mode, self.clock, timing=self.timing, on_step=self._on_step
+        )

@@ -295,6 +295,11 @@ class Metrics:
             self.kv_bootstrap_ms.labels(**lab).observe(record.bootstrap_ms)
             self.kv_alloc_ms.labels(**lab).observe(record.alloc_ms)
 
+    def rebase(self) -> None:
+        """The engine's ranks were rebuilt (a role switch): their totals start from zero, the
+        counters carry on from where they were."""
+        self._counted.update(prompt=0, generated=0)
+
     def _bump(self, counter: Counter, key: str, total: int) -> None:
         delta = total - self._counted[key]
         if delta > 0:

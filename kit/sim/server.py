@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from kit.kvevents import wire
-from kit.sim import api_native, api_openai
+from kit.sim import api_native, api_openai, role_switch
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
 from kit.sim.errors import RequestRefused, Stage
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
@@ -82,6 +82,9 @@ class Api:
         args = engine.args
         self.keys = (args.api_key, args.admin_api_key)
         self._live: dict[int, RequestState] = {}
+        self.on_role_switch: Callable[[str], None] | None = None
+        """Called with the new role after a switch (the worker registers a new prefill's
+        ranks with its bootstrap server)."""
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024**2)
@@ -105,6 +108,7 @@ class Api:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/abort_request", self.abort_request)
+        r.add_post("/pd_role_switch", self.pd_role_switch)
         return app
 
     # -- middleware ------------------------------------------------------------------------
@@ -137,6 +141,21 @@ class Api:
             if scheme.lower() != "bearer" or not secrets.compare_digest(token, expected or ""):
                 return _json({"error": "Unauthorized"}, 401)
         return await handler(request)
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def pd_role_switch(self, request: web.Request) -> web.Response:
+        """SGLang's runtime role switch (`kit.sim.role_switch`)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        status, data = role_switch.switch(self.engine, body)
+        if data["success"] and data["message"] == "ok":
+            self.metrics.rebase()
+            if self.on_role_switch is not None:
+                self.on_role_switch(data["new_role"])
+        return _json(data, status)
 
     # -- health and info -------------------------------------------------------------------
 
@@ -206,7 +225,7 @@ class Api:
 
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
-        states = [
+        states: list[dict[str, Any]] = [
             {
                 "dp_rank": i,
                 "max_total_num_tokens": r.pool.capacity_tokens,
@@ -218,6 +237,11 @@ class Api:
                 "num_queue_reqs": r.num_queued(),
                 "token_usage": round(r.pool.usage(), 4),
                 "last_gen_throughput": round(e.gen_throughput() / len(e.ranks), 3),
+                # What a role-switching router feeds back as PdRoleSwitchReqInput (SGLang's
+                # internal_state._add_disaggregation); the sim captures no CUDA graphs.
+                "disaggregation_mode": e.mode.value,
+                "decode_cuda_graph_bs": [],
+                "decode_cuda_graph_memory_gb": 0.0,
             }
             for i, r in enumerate(e.ranks)
         ]

@@ -229,7 +229,9 @@ async def _run_rank0(
     try:
         runners.append(await _serve(api.app(), args.host, args.port, "--port"))
         bootstrap = None
-        if args.disaggregation_mode == "prefill":
+        # With the role switch every PD instance runs its bootstrap server (SGLang's
+        # start_disagg_service), so that one flipped to prefill has it already.
+        if args.disaggregation_mode == "prefill" or (args.enable_pd_role_switch and args.is_pd):
             bootstrap = BootstrapServer(engine.rooms)
             runners.append(
                 await _serve(
@@ -266,7 +268,10 @@ async def _run_rank0(
             except RankError as exc:
                 on_lost(str(exc), 0)
                 return 1
-        if bootstrap is not None:
+
+        def register(role: str) -> None:
+            if bootstrap is None or role != "prefill":
+                return
             for rank in range(len(engine.ranks)):
                 bootstrap.register(
                     rank_registration(
@@ -280,6 +285,9 @@ async def _run_rank0(
                         http_port=args.port,
                     )
                 )
+
+        register(args.disaggregation_mode)
+        api.on_role_switch = register
         api.startup_time = startup_phases(loaded - loading, time.monotonic() - began)
         api.ready = True
         logger.info(READY_LINE)

@@ -332,7 +332,7 @@ class Fit:
         return sum(mape(p.after, p.measured) for p in self.points) / len(self.points)
 
 
-def _golden(loss: Callable[[float], float], low: float, high: float, tol: float) -> float:
+def golden_section(loss: Callable[[float], float], low: float, high: float, tol: float) -> float:
     """Minimiser of a unimodal `loss` on [low, high] (log space), to `tol` (log units)."""
     ratio = (math.sqrt(5) - 1) / 2
     a, b = math.log(low), math.log(high)
@@ -387,7 +387,7 @@ def fit(
     current = start
     for _ in range(rounds):  # the factors barely interact: a second round settles them
         for factor in FITS:
-            best = _golden(along(current, factor), *BOUNDS, 0.02)
+            best = golden_section(along(current, factor), *BOUNDS, 0.02)
             current = replace(current, **{factor: best})
     before, after = with_efficiency(cluster, start), with_efficiency(cluster, current)
     return Fit(

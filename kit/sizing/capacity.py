@@ -146,22 +146,28 @@ def decode_rate(problem: SizingProblem, config: InstanceConfig) -> float:
     return config.dp * batch / (max(output - 1, 1.0) * step)
 
 
+def prefill_group(problem: SizingProblem, config: InstanceConfig, meter: Meter) -> GroupRate:
+    """What prefill instances of `config` sustain alone and behind round-robin (see the
+    module doc), measured by `meter`."""
+    slo = prefill_slo(problem, config)
+    single = meter.goodput(
+        Cluster(prefill=Instances(config)), prefill_estimate(problem, config), slo=slo
+    ).rate
+    group = meter.goodput(
+        Cluster(prefill=Instances(config, GROUP_PROBE)), single * GROUP_PROBE, slo=slo
+    ).rate
+    # at(GROUP_PROBE) == group; a group never does worse than its instances alone.
+    return GroupRate(single, max((group - single) / (GROUP_PROBE - 1), single))
+
+
 def measure(problem: SizingProblem, rough: Meter, fine: Meter) -> Capacities:
     """Stage one for every role option (see the module doc): prefill capacities by `rough`,
     colocated goodputs by `fine`."""
     found = Capacities()
     for option in base_options(problem, "prefill"):
-        config = instance_config(problem, option, "prefill")
-        slo = prefill_slo(problem, config)
-        single = rough.goodput(
-            Cluster(prefill=Instances(config)), prefill_estimate(problem, config), slo=slo
-        ).rate
-        group = rough.goodput(
-            Cluster(prefill=Instances(config, GROUP_PROBE)), single * GROUP_PROBE, slo=slo
-        ).rate
-        # at(GROUP_PROBE) == group; a group never does worse than its instances alone.
-        limit = max((group - single) / (GROUP_PROBE - 1), single)
-        found.prefill[option] = GroupRate(single, limit)
+        found.prefill[option] = prefill_group(
+            problem, instance_config(problem, option, "prefill"), rough
+        )
     for option in base_options(problem, "decode"):
         found.decode[option] = decode_rate(problem, instance_config(problem, option, "decode"))
     for option in base_options(problem, "colocated"):

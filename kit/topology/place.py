@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import Problem
 from kit.topology import ports
+from kit.topology.args import normalize_flag
 from kit.topology.layout import instance_name
 from kit.topology.nics import NicChoice, choose_nics
 from kit.topology.schema import ROLE_NAMES, Host, Role, Topology
@@ -113,6 +114,17 @@ def placement(topology: Topology) -> Placement:
         for node in p.nodes
     }
     return Placement(tuple(instances), tuple(problems), nics)
+
+
+def role_switchable(topology: Topology, role: str) -> bool:
+    """The role's instances start with --enable-pd-role-switch (defaults.args or its args)."""
+    spec: Role = getattr(topology, role)
+    merged = {
+        normalize_flag(k): v
+        for source in (topology.defaults.args, spec.args)
+        for k, v in source.items()
+    }
+    return merged.get("enable-pd-role-switch") is True
 
 
 def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
@@ -218,7 +230,10 @@ def _assign_ports(
         return port
 
     http_port = take(f"{role}-http", http_base)
-    bootstrap = take("bootstrap", bootstrap_base) if role == "prefill" else None
+    # A decode that may switch to prefill at run time (SGLang's --enable-pd-role-switch) starts
+    # a bootstrap server on its own port when it does: it needs one as a prefill does.
+    switchable = role_switchable(topology, role)
+    bootstrap = take("bootstrap", bootstrap_base) if role == "prefill" or switchable else None
     # A DP-attention instance gets a dist-init port on one host too: SGLang would otherwise
     # derive its ZMQ ports from --port (+ 233 ..), and instances at ports k and k + 1 collide.
     spec: Role = getattr(topology, role)

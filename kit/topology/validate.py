@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.net import is_loopback
 from kit.topology import ports
+from kit.topology.autoscale_checks import autoscale_problems
 from kit.topology.cpu_hosts import cpu_host_problems
 from kit.topology.kvpool import kv_pool_host, kv_pool_problems
 from kit.topology.listeners import process_ports
@@ -27,6 +28,7 @@ def validate(topology: Topology, placed: Placement | None = None) -> list[Proble
     problems = [*_references(topology), *_nics(topology), *_router(topology)]
     problems += _monitoring(topology)
     problems += kv_pool_problems(topology)
+    problems += autoscale_problems(topology)
     problems += timeout_env_problems(topology)
     placed = placed or placement(topology)
     problems += placed.problems

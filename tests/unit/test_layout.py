@@ -93,6 +93,17 @@ KIT_LAYERS: dict[str, set[str]] = {
     "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
     "deploy": {"errors", "net", "observe", "perf", "plan", "secrets", "topology"},
+    "autoscale": {
+        "bench",
+        "deploy",
+        "errors",
+        "net",
+        "observe",
+        "perf",
+        "plan",
+        "sizing",
+        "topology",
+    },
 }
 """What each package of kit/ may import from the rest of kit/ (design.md's layers: the Plan is
 assembled in kit/plan above kit/sglang and kit/lb; kit/topology imports nothing above it; only

@@ -1,0 +1,172 @@
+"""One interval's workload and latencies, from two scrapes of the router's and the workers'
+metrics (pure: the scrapes are inputs).
+
+    rate            finished client requests (the router's requests counter) / seconds
+    input_tokens    the prefills' prompt tokens / the prefills' requests (`sglang:prompt_tokens`,
+                    `sglang:num_requests`)
+    output_tokens   the decodes' generated tokens / the decodes' requests
+    TTFT, TPOT      the router's histograms over the interval (pdkit's load balancer times
+                    TPOT as the gap between streamed events; smg per request), P50 and P90
+    attainment      an estimate: the smaller of the shares of TTFT and of TPOT samples within
+                    the SLO (the histograms do not pair them per request)
+
+Each instance counts in the role it serves now (`roles`), which a role switch changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kit.autoscale.decide import Mix
+from kit.autoscale.model import Observed
+from kit.observe.prom import Histogram, MetricSet, increase
+from kit.observe.router import METRIC_NAMES
+from kit.sizing.calibration import Latencies
+from kit.topology.schema import SLO
+
+ITL = "sglang:inter_token_latency_seconds"
+GENERATE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
+"""The routes whose requests are the workload (not /health, /metrics, /workers)."""
+
+
+def _requests(metrics: MetricSet | None, names: tuple[str, ...]) -> float | None:
+    """Client requests on the generate routes (all requests when the series have no route)."""
+    if metrics is None:
+        return None
+    for name in names:
+        found = metrics.samples(name)
+        if found:
+            return sum(
+                s.value
+                for s in found
+                if s.labels.get("route", GENERATE_ROUTES[0]) in GENERATE_ROUTES
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The router's metrics and each worker's (by instance name; None when it did not
+    answer), taken at `at` (monotonic seconds)."""
+
+    at: float
+    router: MetricSet | None
+    workers: Mapping[str, MetricSet | None]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What the interval showed: its length (s), requests finished, the mix (None: nothing
+    finished) and the latencies (None: no TTFT sample)."""
+
+    seconds: float
+    requests: int
+    mix: Mix | None
+    observed: Observed | None
+
+    def describe(self) -> str:
+        if self.mix is None:
+            return f"{self.requests} request(s) in {self.seconds:.0f} s"
+        text = f"{self.mix.describe()} ({self.requests} in {self.seconds:.0f} s)"
+        if self.observed is not None:
+            lat = self.observed.latencies
+            text += (
+                f"; TTFT p50/p90 {lat.p50_ttft_ms:.0f}/{lat.p90_ttft_ms:.0f} ms, TPOT "
+                f"{lat.p50_tpot_ms:.1f}/{lat.p90_tpot_ms:.1f} ms"
+            )
+            if self.observed.attainment is not None:
+                text += f", ~{self.observed.attainment:.0%} within the SLO"
+        return text
+
+
+def _grown(now: MetricSet | None, before: MetricSet | None, name: str) -> float:
+    """A counter's increase; one that first appears in the interval counts from zero (a
+    labelled counter has no series before its first request)."""
+    if now is None or before is None:
+        return 0.0
+    return increase(now.total(name), before.total(name) or 0.0) or 0.0
+
+
+def _hist(
+    now: MetricSet | None, before: MetricSet | None, names: tuple[str, ...]
+) -> Histogram | None:
+    if now is None:
+        return None
+    for name in names:
+        found = now.histogram(name)
+        if found is not None:
+            return found.since(before.histogram(name) if before is not None else None)
+    return None
+
+
+def _role_sum(now: Scrape, before: Scrape, roles: Mapping[str, str], role: str, name: str) -> float:
+    return sum(
+        _grown(now.workers.get(w), before.workers.get(w), name)
+        for w, r in roles.items()
+        if r == role
+    )
+
+
+def interval(
+    before: Scrape, now: Scrape, roles: Mapping[str, str], kind: str, slo: SLO
+) -> Interval:
+    """The interval between two scrapes (see the module doc); `kind` is the router's."""
+    seconds = max(now.at - before.at, 1e-9)
+    names = METRIC_NAMES[kind]
+    requests = 0.0
+    if now.router is not None and before.router is not None:
+        requests = (
+            increase(
+                _requests(now.router, names.requests),
+                _requests(before.router, names.requests) or 0.0,
+            )
+            or 0.0
+        )
+    prompt = _role_sum(now, before, roles, "prefill", "sglang:prompt_tokens_total")
+    prefilled = _role_sum(now, before, roles, "prefill", "sglang:num_requests_total")
+    generated = _role_sum(now, before, roles, "decode", "sglang:generation_tokens_total")
+    decoded = _role_sum(now, before, roles, "decode", "sglang:num_requests_total")
+    count = round(requests)
+    if count <= 0 or prefilled <= 0 or decoded <= 0:
+        return Interval(seconds, count, None, None)
+    mix = Mix(requests / seconds, prompt / prefilled, generated / decoded)
+    ttft = _hist(now.router, before.router, names.ttft)
+    tpot = _hist(now.router, before.router, names.tpot)
+    if tpot is None or tpot.count <= 0:
+        merged = [
+            _hist(now.workers.get(w), before.workers.get(w), (ITL,))
+            for w, r in roles.items()
+            if r == "decode"
+        ]
+        tpot = _merge([h for h in merged if h is not None and h.count > 0])
+    if ttft is None or ttft.count <= 0 or tpot is None:
+        return Interval(seconds, count, mix, None)
+    q = {
+        name: (hist.quantile(0.5), hist.quantile(0.9))
+        for name, hist in (("ttft", ttft), ("tpot", tpot))
+    }
+    if any(v is None for pair in q.values() for v in pair):
+        return Interval(seconds, count, mix, None)
+    latencies = Latencies(
+        (q["ttft"][0] or 0.0) * 1000,
+        (q["ttft"][1] or 0.0) * 1000,
+        (q["tpot"][0] or 0.0) * 1000,
+        (q["tpot"][1] or 0.0) * 1000,
+    )
+    shares = [ttft.share_at_most(slo.ttft_ms / 1000), tpot.share_at_most(slo.tpot_ms / 1000)]
+    known = [s for s in shares if s is not None]
+    return Interval(seconds, count, mix, Observed(latencies, min(known) if known else None, count))
+
+
+def _merge(hists: list[Histogram]) -> Histogram | None:
+    if not hists:
+        return None
+    bounds = [b for b, _ in hists[0].buckets]
+    if any([b for b, _ in h.buckets] != bounds for h in hists):
+        return max(hists, key=lambda h: h.count)
+    return Histogram(
+        tuple((b, sum(h.buckets[i][1] for h in hists)) for i, b in enumerate(bounds)),
+        sum(h.count for h in hists),
+        sum(h.sum for h in hists),
+    )

@@ -1,0 +1,80 @@
+"""`pdkit autoscale` on a live sim deployment (2 prefills, 2 decodes started with
+enable-pd-role-switch) under long prompts and short answers: a --dry-run decision that says
+why and changes nothing, then an applied one that switches a decode to prefill through
+`POST /pd_role_switch` while `pdkit bench` sends requests, none of which fails; `pdkit status`
+shows the decision."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.e2e.test_up_local import pdkit
+from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology
+
+pytestmark = pytest.mark.e2e
+
+
+def bench(topology, out, seconds: float) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env[API_KEY_ENV] = API_KEY
+    rate = 6
+    args = ["bench", str(topology), "--rate", str(rate), "--duration", str(seconds)]
+    args += ["--requests", str(int(rate * seconds)), "--input-len", "2000", "--output-len", "8"]
+    args += ["--no-predict", "--json", "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-c", "from kit.cli import main; main()", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
+    name = f"auto-{uuid.uuid4().hex[:8]}"
+    topology, data = write_topology(tmp_path, name)
+    data["hosts"][0]["gpus"] = 4
+    data["prefill"]["count"], data["decode"]["count"] = 2, 2
+    data["defaults"]["args"]["enable-pd-role-switch"] = True
+    data["autoscale"] = {"interval_s": 3, "cooldown_s": 0, "min_requests": 5}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        up = pdkit("up", str(topology), "--no-gate")
+        assert up.returncode == 0, up.stdout + up.stderr
+        load = bench(topology, tmp_path / "bench", 14)
+        try:
+            dry = pdkit("autoscale", str(topology), "--dry-run", "--once", "--interval", "3")
+            assert dry.returncode == 0, dry.stdout + dry.stderr
+            assert "move 2P2D -> 3P1D" in dry.stdout, dry.stdout
+            assert "move 1 instance(s) from decode to prefill); dry run: not applied" in dry.stdout
+            for shown in ("observed: ", "corrections: compute", "(current)", "3P1D", "(chosen)"):
+                assert shown in dry.stdout, dry.stdout
+            assert re.search(r"req/s, \d+ in / \d+ out tokens \(\d+ in 3 s\); TTFT", dry.stdout)
+            applied = pdkit("autoscale", str(topology), "--once", "--interval", "3")
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+            assert "switched decode-1 decode -> prefill" in applied.stdout, applied.stdout
+        finally:
+            output, _ = load.communicate(timeout=120)
+        assert load.returncode == 0, output
+        point = json.loads((tmp_path / "bench" / "summary.json").read_text())["points"][0]
+        assert point["ok"] == point["requests"] and point["errors"] == {}, point
+        records = [json.loads(line) for line in (tmp_path / "bench" / "requests.jsonl").open()]
+        decode_1 = f"http://127.0.0.1:{data['decode']['port'] + 1}"
+        assert any(r["prefill"] == decode_1 for r in records)  # it served as a prefill
+        status = pdkit("status", str(topology), "--json", timeout=60)
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)["autoscale"]
+        assert (shown["action"], shown["target"], shown["dry_run"]) == ("move", "3P1D", False)
+        assert shown["roles"]["decode-1"] == "prefill"
+    finally:
+        pdkit("down", str(topology), timeout=120)

@@ -1,0 +1,118 @@
+"""One interval read from two scrapes, and the record `pdkit status` and /metrics show."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.autoscale import record
+from kit.autoscale.decide import Decision, Mix, Split
+from kit.autoscale.observe import Scrape, interval
+from kit.observe.prom import parse_metrics
+from kit.topology.schema import SLO
+
+ROUTER = """
+pdkit_lb_requests_total{{route="/v1/chat/completions",status="200"}} {chat}
+pdkit_lb_requests_total{{route="/health",status="200"}} {health}
+pdkit_lb_time_to_first_token_seconds_bucket{{route="chat",le="0.1"}} {fast}
+pdkit_lb_time_to_first_token_seconds_bucket{{route="chat",le="1.0"}} {chat}
+pdkit_lb_time_to_first_token_seconds_bucket{{route="chat",le="+Inf"}} {chat}
+pdkit_lb_time_to_first_token_seconds_count{{route="chat"}} {chat}
+pdkit_lb_time_to_first_token_seconds_sum{{route="chat"}} 1
+pdkit_lb_inter_token_latency_seconds_bucket{{route="chat",le="0.01"}} {gaps}
+pdkit_lb_inter_token_latency_seconds_bucket{{route="chat",le="+Inf"}} {gaps}
+pdkit_lb_inter_token_latency_seconds_count{{route="chat"}} {gaps}
+pdkit_lb_inter_token_latency_seconds_sum{{route="chat"}} 1
+"""
+WORKER = """
+sglang:num_requests_total{{model_name="m",is_streaming="true"}} {requests}
+sglang:prompt_tokens_total{{model_name="m"}} {prompt}
+sglang:generation_tokens_total{{model_name="m"}} {generated}
+"""
+
+
+def scrape(at: float, chat: int, health: int, roles: dict[str, tuple[int, int, int]]) -> Scrape:
+    router = ROUTER.format(chat=chat, health=health, fast=chat // 2, gaps=chat * 10)
+    workers = {
+        name: parse_metrics(WORKER.format(requests=r, prompt=p, generated=g))
+        for name, (r, p, g) in roles.items()
+    }
+    return Scrape(at, parse_metrics(router), workers)
+
+
+def test_the_interval_counts_generate_requests_and_each_role_s_tokens():
+    roles = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "prefill"}
+    before = scrape(
+        0, 100, 50, {"prefill-0": (10, 1000, 10), "decode-0": (10, 0, 500), "decode-1": (0, 0, 0)}
+    )
+    # 40 chat requests in 10 s (the 30 health checks do not count); decode-1 serves as a
+    # prefill now (switched), so its prompt tokens count as a prefill's.
+    now = scrape(
+        10,
+        140,
+        80,
+        {"prefill-0": (30, 5000, 30), "decode-0": (50, 0, 8500), "decode-1": (20, 4000, 20)},
+    )
+    seen = interval(before, now, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40))
+    assert seen.requests == 40
+    assert seen.mix == Mix(4.0, (4000 + 4000) / 40, 8000 / 40)
+    assert seen.observed is not None
+    assert seen.observed.latencies.p50_ttft_ms == pytest.approx(100.0)
+    assert seen.observed.attainment == pytest.approx(0.5 + 0.5 * 0.3 / 0.9)
+    assert "4.00 req/s, 200 in / 200 out tokens (40 in 10 s)" in seen.describe()
+
+
+def test_a_quiet_interval_has_no_mix():
+    same = {"prefill-0": (10, 1000, 10), "decode-0": (10, 0, 500)}
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    seen = interval(scrape(0, 100, 1, same), scrape(5, 100, 9, same), roles, "pdkit", SLO())
+    assert (seen.requests, seen.mix, seen.observed) == (0, None, None)
+
+
+def decision_record(tmp_path, action="move"):
+    decision = Decision(action, Split(3, 3), Split(2, 4), "2P4D predicts more", 10.0, 15.0, 0.1)
+    rec = record.DecisionRecord.of(
+        decision,
+        at=1000.0,
+        interval="4.00 req/s",
+        observed=Mix(4, 200, 600),
+        forecast=Mix(4.2, 210, 590),
+        efficiency={"compute": 0.5, "memory": 0.7},
+        fit="kept",
+        mispredicted=0,
+        roles={"prefill-0": "prefill"},
+        applied="switched prefill-2 prefill -> decode in 1.2 s",
+    )
+    record.save(tmp_path, rec)
+    return rec
+
+
+def test_the_record_round_trips_and_status_shows_it(tmp_path):
+    rec = decision_record(tmp_path)
+    assert record.load(tmp_path) == rec
+    line, data = record.status_section(tmp_path)
+    assert line.startswith("Autoscale: ")
+    assert "move 3P3D -> 2P4D (2P4D predicts more); switched prefill-2" in line
+    assert data["target"] == "2P4D"
+    assert record.status_section(tmp_path / "elsewhere") is None
+
+
+def test_the_metrics_export_the_decision(tmp_path):
+    text = record.metrics_text(decision_record(tmp_path))
+    metrics = parse_metrics(text)
+    assert metrics.total("pdkit_autoscale_instances", role="decode", split="target") == 4
+    assert metrics.total("pdkit_autoscale_predicted_goodput", split="target") == 15
+    assert metrics.total("pdkit_autoscale_action", action="move") == 1
+    assert metrics.total("pdkit_autoscale_efficiency", factor="compute") == 0.5
+    assert metrics.total("pdkit_autoscale_forecast", what="rate") == 4.2
+
+
+def test_counters_that_first_appear_in_the_interval_count_from_zero():
+    # Before the first request a labelled counter has no series at all.
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    empty = Scrape(
+        0, parse_metrics(""), {"prefill-0": parse_metrics(""), "decode-0": parse_metrics("")}
+    )
+    now = scrape(5, 20, 0, {"prefill-0": (20, 4000, 20), "decode-0": (20, 0, 200)})
+    seen = interval(empty, now, roles, "pdkit", SLO())
+    assert seen.requests == 20
+    assert seen.mix == Mix(4.0, 200, 10)
