@@ -377,7 +377,12 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         admin_api_key=ns.admin_api_key,
         load_balance_method=ns.load_balance_method,
         enable_hierarchical_cache=ns.enable_hierarchical_cache,
-        hicache_ratio=ns.hicache_ratio,
+        # SGLang resolves it at start-up (arg_groups/hicache_hook.py:119): 2.0 but on a decode.
+        hicache_ratio=(
+            ns.hicache_ratio
+            if ns.hicache_ratio is not None or ns.disaggregation_mode == "decode"
+            else 2.0
+        ),
         hicache_storage_backend=ns.hicache_storage_backend,
         disable_radix_cache=ns.disable_radix_cache,
         enable_cache_report=ns.enable_cache_report,

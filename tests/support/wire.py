@@ -27,6 +27,11 @@ def shape(value: Any, path: str = "$") -> Shape:
         for key, item in value.items():
             # OpenAI's top_logprobs maps token texts to numbers: a value, not a key.
             name = "<token>" if path.endswith("top_logprobs[]") else key
+            if key == "finish_reason" and (item is None or isinstance(item, str)):
+                # Null until a choice ends, which chunk that is depends on timing: with tokens
+                # made faster than sent, the first chunk may already end a 2-token stream.
+                out[f"{path}.{name}"] = "str|null"
+                continue
             out.update(shape(item, f"{path}.{name}"))
     elif isinstance(value, list):
         for item in value[:3]:
