@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import aiohttp
@@ -164,6 +165,18 @@ def test_requests_sharing_a_prefix_land_on_the_prefill_rank_that_cached_it():
     run(scenario(), timeout=120)
 
 
+async def gone(pgid: int, timeout_s: float = 15) -> None:
+    """Until no process of the group `pgid` is left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"process group {pgid} outlived its SIGKILL"
+        await asyncio.sleep(0.05)
+
+
 def test_a_restarted_prefill_is_never_routed_on_what_it_had_cached():
     async def scenario() -> None:
         cluster = Cluster()
@@ -180,6 +193,9 @@ def test_a_restarted_prefill_is_never_routed_on_what_it_had_cached():
                 # The worker dies and comes back empty, on the same ports.
                 cluster.prefills[victim].kill()
                 cluster.prefills[victim].proc.wait()  # type: ignore[union-attr]
+                # Its rank processes hold the ports too: the new worker binds them once the
+                # whole process group is gone (it once started first and exited).
+                await gone(cluster.prefills[victim].proc.pid)  # type: ignore[union-attr]
                 fresh = SimProcess(cluster.prefill_argv[victim], env=SIM_ENV).start()
                 cluster.prefills[victim] = fresh
                 deadline = time.monotonic() + 30
