@@ -6,13 +6,11 @@ reaches the master, puts a page, gets it back unchanged and removes it
 
 from __future__ import annotations
 
-import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from kit.deploy.context import DeployContext
-from kit.deploy.transfer_check import host_argv, last_error
+from kit.deploy.transfer_check import run_probe
 
 PROBE = Path(__file__).with_name("poolprobe.py")
 PAGE_BYTES = 256 * 1024
@@ -48,19 +46,10 @@ def _check(ctx: DeployContext, worker: str) -> PoolCheck:
     args += ["--protocol", env["MOONCAKE_PROTOCOL"], "--page-bytes", str(PAGE_BYTES)]
     if env.get("MOONCAKE_DEVICE"):
         args += ["--device", env["MOONCAKE_DEVICE"]]
-    try:
-        done = subprocess.run(
-            host_argv(host, args),
-            input=PROBE.read_text(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    run = run_probe(host, PROBE, args, TIMEOUT_S)
+    if run is None:
         return PoolCheck(host.name, worker, f"no answer within {TIMEOUT_S:g} s")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {}
+    result = run.result or {}
     seconds = float(result.get("seconds", 0.0))
     if result.get("equal"):
         return PoolCheck(host.name, worker, seconds=seconds)
@@ -71,7 +60,7 @@ def _check(ctx: DeployContext, worker: str) -> PoolCheck:
     elif "got" in result:
         error = f"the page came back {'changed' if result['got'] else 'empty'}"
     else:
-        error = last_error(done.stderr) or f"exit status {done.returncode}"
+        error = run.error
     return PoolCheck(host.name, worker, error, seconds)
 
 

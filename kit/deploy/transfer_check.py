@@ -123,6 +123,37 @@ def host_argv(host: DeployHost, args: list[str]) -> list[str]:
     return command if host.local else ssh_argv(host, command)
 
 
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe script's run on a host: its exit status, stderr and last JSON line."""
+
+    returncode: int
+    stderr: str
+    result: dict[str, Any] | None  # None: it printed no JSON line
+
+    @property
+    def error(self) -> str:
+        return last_error(self.stderr) or f"exit status {self.returncode}"
+
+
+def run_probe(host: DeployHost, script: Path, args: list[str], timeout_s: float) -> ProbeRun | None:
+    """Run `script` (sent on stdin) with the host's Python; None when it does not end within
+    `timeout_s`."""
+    try:
+        done = subprocess.run(
+            host_argv(host, args),
+            input=script.read_text(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return ProbeRun(done.returncode, done.stderr, json.loads(lines[-1]) if lines else None)
+
+
 def _common(rail: Rail) -> list[str]:
     args = ["--host", rail.address, "--protocol", rail.protocol, "--size", str(SIZE_BYTES)]
     return [*args, "--device", rail.device] if rail.device else args
@@ -187,23 +218,13 @@ def last_error(stderr: str) -> str:
 def _write(host: DeployHost, source: Rail, target: _Target) -> tuple[int, float, str]:
     args = ["initiator", *_common(source), "--rounds", str(ROUNDS)]
     args += ["--session", target.session, "--remote-addr", str(target.addr)]
-    try:
-        done = subprocess.run(
-            host_argv(host, args),
-            input=PROBE.read_text(),
-            capture_output=True,
-            text=True,
-            timeout=WRITE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    run = run_probe(host, PROBE, args, WRITE_TIMEOUT_S)
+    if run is None:
         return 0, 0.0, f"no answer within {WRITE_TIMEOUT_S:g} s"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        result = json.loads(lines[-1]) if lines else {}
-        rc = f"Mooncake returned {result['rc']}: " if "rc" in result else ""
-        return 0, 0.0, rc + (last_error(done.stderr) or f"exit status {done.returncode}")
-    result = json.loads(lines[-1])
+    result = run.result
+    if run.returncode != 0 or result is None:
+        rc = f"Mooncake returned {result['rc']}: " if result and "rc" in result else ""
+        return 0, 0.0, rc + run.error
     return int(result["bytes"]), float(result["seconds"]), ""
 
 
