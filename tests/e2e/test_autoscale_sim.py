@@ -7,37 +7,24 @@ shows the decision."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import uuid
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
 from tests.e2e.test_up_local import pdkit
-from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology
+from tests.support.local_deploy import start_bench, write_topology
 
 pytestmark = pytest.mark.e2e
 
 
 def bench(topology, out, seconds: float) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env[API_KEY_ENV] = API_KEY
     rate = 6
-    args = ["bench", str(topology), "--rate", str(rate), "--duration", str(seconds)]
-    args += ["--requests", str(int(rate * seconds)), "--input-len", "2000", "--output-len", "8"]
-    args += ["--no-predict", "--json", "--out", str(out)]
-    return subprocess.Popen(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_bench(topology, out, "--rate", str(rate), "--duration", str(seconds),
+                       "--requests", str(int(rate * seconds)), "--input-len", "2000",
+                       "--output-len", "8")  # fmt: skip
 
 
 def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):

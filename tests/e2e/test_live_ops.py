@@ -10,9 +10,7 @@ a time, while the other serves.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,9 +19,8 @@ import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
-from tests.conftest import REPO
 from tests.e2e.test_up_local import layout, pdkit, pids
-from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology
+from tests.support.local_deploy import start_bench, write_topology
 
 pytestmark = pytest.mark.e2e
 
@@ -37,19 +34,9 @@ def _counts(topology: Path, data: dict, prefill: int, decode: int) -> None:
 
 
 def _bench(topology: Path, out: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env[API_KEY_ENV] = API_KEY
-    args = ["bench", str(topology), "--rate", str(BENCH_RATE), "--duration", str(BENCH_S)]
-    args += ["--requests", str(int(BENCH_RATE * BENCH_S)), "--output-len", "32"]
-    args += ["--no-predict", "--json", "--out", str(out)]
-    return subprocess.Popen(
-        [sys.executable, "-c", "from kit.cli import main; main()", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    requests = str(int(BENCH_RATE * BENCH_S))
+    return start_bench(topology, out, "--rate", str(BENCH_RATE), "--duration", str(BENCH_S),
+                       "--requests", requests, "--output-len", "32")  # fmt: skip
 
 
 def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):

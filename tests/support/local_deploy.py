@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -88,3 +90,19 @@ def processes_of(name: str) -> list[int]:
         if marker in environ.split(b"\0"):
             found.append(int(entry))
     return found
+
+
+def start_bench(topology: Path, out: Path, *args: str) -> subprocess.Popen[str]:
+    """`pdkit bench TOPOLOGY ARGS --no-predict --json --out OUT` in the background, with the
+    router's API key from API_KEY_ENV (the test deployment's)."""
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env[API_KEY_ENV] = API_KEY
+    argv = ["bench", str(topology), *args, "--no-predict", "--json", "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-c", "from kit.cli import main; main()", *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
