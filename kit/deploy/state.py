@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kit.deploy.inventory import DeployHost, host_vars
 from kit.errors import DeployError
-from kit.topology.plan import Plan
+from kit.topology.plan import KvPoolProcess, MonitoringProcess, Plan
 
 RECORD_FILE = "deployed.json"
 RECORD_FORMAT = 1
@@ -168,36 +168,25 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
             fingerprint=_fingerprint(settings, host, templates),
         )
     )
+    # The single processes beside the workers and the router: (process, role, port, url).
+    singles: list[tuple[MonitoringProcess | KvPoolProcess, str, int, str | None]] = []
     if plan.monitoring is not None:
-        monitoring = plan.monitoring
-        record, host = records[monitoring.name]
-        out.append(
-            ProcessRecord(
-                name=monitoring.name,
-                instance=monitoring.name,
-                role="monitoring",
-                host=monitoring.host,
-                unit=monitoring.unit,
-                http_port=monitoring.port,
-                args=monitoring.command.args,
-                env=monitoring.env,
-                fingerprint=_fingerprint(record, host, templates),
-            )
-        )
+        singles.append((plan.monitoring, "monitoring", plan.monitoring.port, None))
     if plan.kv_pool is not None:
-        pool = plan.kv_pool
-        record, host = records[pool.name]
+        singles.append((plan.kv_pool, "kv_pool", plan.kv_pool.metrics_port, plan.kv_pool.url))
+    for process, role, port, url in singles:
+        record, host = records[process.name]
         out.append(
             ProcessRecord(
-                name=pool.name,
-                instance=pool.name,
-                role="kv_pool",
-                host=pool.host,
-                unit=pool.unit,
-                http_port=pool.metrics_port,
-                url=pool.url,
-                args=pool.command.args,
-                env=pool.env,
+                name=process.name,
+                instance=process.name,
+                role=role,
+                host=process.host,
+                unit=process.unit,
+                http_port=port,
+                url=url,
+                args=process.command.args,
+                env=process.env,
                 fingerprint=_fingerprint(record, host, templates),
             )
         )
