@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -256,7 +257,14 @@ def attainment_bins(run: Run, slo: dict[str, float]) -> list[tuple[float, float]
             and (r["tpot_ms"] or 0) <= slo["tpot_ms"]
         )
         bins.setdefault(int(r["t"] // BIN_S), []).append(good)
-    return [((k + 0.5) * BIN_S, sum(v) / len(v)) for k, v in sorted(bins.items())]
+    if not bins:
+        return []
+    # A window in which no request was sent (a run waits for phase A's last answer before it
+    # starts phase B) is NaN: a gap in the line, not a line drawn across it.
+    return [
+        ((k + 0.5) * BIN_S, sum(bins[k]) / len(bins[k]) if k in bins else math.nan)
+        for k in range(max(bins) + 1)
+    ]
 
 
 def plot(runs: list[Run], slo: dict[str, float], path: Path) -> None:
@@ -264,6 +272,7 @@ def plot(runs: list[Run], slo: dict[str, float], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for run in runs:
@@ -284,10 +293,11 @@ def plot(runs: list[Run], slo: dict[str, float], path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="best")
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel(f"prefill instances (of {POOL})")
     axes[0].set_title("Split over time (dashed, per run: the workload shifts from A to B)")
     axes[1].set_ylabel(f"SLO attainment per {BIN_S:.0f} s (%)")
-    axes[1].set_xlabel("seconds from the start of the run")
+    axes[1].set_xlabel("seconds from the start of the run (a gap: no request sent in that window)")
     axes[1].axhline(slo["attainment"] * 100, color="red", linewidth=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
