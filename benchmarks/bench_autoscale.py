@@ -9,15 +9,16 @@ machine holds the load). The workload, in two phases of `--phase` seconds each:
     A  short prompts, long answers     128 in / 256 out tokens at 2 req/s   (decodes are short)
     B  long prompts, short answers     3000 in / 8 out tokens at 6 req/s    (prefills are short)
 
-is served three times, one after the other, on the same deployment: with the best static split
-for A, with the best for B (both chosen by kit/perf's model, the same one the autoscaler asks),
-and with `pdkit autoscale` running from A's split. The split is set between runs through the
+is served once per static split of the pool, one after the other, on the same deployment (every
+split from 1P5D to 5P1D, or with `--splits best` only the best for A and the best for B, both
+chosen by kit/perf's model, the same one the autoscaler asks), then with `pdkit autoscale`
+running from A's best split. The split is set between runs through the
 runtime role switch. Printed per phase and run: goodput (requests/s meeting the SLO) and SLO
 attainment, the whole run's goodput and its ratio to each static split's, failed requests, and
 the autoscaler's moves; a timeline PNG (split and attainment over time, per run) and a JSON in
 `--out`.
 
-    python -m benchmarks.bench_autoscale [--phase 45] [--out .bench/autoscale]
+    python -m benchmarks.bench_autoscale [--phase 45] [--splits all|best] [--out .bench/autoscale]
 """
 
 from __future__ import annotations
@@ -152,6 +153,23 @@ def best_splits(topology: Path) -> dict[str, tuple[Split, dict[str, float]]]:
         best = max(rated, key=lambda s: rated[s])
         out[name] = (best, {s.describe(): round(g, 2) for s, g in rated.items()})
     return out
+
+
+def static_runs(best: dict[str, tuple[Split, dict[str, float]]], which: str) -> list[Run]:
+    """The static runs: every split of the pool from the most decodes to the most prefills
+    (`which` "all"), or only each phase's best ("best"); each named by the phases it is best
+    for."""
+    chosen = (
+        [Split(p, POOL - p) for p in range(1, POOL)]
+        if which == "all"
+        else sorted({split for split, _ in best.values()})
+    )
+    runs = []
+    for split in chosen:
+        best_for = [name for name, (b, _) in best.items() if b == split]
+        label = f" (best for {', '.join(best_for)})" if best_for else ""
+        runs.append(Run(f"static {split.describe()}{label}", split, False))
+    return runs
 
 
 def watch(ctx: DeployContext, run: Run, began: float, stop: threading.Event) -> None:
@@ -308,6 +326,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--phase", type=float, default=45.0, help="seconds per phase")
     parser.add_argument("--out", type=Path, default=REPO / ".bench" / "autoscale")
+    parser.add_argument(
+        "--splits",
+        choices=("all", "best"),
+        default="all",
+        help="static splits to serve: every split of the pool (default) or each phase's best",
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="pdkit-bench-autoscale-"))
@@ -322,11 +346,8 @@ def main() -> int:
         pdkit("down", str(topology), timeout=300)
         return 1
     print(f"pdkit up: {time.monotonic() - began:.0f} s")
-    runs = [
-        Run(f"static {best['A'][0].describe()} (best for A)", best["A"][0], False),
-        Run(f"static {best['B'][0].describe()} (best for B)", best["B"][0], False),
-        Run(f"autoscale from {best['A'][0].describe()}", best["A"][0], True),
-    ]
+    auto = Run(f"autoscale from {best['A'][0].describe()}", best["A"][0], True)
+    runs = [*static_runs(best, options.splits), auto]
     try:
         ctx = DeployContext.build(resolve(topology), topology)
         for run in runs:
@@ -349,10 +370,16 @@ def main() -> int:
                 f"{p['attainment']:>6.1%} {p['goodput_rps']:>9.2f}"
             )
         print(f"{run.name:34} {'all':5} {'':9} {'':7} {totals[run.name]:>9.2f}  failed {failed}")
-    auto = runs[-1]
     for run in runs[:-1]:
         ratio = totals[auto.name] / totals[run.name] if totals[run.name] else float("inf")
         print(f"autoscale / {run.name}: {ratio:.2f}x goodput")
+    best_static = max(runs[:-1], key=lambda r: totals[r.name])
+    verdict = "beats" if totals[auto.name] > totals[best_static.name] else "does not beat"
+    print(
+        f"autoscale {verdict} every static split run: {totals[auto.name]:.2f} req/s against "
+        f"the best, {best_static.name}, {totals[best_static.name]:.2f} req/s"
+        + (" (only the two ends were run: --splits best)" if options.splits == "best" else "")
+    )
     print("autoscale moves:")
     for move in auto.moves:
         print(f"  {move}")

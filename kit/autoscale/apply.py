@@ -1,8 +1,8 @@
 """Applying a move: instances change role through SGLang's runtime role switch where they were
 started with ``--enable-pd-role-switch``, else through `pdkit up`'s live-change path.
 
-Role switch, one instance at a time (the deployment lock held, so no `pdkit up` runs
-meanwhile):
+Role switch, the instances of one move at once, each through these stages (the deployment
+lock held, so no `pdkit up` runs meanwhile):
     drain      out of the router, its in-flight requests finished (`RouterAdmin.remove`)
     switch     ``POST /pd_role_switch {"new_role": ...}`` (SGLang 0.5.23 refuses unless the
                instance is idle, started with the flag, on a backend that supports it); a
@@ -123,7 +123,6 @@ class RoleSwitcher:
             ("decode", "prefill") if target.prefill > current.prefill else ("prefill", "decode")
         )
         count = abs(target.prefill - current.prefill)
-        done: list[Switched] = []
         async with self._admin() as admin:
             routed = await admin.workers()
             roles = current_roles(plan, routed)
@@ -131,9 +130,25 @@ class RoleSwitcher:
             # Instances serving outside their Plan role go back first, then the last ones.
             named = sorted((n for n, r in roles.items() if r == giver), reverse=True)
             named.sort(key=lambda n: every[n].role == giver)
-            givers = [every[n] for n in named]
-            for instance in givers[:count]:
-                done.append(await self._one(admin, instance, giver, taker))
+            moving = [every[n] for n in named][:count]
+            # The instances of one move drain and switch at once: one after another, their
+            # drains (each a backlog of the old role's work) add up to the whole phase.
+            results = await asyncio.gather(
+                *(self._one(admin, instance, giver, taker) for instance in moving),
+                return_exceptions=True,
+            )
+        done = [r for r in results if isinstance(r, Switched)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for exc in failed:
+            if not isinstance(exc, Exception):
+                raise exc
+        if failed:
+            switched = "; ".join(s.line() for s in done) or "none"
+            raise DeployError(
+                f"{len(failed)} of {len(moving)} switches {giver} -> {taker} failed: "
+                + "; ".join(str(exc) for exc in failed)
+                + f". Switched: {switched}"
+            )
         return done
 
     async def _graphs(self, admin: RouterAdmin) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""`pdkit autoscale` on a live sim deployment (2 prefills, 2 decodes started with
+"""`pdkit autoscale` on a live sim deployment (1 prefill, 3 decodes started with
 enable-pd-role-switch) under long prompts and short answers: a --dry-run decision that says
-why and changes nothing, then an applied one that switches a decode to prefill through
+why and changes nothing, then an applied one that switches two decodes to prefill at once through
 `POST /pd_role_switch` while `pdkit bench` sends requests, none of which fails; `pdkit status`
 shows the decision."""
 
@@ -31,9 +31,9 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
     name = f"auto-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(tmp_path, name)
     data["hosts"][0]["gpus"] = 4
-    data["prefill"]["count"], data["decode"]["count"] = 2, 2
+    data["prefill"]["count"], data["decode"]["count"] = 1, 3
     data["defaults"]["args"]["enable-pd-role-switch"] = True
-    data["autoscale"] = {"interval_s": 3, "cooldown_s": 0, "min_requests": 5}
+    data["autoscale"] = {"interval_s": 3, "cooldown_s": 0, "min_requests": 5, "max_step": 2}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         up = pdkit("up", str(topology), "--no-gate")
@@ -42,14 +42,16 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
         try:
             dry = pdkit("autoscale", str(topology), "--dry-run", "--once", "--interval", "3")
             assert dry.returncode == 0, dry.stdout + dry.stderr
-            assert "move 2P2D -> 3P1D" in dry.stdout, dry.stdout
-            assert "move 1 instance(s) from decode to prefill); dry run: not applied" in dry.stdout
+            assert "move 1P3D -> 3P1D" in dry.stdout, dry.stdout
+            assert "move 2 instance(s) from decode to prefill); dry run: not applied" in dry.stdout
             for shown in ("observed: ", "corrections: compute", "(current)", "3P1D", "(chosen)"):
                 assert shown in dry.stdout, dry.stdout
             assert re.search(r"req/s, \d+ in / \d+ out tokens \(\d+ in 3 s\); TTFT", dry.stdout)
             applied = pdkit("autoscale", str(topology), "--once", "--interval", "3")
             assert applied.returncode == 0, applied.stdout + applied.stderr
-            assert "switched decode-1 decode -> prefill" in applied.stdout, applied.stdout
+            # One move's two instances switch together: both named in one change.
+            both = r"switched decode-2 decode -> prefill .*; decode-1 decode -> prefill"
+            assert re.search(both, applied.stdout), applied.stdout
         finally:
             output, _ = load.communicate(timeout=120)
         assert load.returncode == 0, output
@@ -62,6 +64,6 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)["autoscale"]
         assert (shown["action"], shown["target"], shown["dry_run"]) == ("move", "3P1D", False)
-        assert shown["roles"]["decode-1"] == "prefill"
+        assert shown["roles"]["decode-1"] == shown["roles"]["decode-2"] == "prefill"
     finally:
         pdkit("down", str(topology), timeout=120)
