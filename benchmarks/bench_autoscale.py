@@ -19,6 +19,10 @@ the autoscaler's moves; a timeline PNG (split and attainment over time, per run)
 `--out`.
 
     python -m benchmarks.bench_autoscale [--phase 45] [--splits all|best] [--out .bench/autoscale]
+    python -m benchmarks.bench_autoscale --steady 600 [--steady-mix RATE IN OUT]
+
+`--steady` serves one steady workload instead, with the autoscaler on from the model's best
+split for it, and counts its decisions and moves (no move is right).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -138,7 +143,12 @@ def deploy(folder: Path) -> tuple[Path, dict[str, Any]]:
     return topology, data
 
 
-def best_splits(topology: Path) -> dict[str, tuple[Split, dict[str, float]]]:
+Phase = tuple[str, float, int, int]
+
+
+def best_splits(
+    topology: Path, phases: tuple[Phase, ...] = PHASES
+) -> dict[str, tuple[Split, dict[str, float]]]:
     """The model's best static split per phase, and every split's predicted goodput."""
     plan = resolve(topology)
     cluster, speed = plan_cluster(plan)
@@ -146,7 +156,7 @@ def best_splits(topology: Path) -> dict[str, tuple[Split, dict[str, float]]]:
     assert cluster.prefill is not None and cluster.decode is not None
     model = PoolModel(cluster.prefill.config, cluster.decode.config, parsed.slo, parsed, speed)
     out = {}
-    for name, rate, prompt, output in PHASES:
+    for name, rate, prompt, output in phases:
         rated = model.goodputs(
             [Split(p, POOL - p) for p in range(1, POOL)], Mix(rate, prompt, output)
         )
@@ -188,7 +198,15 @@ def watch(ctx: DeployContext, run: Run, began: float, stop: threading.Event) -> 
         stop.wait(2.0)
 
 
-def serve(topology: Path, ctx: DeployContext, run: Run, phase_s: float, out: Path) -> None:
+def serve(
+    topology: Path,
+    ctx: DeployContext,
+    run: Run,
+    phase_s: float,
+    out: Path,
+    *,
+    phases: tuple[Phase, ...] = PHASES,
+) -> None:
     switcher = RoleSwitcher(ctx)
     router = ctx.plan.router
 
@@ -226,7 +244,7 @@ def serve(topology: Path, ctx: DeployContext, run: Run, phase_s: float, out: Pat
                 start_new_session=True,
             )
     try:
-        for name, rate, prompt, output in PHASES:
+        for name, rate, prompt, output in phases:
             if scaler is not None and scaler.poll() is not None:
                 raise RuntimeError(f"pdkit autoscale exited: {log.read_text()[-2000:]}")
             folder = out / f"{run.name}-{name}"
@@ -322,6 +340,44 @@ def plot(runs: list[Run], slo: dict[str, float], path: Path) -> None:
     plt.close(fig)
 
 
+DECISION = re.compile(r"^\d\d:\d\d:\d\d (hold|move|paused) ")
+
+
+def steady(seconds: float, mix: tuple[float, float, float], out: Path) -> int:
+    """The autoscaler on a steady workload from the model's best split for it: every decision
+    it made, and how many were moves (issue 27: no flapping over 10 minutes)."""
+    rate, prompt, output = mix
+    phases: tuple[Phase, ...] = (("S", rate, int(prompt), int(output)),)
+    topology, _ = deploy(Path(tempfile.mkdtemp(prefix="pdkit-bench-autoscale-")))
+    split, rated = best_splits(topology, phases)["S"]
+    print(f"steady {rate:g} req/s, {prompt:g} in / {output:g} out: {split.describe()}; {rated}")
+    up = pdkit("up", str(topology), "--no-gate")
+    if up.returncode != 0:
+        print(up.stdout[-3000:], up.stderr[-3000:])
+        pdkit("down", str(topology), timeout=300)
+        return 1
+    run = Run(f"autoscale steady from {split.describe()}", split, True)
+    try:
+        ctx = DeployContext.build(resolve(topology), topology)
+        serve(topology, ctx, run, seconds, out, phases=phases)
+    finally:
+        pdkit("down", str(topology), timeout=300)
+    lines = (out / f"{run.name}-autoscale.log").read_text().splitlines()
+    actions = [m.group(1) for m in map(DECISION.match, lines) if m]
+    p = run.phases["S"]
+    print(
+        f"{seconds:.0f} s of steady load: {len(actions)} decisions, "
+        + ", ".join(f"{actions.count(a)} {a}" for a in ("hold", "move", "paused"))
+        + f"; {p['ok']}/{p['requests']} ok, attainment {p['attainment']:.1%}, "
+        f"goodput {p['goodput_rps']:.2f} req/s"
+    )
+    splits_seen = sorted({(pf, d) for _, pf, d in run.timeline})
+    print("splits seen: " + ", ".join(f"{pf}P{d}D" for pf, d in splits_seen))
+    for move in run.moves:
+        print(f"  {move}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--phase", type=float, default=45.0, help="seconds per phase")
@@ -332,8 +388,26 @@ def main() -> int:
         default="all",
         help="static splits to serve: every split of the pool (default) or each phase's best",
     )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="instead: serve one steady workload (--steady-mix) this long with the autoscaler "
+        "on, from the model's best split for it, and count its moves (none is right)",
+    )
+    parser.add_argument(
+        "--steady-mix",
+        type=float,
+        nargs=3,
+        default=(3.0, 1000, 64),
+        metavar=("RATE", "IN", "OUT"),
+        help="the steady workload: requests/s, input and output tokens",
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
+    if options.steady:
+        return steady(options.steady, options.steady_mix, options.out)
     folder = Path(tempfile.mkdtemp(prefix="pdkit-bench-autoscale-"))
     topology, data = deploy(folder)
     best = best_splits(topology)

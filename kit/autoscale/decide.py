@@ -5,7 +5,9 @@ to the next is a value it returns.
 Checks, in order (the first that applies decides):
 
 1. the forecast made for this interval is compared with what was observed: an error above
-   `prediction_error` counts one more mispredicted interval, a good one resets the count;
+   `prediction_error` plus the sampling noise of the interval's n finished requests
+   (2/sqrt(n), `Limits.tolerance`) counts one more mispredicted interval, a good one resets
+   the count;
 2. a change is in flight (the last one has not finished, or an instance is not serving):
    hold;
 3. too few requests finished in the interval to judge the workload: hold;
@@ -20,6 +22,7 @@ Checks, in order (the first that applies decides):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -59,6 +62,14 @@ class Limits:
     prediction_error: float = 0.5
     mispredicted_intervals: int = 3
     min_requests: int = 20
+
+    def tolerance(self, requests: int) -> float:
+        """The forecast error an interval of `requests` finished requests may show before it
+        counts as mispredicted (or, for the forecast, as a step change): `prediction_error`
+        plus two standard errors of sampling, 2/sqrt(n). A Poisson count of n requests, or a
+        mean of n lengths, wobbles by about 1/sqrt(n) with no change in the workload: 18
+        requests in a short interval are 24% off their own rate half the time."""
+        return self.prediction_error + (2 / math.sqrt(requests) if requests > 0 else 0.0)
 
     @classmethod
     def of(cls, topology: Topology) -> Limits:
@@ -198,7 +209,7 @@ def decide(limits: Limits, memory: Memory, inputs: Inputs) -> tuple[Decision, Me
     mispredicted = memory.mispredicted
     if memory.last_forecast is not None and inputs.observed is not None:
         error = memory.last_forecast.error(inputs.observed)
-        mispredicted = mispredicted + 1 if error > limits.prediction_error else 0
+        mispredicted = mispredicted + 1 if error > limits.tolerance(inputs.requests) else 0
     memory = replace(memory, mispredicted=mispredicted, last_forecast=inputs.forecast)
     decision = _verdict(limits, memory, inputs, error)
     if decision.action == "move":
@@ -236,9 +247,9 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
             "paused",
             current,
             current,
-            f"forecasts off by more than {limits.prediction_error:.0%} for "
-            f"{memory.mispredicted} interval(s) in a row (last {error or 0:.0%}): not acting "
-            "until a forecast holds again",
+            f"forecasts off by more than {limits.prediction_error:.0%} (plus the sampling "
+            f"noise of the interval's requests) for {memory.mispredicted} interval(s) in a row "
+            f"(last {error or 0:.0%}): not acting until a forecast holds again",
             current_goodput=inputs.goodput.get(current),
             error=error,
         )

@@ -4,7 +4,8 @@ restarts at a step change.
 Each of the rate and the two mean lengths is forecast as
 ``next = ALPHA x observed + (1 - ALPHA) x previous forecast`` (the first forecast is the first
 observation). When an interval is off the previous forecast by more than `reset` (the
-topology's `prediction_error`: 0.5 is 50%, the same measure as `Mix.error`), the workload has
+topology's `prediction_error`, 0.5 is 50%, plus the interval's sampling noise:
+`Limits.tolerance`; the same measure as `Mix.error`), the workload has
 changed rather than wobbled and the forecast restarts from that interval: a plain average would
 lag a shift for several intervals (a mean output of 300 tokens falling to 8 is still forecast at
 80 two intervals later) and the engine would take its own lag for a failing model and stop

@@ -180,7 +180,9 @@ class Autoscaler:
                 if corrected.fitted
                 else f"kept: latency error {corrected.error_before:.0%}"
             )
-        self.predicted = forecast(self.predicted, observed, reset=self.limits.prediction_error)
+        self.predicted = forecast(
+            self.predicted, observed, reset=self.limits.tolerance(seen.requests)
+        )
         allowed = candidates(self.limits, current, serving) if self.predicted else []
         goodput = self.model.goodputs(allowed, self.predicted) if self.predicted else {}
         inputs = Inputs(

@@ -12,7 +12,9 @@ Corrections: the efficiency factors of `kit.perf.timing.Efficiency`, fitted as `
 turn, minimising the squared log error of the latencies it governs, compute for TTFT, memory
 for TPOT), to the interval's observed P50/P90 TTFT and TPOT. The requests replayed are the
 interval's as far as the metrics tell them: Poisson arrivals at the observed rate with the
-observed mean lengths, on the current split. The fit is skipped when the model is within
+observed mean lengths, on the current split. The first fit replaces kit/perf's factors;
+later ones move them part of the way, by the interval's size (`FIT_PRIOR_REQUESTS`), since one
+short interval's fit is noisy. The fit is skipped when the model is within
 `FIT_TOLERANCE` already; a factor is left alone when, at kit/perf's sourced factors, the model
 explains less than `MIN_EXPLAINED` of its latencies (the rest is overhead it does not model:
 128-token prompts' TTFT is mostly HTTP and router time, and fitting it as slow GPUs would
@@ -55,6 +57,12 @@ MIN_EXPLAINED = 0.25
 factor behind it to be fitted (see `PoolModel.correct`)."""
 REPLAY_REQUESTS = 120
 """Most requests replayed per fit evaluation (the interval's count when fewer)."""
+FIT_PRIOR_REQUESTS = 60
+"""After the first fit, an interval of n requests moves the factors n / (n + 60) of the way
+(geometrically) to what it fitted: one short interval's fit wobbles by a third (measured: the
+compute factor 0.21-0.41 over 10 minutes of one steady workload, 15-30 requests per 6 s
+interval), enough to swing a split's predicted goodput past the hysteresis; the first fit
+replaces kit/perf's sourced factors outright."""
 MIX_ROUNDING = 0.05
 """Mixes within 5% of one measured before reuse its capacities."""
 
@@ -90,6 +98,8 @@ class PoolModel:
     topology: Topology
     speed: float = 1.0
     efficiency: Efficiency = field(default_factory=Efficiency)
+    fits: int = 0
+    """Fits kept so far (the first replaces the sourced factors, later ones blend in)."""
     _capacities: dict[tuple[int, int, float, float], tuple[float, float, float]] = field(
         default_factory=dict
     )
@@ -225,10 +235,17 @@ class PoolModel:
                 )
 
             current = replace(current, **{factor: golden_section(loss, *BOUNDS, 0.05)})
+        if self.fits:
+            weight = observed.requests / (observed.requests + FIT_PRIOR_REQUESTS)
+            current = Efficiency(
+                compute=start.compute ** (1 - weight) * current.compute**weight,
+                memory=start.memory ** (1 - weight) * current.memory**weight,
+            )
         error_after = mape(predicted(current), observed.latencies)
         if error_after >= error_before:
             return Corrected(start, error_before, error_before, False)
         self.efficiency = current
+        self.fits += 1
         return Corrected(current, error_before, error_after, True)
 
 

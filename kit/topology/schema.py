@@ -627,7 +627,8 @@ class Autoscale(Strict):
         0.5,
         gt=0,
         description="Relative error of the forecast (request rate and lengths, 0.5: 50%) "
-        "beyond which an interval counts as mispredicted.",
+        "beyond which an interval counts as mispredicted; an interval of n finished requests "
+        "is allowed 2/sqrt(n) more for sampling noise.",
     )
     mispredicted_intervals: int = Field(
         3,

@@ -128,12 +128,30 @@ def test_it_stops_acting_after_several_mispredicted_intervals_and_says_so():
         actions.append(decision.action)
     assert actions[:3] == ["move", "move", "move"]
     assert actions[3] == "paused"
-    assert "forecasts off by more than 50% for 3 interval(s) in a row" in decision.reason
+    assert "forecasts off by more than 50% (plus the sampling noise" in decision.reason
+    assert "for 3 interval(s) in a row" in decision.reason
     # One forecast that holds and it acts again.
     good = inputs(Split(3, 3), Split(2, 4), observed=Mix(10, 200, 600), now_s=5000.0)
     decision, memory = decide(LIMITS, memory, good)
     assert decision.action == "move"
     assert memory.mispredicted == 0
+
+
+def test_a_short_intervals_sampling_noise_is_not_a_misprediction():
+    """25 requests in an interval (4 req/s over 6 s): an 80% miss is within Poisson noise and
+    never pauses it; the same miss over 400 requests is a real one."""
+    assert LIMITS.tolerance(25) == pytest.approx(0.5 + 2 / 5)
+    for requests, paused in ((25, False), (400, True)):
+        memory = Memory()
+        actions = []
+        for i in range(4):
+            observed = Mix(10 * (1.8 if i % 2 else 1 / 1.8), 200, 600)  # off by 80% each time
+            step = inputs(
+                Split(3, 3), Split(3, 3), observed=observed, requests=requests, now_s=1000.0 + i
+            )
+            decision, memory = decide(LIMITS, memory, step)
+            actions.append(decision.action)
+        assert ("paused" in actions) is paused, (requests, actions)
 
 
 def test_the_forecast_error_is_the_worst_of_rate_and_lengths():

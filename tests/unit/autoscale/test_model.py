@@ -52,6 +52,21 @@ def test_the_fit_moves_the_factors_towards_what_was_observed(model):
     assert fresh.efficiency.memory == pytest.approx(0.7, rel=0.25)
 
 
+def test_a_later_short_interval_moves_the_factors_only_part_of_the_way(model):
+    """One short interval's fit is noisy: after the first fit, 20 requests that say compute
+    0.6 move it from about 0.3 towards 0.6, not all the way."""
+    fresh = replace(model, efficiency=Efficiency(), _capacities={})
+    mix = Mix(8, 2000, 50)
+    slow = fresh.replay(Split(3, 3), mix, 80, Efficiency(compute=0.3, memory=0.7))
+    assert fresh.correct(Split(3, 3), mix, Observed(slow, 1.0, 80)).fitted
+    first = fresh.efficiency.compute
+    assert first == pytest.approx(0.3, rel=0.15)
+    faster = fresh.replay(Split(3, 3), mix, 20, Efficiency(compute=0.6, memory=0.7))
+    corrected = fresh.correct(Split(3, 3), mix, Observed(faster, 1.0, 20))
+    assert corrected.fitted and corrected.error_after < corrected.error_before
+    assert first * 1.05 < fresh.efficiency.compute < 0.5
+
+
 def test_an_overloaded_interval_is_not_fitted(model):
     fresh = replace(model, efficiency=Efficiency(), _capacities={})
     mix = Mix(40, 300, 100)
