@@ -114,6 +114,7 @@ class CacheAware:
         length = len(ids)
         h = prefix_hash(key) if key is not None else 0
         best: tuple[tuple[int, int, int, int], Worker, int | None, int, int] | None = None
+        hashed: dict[int, list[int]] = {}
         for worker in workers:
             cache = caches[worker.url]
             affinity = _mix64(h ^ worker.affinity_seed)
@@ -121,7 +122,7 @@ class CacheAware:
                 ranks: list[tuple[int | None, int]] = [(None, 0)]
                 dp = 1
             else:
-                ranks = list(enumerate(self.index.predict(cache, ids)))
+                ranks = list(enumerate(self.index.predict(cache, ids, hashed)))
                 dp = cache.dp_size
             for rank, cached in ranks:
                 cost = self._queued.get((worker.url, rank), 0) + length - cached

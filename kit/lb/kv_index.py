@@ -166,12 +166,18 @@ class KvIndex:
             return None
         return cache
 
-    def predict(self, cache: WorkerCache, prompt: Sequence[int]) -> list[int]:
-        """Cached prompt tokens on each DP rank of `cache`'s worker."""
+    def predict(
+        self, cache: WorkerCache, prompt: Sequence[int], memo: dict[int, list[int]] | None = None
+    ) -> list[int]:
+        """Cached prompt tokens on each DP rank of `cache`'s worker. `memo` keeps the prompt's
+        block hashes per block size across the workers of one request (hashed once)."""
         usable = (len(prompt) - 1) // cache.block_size
         if usable <= 0:
             return [0] * cache.dp_size
-        hashes = block_hashes(prompt, cache.block_size, limit=usable)
+        memo = {} if memo is None else memo
+        hashes = memo.get(cache.block_size)
+        if hashes is None:
+            hashes = memo[cache.block_size] = block_hashes(prompt, cache.block_size, usable)
         return [r.cached_blocks(hashes) * cache.block_size for r in cache.ranks]
 
     def routed(self, url: str, now: float) -> None:
