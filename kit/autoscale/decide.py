@@ -10,7 +10,11 @@ Checks, in order (the first that applies decides):
    the count;
 2. a change is in flight (the last one has not finished, or an instance is not serving):
    hold;
-3. too few requests finished in the interval to judge the workload: hold;
+3. the prefills finished no request in an interval longer than the TTFT objective while at
+   least `min_requests` requests wait on them (`Inputs.stalled`): they are saturated, and no
+   finished request says yet how long the new prompts are; move one instance to prefill
+   (outside the cooldown and the bounds; hold otherwise). Then: too few requests finished in
+   the interval to judge the workload: hold;
 4. `mispredicted_intervals` in a row mispredicted: stop acting, and say so, until a forecast
    holds again;
 5. the last change is younger than `cooldown_s`: hold;
@@ -130,7 +134,9 @@ class Inputs:
     deployment runs; `serving`: the instances per role that serve now (healthy, in the
     router); `in_flight`: what change is still running, if any; `goodput`: the predicted
     goodput (requests/s) under the SLO at the forecast's lengths of each split the caller
-    evaluated (`candidates`), the current one included."""
+    evaluated (`candidates`), the current one included; `stalled`: requests waiting on the
+    prefills when they finished none in an interval longer than the TTFT objective (0: no
+    stall)."""
 
     now_s: float
     observed: Mix | None
@@ -140,6 +146,7 @@ class Inputs:
     serving: Split
     goodput: Mapping[Split, float] = field(default_factory=dict)
     in_flight: str | None = None
+    stalled: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,42 @@ def _hold(inputs: Inputs, reason: str, error: float | None) -> Decision:
     )
 
 
+def _cooling(limits: Limits, memory: Memory, inputs: Inputs) -> str | None:
+    if memory.last_change_s is None:
+        return None
+    since = inputs.now_s - memory.last_change_s
+    if since >= limits.cooldown_s:
+        return None
+    return f"cooldown: the last change was {since:.0f} s ago (cooldown_s {limits.cooldown_s:g})"
+
+
+def _stalled(limits: Limits, memory: Memory, inputs: Inputs, error: float | None) -> Decision:
+    """The prefills finished nothing while requests waited on them longer than the TTFT
+    objective: they are saturated, whatever the model would say of a mix no finished request
+    describes yet. One instance moves to prefill (then the next interval's requests say how
+    far to go)."""
+    current = inputs.current
+    stall = (
+        f"the prefills finished no request in the interval while {inputs.stalled} waited on "
+        "them past the TTFT objective"
+    )
+    cooling = _cooling(limits, memory, inputs)
+    if cooling is not None:
+        return _hold(inputs, f"{stall}; {cooling}", error)
+    target = Split(current.prefill + 1, current.decode - 1)
+    if target not in candidates(limits, current, inputs.serving):
+        return _hold(inputs, f"{stall}, but the bounds allow no more prefills", error)
+    return Decision(
+        "move",
+        current,
+        target,
+        f"{stall}: they are saturated; move 1 instance from decode to prefill",
+        current_goodput=inputs.goodput.get(current),
+        target_goodput=inputs.goodput.get(target),
+        error=error,
+    )
+
+
 def decide(limits: Limits, memory: Memory, inputs: Inputs) -> tuple[Decision, Memory]:
     """The decision for this interval and the memory for the next (see the module doc)."""
     error: float | None = None
@@ -228,6 +271,8 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
             "instance serves",
             error,
         )
+    if inputs.stalled >= limits.min_requests:
+        return _stalled(limits, memory, inputs, error)
     if inputs.requests < limits.min_requests:
         return _hold(
             inputs,
@@ -253,15 +298,9 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
             current_goodput=inputs.goodput.get(current),
             error=error,
         )
-    if memory.last_change_s is not None:
-        since = inputs.now_s - memory.last_change_s
-        if since < limits.cooldown_s:
-            return _hold(
-                inputs,
-                f"cooldown: the last change was {since:.0f} s ago (cooldown_s "
-                f"{limits.cooldown_s:g})",
-                error,
-            )
+    cooling = _cooling(limits, memory, inputs)
+    if cooling is not None:
+        return _hold(inputs, cooling, error)
     allowed = candidates(limits, current, inputs.serving)
     rated = [(inputs.goodput[s], s) for s in allowed if s in inputs.goodput]
     if current not in inputs.goodput or not rated:

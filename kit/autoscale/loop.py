@@ -194,6 +194,7 @@ class Autoscaler:
             serving=serving,
             goodput=goodput,
             in_flight=self.in_flight(),
+            stalled=seen.stalled,
         )
         decision, self.memory = decide(self.limits, self.memory, inputs)
         applied = None

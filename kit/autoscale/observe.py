@@ -9,6 +9,8 @@ metrics (pure: the scrapes are inputs).
                     TPOT as the gap between streamed events; smg per request), P50 and P90
     attainment      an estimate: the smaller of the shares of TTFT and of TPOT samples within
                     the SLO (the histograms do not pair them per request)
+    stalled         requests waiting on the prefills when they finished none in an interval
+                    longer than the TTFT objective (`stalled_prefills`)
 
 Each instance counts in the role it serves now (`roles`), which a role switch changes.
 """
@@ -64,10 +66,18 @@ class Interval:
     requests: int
     mix: Mix | None
     observed: Observed | None
+    stalled: int = 0
+    """Requests waiting or running on the prefills when the prefills finished none in an
+    interval longer than the TTFT objective (0: no stall; see `stalled_prefills`)."""
 
     def describe(self) -> str:
         if self.mix is None:
-            return f"{self.requests} request(s) in {self.seconds:.0f} s"
+            stall = (
+                f"; the prefills finished none while {self.stalled} wait on them"
+                if self.stalled
+                else ""
+            )
+            return f"{self.requests} request(s) in {self.seconds:.0f} s{stall}"
         text = f"{self.mix.describe()} ({self.requests} in {self.seconds:.0f} s)"
         if self.observed is not None:
             lat = self.observed.latencies
@@ -128,6 +138,10 @@ def interval(
     generated = _role_sum(now, before, roles, "decode", "sglang:generation_tokens_total")
     decoded = _role_sum(now, before, roles, "decode", "sglang:num_requests_total")
     count = round(requests)
+    if prefilled <= 0 and seconds * 1000 > slo.ttft_ms:
+        stalled = stalled_prefills(now, roles)
+        if stalled:
+            return Interval(seconds, count, None, None, stalled)
     if count <= 0 or prefilled <= 0 or decoded <= 0:
         return Interval(seconds, count, None, None)
     mix = Mix(requests / seconds, prompt / prefilled, generated / decoded)
@@ -157,6 +171,22 @@ def interval(
     shares = [ttft.share_at_most(slo.ttft_ms / 1000), tpot.share_at_most(slo.tpot_ms / 1000)]
     known = [s for s in shares if s is not None]
     return Interval(seconds, count, mix, Observed(latencies, min(known) if known else None, count))
+
+
+def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:
+    """Requests queued or running on the prefills (`sglang:num_queue_reqs` +
+    `sglang:num_running_reqs`). Asked when the prefills finished no request in an interval
+    longer than the TTFT objective: work that waits that long is past the SLO, so the prefills
+    are saturated, and it is exactly then that no finished request tells the prompts' length
+    (a prefill counts a request's tokens when it ends)."""
+    waiting = 0.0
+    for name, role in roles.items():
+        metrics = now.workers.get(name)
+        if role != "prefill" or metrics is None:
+            continue
+        for gauge in ("sglang:num_queue_reqs", "sglang:num_running_reqs"):
+            waiting += metrics.total(gauge) or 0.0
+    return round(waiting)
 
 
 def _merge(hists: list[Histogram]) -> Histogram | None:

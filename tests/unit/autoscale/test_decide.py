@@ -224,3 +224,22 @@ def test_the_forecast_blends_a_wobble_and_restarts_at_a_step():
     shifted = forecast(Mix(10, 200, 600), Mix(10, 3000, 8), reset=0.5)
     assert shifted == Mix(10, 3000, 8)
     assert forecast(Mix(10, 200, 600), None, reset=0.5) == Mix(10, 200, 600)
+
+
+def test_prefills_that_finish_nothing_while_requests_pile_up_get_one_more_instance():
+    """The shift to long prompts: the only prefill finishes nothing in the interval, so no
+    finished request tells the new prompts' length, but 30 requests wait on it."""
+    blind = inputs(Split(1, 5), Split(1, 5), observed=None, requests=12, stalled=30, goodput={})
+    decision, memory = decide(LIMITS, Memory(), blind)
+    assert (decision.action, decision.target) == ("move", Split(2, 4))
+    assert "finished no request in the interval while 30 waited" in decision.reason
+    # Within the cooldown it holds and says both.
+    again = inputs(Split(2, 4), Split(2, 4), observed=None, stalled=30, now_s=1010.0, goodput={})
+    decision, _ = decide(LIMITS, memory, again)
+    assert decision.action == "hold" and "cooldown" in decision.reason
+    # A few requests waiting at a light load are no stall; nor is a stall at the bounds.
+    light = inputs(Split(1, 5), Split(1, 5), observed=None, requests=3, stalled=2, goodput={})
+    assert decide(LIMITS, Memory(), light)[0].action == "hold"
+    full = inputs(Split(5, 1), Split(5, 1), observed=None, stalled=30, goodput={})
+    decision, _ = decide(LIMITS, Memory(), full)
+    assert decision.action == "hold" and "allow no more prefills" in decision.reason

@@ -68,6 +68,25 @@ def test_a_quiet_interval_has_no_mix():
     assert (seen.requests, seen.mix, seen.observed) == (0, None, None)
 
 
+def test_prefills_that_finish_nothing_while_work_waits_are_a_stall():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    before = {"prefill-0": (10, 1000, 10), "decode-0": (10, 0, 500)}
+    after = {"prefill-0": (10, 1000, 10), "decode-0": (22, 0, 900)}  # decodes finish; prefill not
+    first, then = scrape(0, 100, 1, before), scrape(6, 112, 1, after)
+    queue = "sglang:num_queue_reqs 25\nsglang:num_running_reqs 8\n"
+    workers = dict(then.workers)
+    workers["prefill-0"] = parse_metrics(
+        WORKER.format(requests=10, prompt=1000, generated=10) + queue
+    )
+    stalled = Scrape(then.at, then.router, workers)
+    seen = interval(first, stalled, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40))
+    assert (seen.requests, seen.mix, seen.stalled) == (12, None, 33)
+    assert "the prefills finished none while 33 wait on them" in seen.describe()
+    # An interval shorter than the TTFT objective says nothing yet; nor does an idle prefill.
+    assert interval(first, stalled, roles, "pdkit", SLO(ttft_ms=8000, tpot_ms=40)).stalled == 0
+    assert interval(first, then, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40)).stalled == 0
+
+
 def decision_record(tmp_path, action="move"):
     decision = Decision(action, Split(3, 3), Split(2, 4), "2P4D predicts more", 10.0, 15.0, 0.1)
     rec = record.DecisionRecord.of(
