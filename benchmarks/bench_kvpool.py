@@ -171,7 +171,13 @@ def configuration(name: str, args: argparse.Namespace, slo: SLO) -> Outcome:
     if args.workload == "trace":
         # Blocks: the replay's own totals (a trace's prompts carry their lengths).
         replayed = with_prefix_cache(
-            requests, prefix_share=0, groups=0, prefills=2, page_size=PAGE, pool=pool
+            requests,
+            prefix_share=0,
+            groups=0,
+            prefills=2,
+            page_size=PAGE,
+            pool=pool,
+            sticky=sticky,
         )
         predicted = PrefixEstimate(
             prompt_tokens=sum(r.prompt_len for r in requests),

@@ -144,10 +144,11 @@ def with_prefix_cache(
     """`requests` (in arrival order) with the prompt tokens each takes from a cache. Request i
     goes to prefill i mod `prefills`; its prefix is its group's (i mod `groups`, the first
     `prefix_share` of the prompt), or, for a trace's request, its leading `hash_ids` blocks
-    (`TRACE_BLOCK_TOKENS` each). `sticky`: every request of a group to one prefill, as prefix
-    affinity keeps them. What a prefill computed or loaded is in its own cache; past that, with
-    the pool, what any prefill computed is loaded from the pool (`pool_tokens`); the rest is
-    computed. Only whole pages short of the prompt's last token are cached (unbounded caches)."""
+    (`TRACE_BLOCK_TOKENS` each). `sticky`: every request of a group (of a first block) to one
+    prefill, as prefix affinity keeps them. What a prefill computed or loaded is in its own
+    cache; past that, with the pool, what any prefill computed is loaded from the pool
+    (`pool_tokens`); the rest is computed. Only whole pages short of the prompt's last token
+    are cached (unbounded caches)."""
     if prefills < 1 or (groups < 1 and not any(r.hash_ids for r in requests)):
         return list(requests)
     local: list[set[tuple[int, ...]]] = [set() for _ in range(prefills)]
@@ -158,7 +159,9 @@ def with_prefix_cache(
             # A block is cached with the blocks before it (a radix cache's path).
             chain = [req.hash_ids[: k + 1] for k in range(len(req.hash_ids))]
             size = TRACE_BLOCK_TOKENS
-            where = local[i % prefills]
+            # Sticky: a prompt stays with the prefill of its first block (any fixed choice
+            # caches the same; prefix affinity hashes the prompt's start).
+            where = local[req.hash_ids[0] % prefills if sticky else i % prefills]
         else:
             group = i % groups
             chain = [(group,)] if cacheable_prefix(req.prompt_len, prefix_share, page_size) else []

@@ -151,3 +151,12 @@ def test_a_multi_turn_trace_repeats_each_conversations_history_and_adds_a_block(
     for blocks in trace:
         if len(blocks) > 5:
             assert blocks[:-1] in trace  # the previous turn is this one's history
+
+
+def test_sticky_trace_prompts_stay_with_the_prefill_of_their_first_block():
+    requests = [Request(float(i), 1536, 8, hash_ids=(7, 8, 100 + i)) for i in range(4)]
+    kwargs = {"prefix_share": 0.0, "groups": 0, "prefills": 2, "page_size": 16, "pool": False}
+    sticky = with_prefix_cache(requests, sticky=True, **kwargs)
+    assert [r.cached_tokens for r in sticky] == [0, 1024, 1024, 1024]
+    in_turn = with_prefix_cache(requests, **kwargs)
+    assert [r.cached_tokens for r in in_turn] == [0, 0, 1024, 1024]
