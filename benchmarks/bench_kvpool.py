@@ -5,8 +5,10 @@ Each configuration is a fresh cluster on this machine (tests/support/kvpool.py):
 prefills with HiCache (their own prefix cache; with the pool, its L3 on the real Mooncake
 Store master), one sim decode, pdkit's router. The same workload goes to each: `--groups`
 groups of prompts of `--input-len` tokens whose first `--prefix-share` is the group's prefix,
-`--requests` in all (request i in group i mod groups), Poisson arrivals at `--rate`, streamed.
-The configurations:
+`--requests` in all (request i in group i mod groups), Poisson arrivals at `--rate`, streamed;
+or (`--workload trace`) a Mooncake-style trace of 512-token hash_ids blocks
+(`kit.perf.workload.multi_turn_hash_ids`, as bench-routing's): `--groups` conversations of
+`--turns` turns, each turn its history and one more block. The configurations:
 
     round_robin             prefills taken in turn, no pool: a group's prefix is computed
                             once on each prefill it reaches
@@ -28,6 +30,7 @@ measured and predicted. Ratios between configurations are the result; absolute t
 this machine's (the sim runs the timing model of H100s in real time).
 
     python -m benchmarks.bench_kvpool [--rate 6] [--requests 183] [--groups 61] [--pool-gb 128]
+        [--workload groups|trace] [--turns 6]
 """
 
 from __future__ import annotations
