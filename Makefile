@@ -124,6 +124,7 @@ bench-routing: $(VENV)/.stamp $(SMG_VENV)/.stamp
 
 bench-kvpool: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_kvpool
+	$(PY) -m benchmarks.bench_kvpool --workload trace
 
 bench-autoscale: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_autoscale

@@ -5,8 +5,10 @@ Each configuration is a fresh cluster on this machine (tests/support/kvpool.py):
 prefills with HiCache (their own prefix cache; with the pool, its L3 on the real Mooncake
 Store master), one sim decode, pdkit's router. The same workload goes to each: `--groups`
 groups of prompts of `--input-len` tokens whose first `--prefix-share` is the group's prefix,
-`--requests` in all (request i in group i mod groups), Poisson arrivals at `--rate`, streamed.
-The configurations:
+`--requests` in all (request i in group i mod groups), Poisson arrivals at `--rate`, streamed;
+or (`--workload trace`) a Mooncake-style trace of 512-token hash_ids blocks
+(`kit.perf.workload.multi_turn_hash_ids`, as bench-routing's): `--groups` conversations of
+`--turns` turns, each turn its history and one more block. The configurations:
 
     round_robin             prefills taken in turn, no pool: a group's prefix is computed
                             once on each prefill it reaches
@@ -20,19 +22,25 @@ Printed per configuration: TTFT p50/p90, goodput (share within the SLO x rate), 
 tokens cached (from the prefill's own cache, from the pool) and computed, from the answers
 (SGLang's usage and sglext.cached_tokens_details), and kit.perf's prediction of the cached
 and computed tokens (kit/perf/prefix_pool.py, what `pdkit size --prefix-share` uses) with the
-measured / predicted ratio. Ratios between configurations are the result; absolute times are
+measured / predicted ratio, and kit/perf's TTFT p50/p90 (`pred`): the same requests and
+arrivals served in virtual time by the instances the sim workers model (their own argv), each
+request's cached tokens not computed and its pool tokens loaded over the configuration's link
+first (`run_with_prefix_cache`); the configuration's TTFT ratio to the first one is printed
+measured and predicted. Ratios between configurations are the result; absolute times are
 this machine's (the sim runs the timing model of H100s in real time).
 
     python -m benchmarks.bench_kvpool [--rate 6] [--requests 183] [--groups 61] [--pool-gb 128]
+        [--workload groups|trace] [--turns 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kit.aio import run
@@ -40,6 +48,7 @@ from kit.bench.client import Client, Target
 from kit.bench.metrics import CacheSummary, PointSummary, summarize
 from kit.bench.runner import LoadSpec, run_point
 from kit.observe.prom import parse_metrics
+from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.prefix_pool import (
@@ -49,12 +58,23 @@ from kit.perf.prefix_pool import (
     estimate,
     pool_load_seconds,
     prefill_seconds_saved,
+    run_with_prefix_cache,
+    with_prefix_cache,
 )
+from kit.perf.sweep import Summary
 from kit.perf.timing import TimingModel
-from kit.perf.workload import Lengths, WorkloadSpec
+from kit.perf.workload import (
+    TRACE_BLOCK_TOKENS,
+    Lengths,
+    TraceEntry,
+    WorkloadSpec,
+    multi_turn_hash_ids,
+)
+from kit.sim.args import parse_args
 from kit.topology.launch import Parallelism
 from kit.topology.schema import SLO
 from tests.support.kvpool import PoolCluster
+from tests.support.sim_launch import SimProcess
 
 MODEL = "llama"
 MODEL_PATH = "meta-llama/Llama-3.1-8B-Instruct"
@@ -68,6 +88,8 @@ class Outcome:
     summary: PointSummary
     cache: CacheSummary
     predicted: PrefixEstimate
+    model: Summary
+    """kit/perf's run of the same requests with their cached tokens (TTFT, attainment)."""
     computed_metric: float
     pool_objects: float | None
 
@@ -77,13 +99,36 @@ def _metric_total(url: str, name: str) -> float:
         return parse_metrics(answer.read().decode()).total(name) or 0.0
 
 
-async def _point(url: str, args: argparse.Namespace, slo: SLO) -> PointSummary:
-    spec = WorkloadSpec(
+def _spec(args: argparse.Namespace) -> WorkloadSpec:
+    if args.workload == "trace":
+        return WorkloadSpec(count=args.requests, seed=args.seed, trace=tuple(_trace(args)))
+    return WorkloadSpec(
         input=Lengths.fixed(args.input_len),
         output=Lengths.fixed(args.output_len),
         count=args.requests,
         seed=args.seed,
     )
+
+
+def _trace(args: argparse.Namespace) -> list[TraceEntry]:
+    """`--workload trace`: `--groups` multi-turn conversations of `--turns` turns
+    (`multi_turn_hash_ids`, as bench-routing's trace), Poisson arrivals at `--rate`."""
+    rng = random.Random(f"{args.seed}:trace")
+    at = 0.0
+    entries = []
+    for blocks in multi_turn_hash_ids(args.groups, args.turns, args.seed):
+        at += rng.expovariate(args.rate)
+        entries.append(TraceEntry(at, len(blocks) * TRACE_BLOCK_TOKENS, args.output_len, blocks))
+    return entries
+
+
+def _instance(worker: SimProcess) -> InstanceConfig:
+    """The instance a sim worker models itself as (its own argv's launch record)."""
+    return InstanceConfig.from_launch(parse_args(worker.argv).launch(None))
+
+
+async def _point(url: str, args: argparse.Namespace, slo: SLO) -> PointSummary:
+    spec = _spec(args)
     load = LoadSpec(
         stream=True,
         timeout_s=120,
@@ -117,12 +162,50 @@ def configuration(name: str, args: argparse.Namespace, slo: SLO) -> Outcome:
             if cluster.master
             else None
         )
+        model = Cluster(
+            prefill=Instances(_instance(cluster.prefills[0]), len(cluster.prefills)),
+            decode=Instances(_instance(cluster.decode)),
+            rdma=False,  # the sim's PD transfers: mooncake_tcp
+            pool_rdma=protocol == "rdma",
+        )
     assert summary.cache is not None, "the answers reported no cached tokens"
-    workload = PrefixWorkload(args.requests, prompt_tokens(summary), args.prefix_share, args.groups)
-    predicted = estimate(
-        workload, prefills=1 if policy == "prefix_affinity" else 2, page_size=PAGE, pool=pool
+    sticky = policy == "prefix_affinity"
+    requests = _spec(args).requests(args.rate)
+    if args.workload == "trace":
+        # Blocks: the replay's own totals (a trace's prompts carry their lengths).
+        replayed = with_prefix_cache(
+            requests,
+            prefix_share=0,
+            groups=0,
+            prefills=2,
+            page_size=PAGE,
+            pool=pool,
+            sticky=sticky,
+        )
+        predicted = PrefixEstimate(
+            prompt_tokens=sum(r.prompt_len for r in requests),
+            device_tokens=sum(r.cached_tokens - r.pool_tokens for r in replayed),
+            storage_tokens=sum(r.pool_tokens for r in replayed),
+            pool_loads=sum(1 for r in replayed if r.pool_tokens),
+            prefix_tokens=0,
+        )
+    else:
+        prompt_len = prompt_tokens(summary)
+        workload = PrefixWorkload(args.requests, prompt_len, args.prefix_share, args.groups)
+        predicted = estimate(workload, prefills=1 if sticky else 2, page_size=PAGE, pool=pool)
+        requests = [replace(r, prompt_len=prompt_len) for r in requests]
+    modelled = run_with_prefix_cache(
+        model,
+        requests,
+        args.rate,
+        slo,
+        prefix_share=args.prefix_share,
+        groups=args.groups,
+        page_size=PAGE,
+        pool=pool,
+        sticky=sticky,
     )
-    return Outcome(name, summary, summary.cache, predicted, computed, objects)
+    return Outcome(name, summary, summary.cache, predicted, modelled, computed, objects)
 
 
 def prompt_tokens(summary: PointSummary) -> int:
@@ -138,28 +221,38 @@ def _ratio(measured: float, predicted: float) -> str:
 def report(outcomes: list[Outcome], args: argparse.Namespace) -> str:
     base = outcomes[0]
     lines = [
-        f"workload: {args.requests} requests at {args.rate:g} req/s, {args.input_len} tokens in "
-        f"({args.prefix_share:.0%} shared in {args.groups} groups), {args.output_len} out; "
+        f"workload: {args.requests} requests at {args.rate:g} req/s, {_shape(args)}, "
+        f"{args.output_len} out; "
         f"2 prefills + 1 decode (sim, H100 timing), SLO TTFT <= {args.ttft_ms:g} ms",
         "",
-        f"{'configuration':<24} {'TTFT p50':>9} {'p90':>7} {'goodput':>8} {'cached':>7} "
-        f"{'pool':>6} {'computed':>9} {'predicted':>10} {'ratio':>6}",
+        f"{'configuration':<24} {'TTFT p50':>9} {'pred':>7} {'ratio':>6} {'p90':>7} "
+        f"{'pred':>7} {'goodput':>8} {'cached':>7} {'pool':>6} {'computed':>9} "
+        f"{'predicted':>10} {'ratio':>6}",
     ]
     for o in outcomes:
         s, c = o.summary, o.cache
         pool = f"{(c.storage_tokens or 0) / c.prompt_tokens:.0%}"
         predicted = o.predicted.computed_tokens
+        p50, m = s.ttft_ms.p50 or 0, o.model
         lines.append(
-            f"{o.name:<24} {s.ttft_ms.p50 or 0:>7.0f}ms {s.ttft_ms.p90 or 0:>5.0f}ms "
+            f"{o.name:<24} {p50:>7.0f}ms {m.p50_ttft_ms:>5.0f}ms {_ratio(p50, m.p50_ttft_ms):>6} "
+            f"{s.ttft_ms.p90 or 0:>5.0f}ms {m.p90_ttft_ms:>5.0f}ms "
             f"{s.goodput:>6.2f}/s {c.hit_rate:>7.0%} {pool:>6} {c.computed_tokens:>9} "
             f"{predicted:>10.0f} {_ratio(c.computed_tokens, predicted):>6}"
         )
-    lines += ["", _hit_costs(args), ""]
+    lines += [
+        "",
+        _hit_costs(args) if args.workload == "groups" else "(trace: no single prefix)",
+        "",
+    ]
     for o in outcomes[1:]:
         s, b = o.summary, base.summary
+        measured = (s.ttft_ms.p50 or 0) / (b.ttft_ms.p50 or 1)
+        modelled = o.model.p50_ttft_ms / base.model.p50_ttft_ms
         lines.append(
             f"{o.name} vs {base.name}: "
-            f"TTFT p50 x{(s.ttft_ms.p50 or 0) / (b.ttft_ms.p50 or 1):.2f}, "
+            f"TTFT p50 x{measured:.2f} (predicted x{modelled:.2f}, measured/predicted "
+            f"{measured / modelled:.2f}), "
             f"p90 x{(s.ttft_ms.p90 or 0) / (b.ttft_ms.p90 or 1):.2f}, prefill tokens "
             f"computed x{o.cache.computed_tokens / max(base.cache.computed_tokens, 1):.2f}, "
             f"goodput {s.goodput:.2f} vs {base.summary.goodput:.2f} req/s"
@@ -173,6 +266,16 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> str:
             f"(measured {o.cache.hit_rate:.1%})"
         )
     return "\n".join(lines)
+
+
+def _shape(args: argparse.Namespace) -> str:
+    if args.workload == "trace":
+        return (
+            f"trace: {args.groups} conversations x {args.turns} turns of "
+            f"{TRACE_BLOCK_TOKENS}-token hash_ids blocks (system prompt of 4 shared by pairs, "
+            "each turn its history and one more)"
+        )
+    return f"{args.input_len} tokens in ({args.prefix_share:.0%} shared in {args.groups} groups)"
 
 
 def _hit_costs(args: argparse.Namespace) -> str:
@@ -200,8 +303,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--pool-gb", type=float, default=128.0, help="DRAM each prefill gives the pool (GiB)."
     )
+    parser.add_argument(
+        "--workload",
+        choices=("groups", "trace"),
+        default="groups",
+        help="groups: shared-prefix groups; trace: multi-turn hash_ids blocks (--groups "
+        "conversations of --turns turns; --requests is groups x turns)",
+    )
+    parser.add_argument("--turns", type=int, default=6, help="--workload trace: turns each")
     parser.add_argument("--json", type=Path, help="Write the summaries here.")
     args = parser.parse_args(argv)
+    if args.workload == "trace":
+        args.requests = args.groups * args.turns
     slo = SLO(ttft_ms=args.ttft_ms, tpot_ms=200.0)
     names = ("round_robin", "round_robin + pool tcp", "round_robin + pool rdma", "prefix_affinity")
     outcomes = [configuration(name, args, slo) for name in names]

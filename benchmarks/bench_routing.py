@@ -47,6 +47,7 @@ from typing import Any
 import aiohttp
 
 from kit.bench.prompts import block_text
+from kit.perf.workload import multi_turn_hash_ids
 from tests.support.sim_launch import SimProcess, free_port, worker_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,25 +207,14 @@ async def counters(session: aiohttp.ClientSession, url: str) -> tuple[float, flo
 
 
 def trace_workload(args: argparse.Namespace, seed: int) -> list[str]:
-    """A Mooncake-style trace: each request a list of `hash_ids` (blocks of 512 tokens,
-    `kit.bench.prompts.block_text`, the same text wherever the same id appears). `--groups`
-    conversations share a 4-block system prompt by pairs; each turn repeats its conversation's
-    previous blocks and adds one, as a chat history does; turns of different conversations
-    interleave at random."""
-    rng = random.Random(seed)
-    next_id = 1000
-    histories = []
-    for g in range(args.groups):
-        system = list(range(100 + 4 * (g // 2), 104 + 4 * (g // 2)))
-        histories.append(system)
-    turns = [g for g in range(args.groups) for _ in range(args.questions)]
-    rng.shuffle(turns)
-    prompts = []
-    for g in turns:
-        histories[g] = [*histories[g], next_id]
-        next_id += 1
-        prompts.append("".join(block_text(block) for block in histories[g]))
-    return prompts
+    """A Mooncake-style trace (`kit.perf.workload.multi_turn_hash_ids`: `--groups`
+    conversations of `--questions` turns, each turn its history's blocks and one more), each
+    block 512 tokens of `kit.bench.prompts.block_text`, the same text wherever the same id
+    appears."""
+    return [
+        "".join(block_text(block) for block in blocks)
+        for blocks in multi_turn_hash_ids(args.groups, args.questions, seed)
+    ]
 
 
 def workload(args: argparse.Namespace, seed: int) -> list[str]:

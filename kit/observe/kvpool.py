@@ -9,6 +9,12 @@ and `master_exist_key_requests_total`: HiCache asks whether a prefix's pages exi
 those that do) and the gets that found a replica (`valid_get_nums_`, a counter the Prometheus
 parser reads as `valid_get_nums__total`). A hit is a page got; a miss, one looked up and not
 found.
+
+A master that restarted while its clients ran (supervisord starts a killed one again at once)
+holds none of what the pool held: its clients find their segments gone and mount them again
+(`master_remount_segment_requests_total`), and none mounts one fresh
+(`master_mount_segment_requests_total` 0; a client starting mounts fresh, and remounts on a
+fresh master too, so remounts alone say nothing), so the line says the pool restarted empty.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ KV_POOL_METRICS = (
     "master_batch_exist_key_items_total",
     "master_exist_key_requests_total",
     "valid_get_nums__total",
+    "master_mount_segment_requests_total",
+    "master_remount_segment_requests_total",
 )
 
 
@@ -45,6 +53,9 @@ class KvPoolStatus:
     clients: int | None = None
     lookups: int | None = None
     hits: int | None = None
+    restarted: bool = False
+    """The master started after its clients (they only mounted their segments again): what
+    the pool held before is gone."""
 
     @property
     def free_bytes(self) -> int | None:
@@ -94,6 +105,8 @@ def evaluate_kv_pool(answers: KvPoolAnswers) -> KvPoolStatus:
             + (m.total("master_exist_key_requests_total") or 0)
         ),
         hits=_int(m.total("valid_get_nums__total")),
+        restarted=not m.total("master_mount_segment_requests_total")
+        and bool(m.total("master_remount_segment_requests_total")),
     )
 
 
@@ -107,10 +120,17 @@ def kv_pool_line(status: KvPoolStatus) -> str:
     if status.state == "down":
         return f"{head}: {status.cause}"
     rate = "-" if status.hit_rate is None else f"{status.hit_rate:.0%}"
+    restarted = (
+        "; restarted after its clients (they mounted their segments again): what the pool held "
+        "before is gone"
+        if status.restarted
+        else ""
+    )
     return (
         f"{head}, {status.objects if status.objects is not None else '-'} objects, "
         f"{_gib(status.used_bytes)} used of {_gib(status.capacity_bytes)} "
         f"({_gib(status.free_bytes)} free), {status.clients} clients; pages looked up "
         f"{status.lookups}: {status.hits} hits, {status.misses} misses ({rate})"
+        + restarted
         + (f"; {status.cause}" if status.cause else "")
     )

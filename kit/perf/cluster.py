@@ -267,12 +267,14 @@ class _Recorder:
 class Cluster:
     """A deployment: `colocated` instances alone, or `prefill` and/or `decode` instances
     (both: a PD cluster; one: DistServe's prefill-only or decode-only set-up). `rdma`: KV
-    moves over RDMA (else Mooncake over TCP)."""
+    moves over RDMA (else Mooncake over TCP); `pool_rdma`: a request's `pool_tokens` load from
+    the KV pool over RDMA (None: as the KV moves)."""
 
     colocated: Instances | None = None
     prefill: Instances | None = None
     decode: Instances | None = None
     rdma: bool = True
+    pool_rdma: bool | None = None
 
     def __post_init__(self) -> None:
         if self.colocated is not None and (self.prefill or self.decode):
@@ -381,9 +383,21 @@ class _Run:
 
             clock.call_at(now + delay, landed)
 
+        pool_rdma = rdma if self.cluster.pool_rdma is None else self.cluster.pool_rdma
+        # HiCache: a prefix from the pool is loaded (over the pool's link, the GPU free
+        # meanwhile) before the prefill computes the rest of the prompt.
+        load = (
+            p.timing.kv_transfer_seconds(req.pool_tokens, rdma=pool_rdma) if req.pool_tokens else 0
+        )
+
+        def start_prefill() -> None:
+            seq = Seq(rid, req.prompt_len, 1, p_sink)
+            seq.computed = min(req.cached_tokens, req.prompt_len - 1)
+            p.submit(seq)
+
         def reserved(seq: Seq, now: float) -> None:
             # The prefill leaves its bootstrap queue once the decode has sent its KV pages.
-            clock.call_at(now, lambda: p.submit(Seq(rid, req.prompt_len, 1, p_sink)))
+            clock.call_at(now + load, start_prefill)
 
         p_sink.prefilled = prefilled
         d_sink.reserved = reserved

@@ -29,6 +29,11 @@ class Request:
     hash_ids: tuple[int, ...] = ()
     """The prompt's blocks (a trace's hash ids): requests sharing leading blocks share a
     prompt prefix."""
+    cached_tokens: int = 0
+    """Prompt tokens its prefill takes from a cache instead of computing (a PD cluster's
+    prefill starts with them computed, as the sim's HiCache does)."""
+    pool_tokens: int = 0
+    """Of those, tokens loaded from the KV pool first, over the pool's link."""
 
 
 WorkloadFactory = Callable[[float], Sequence[Request]]
@@ -283,6 +288,24 @@ def read_trace(path: str | Path) -> list[TraceEntry]:
 
 def _at(entry: TraceEntry) -> float:
     return entry.timestamp
+
+
+def multi_turn_hash_ids(conversations: int, turns: int, seed: int) -> list[tuple[int, ...]]:
+    """A Mooncake-style trace's prompts as `hash_ids` (blocks of `TRACE_BLOCK_TOKENS`):
+    `conversations` conversations share a 4-block system prompt by pairs; each of their
+    `turns` turns repeats the conversation's previous blocks and adds one, as a chat history
+    does; turns of different conversations interleave at random (`seed`)."""
+    rng = random.Random(seed)
+    next_id = 1000
+    histories = [list(range(100 + 4 * (c // 2), 104 + 4 * (c // 2))) for c in range(conversations)]
+    order = [c for c in range(conversations) for _ in range(turns)]
+    rng.shuffle(order)
+    prompts = []
+    for c in order:
+        histories[c] = [*histories[c], next_id]
+        next_id += 1
+        prompts.append(tuple(histories[c]))
+    return prompts
 
 
 @dataclass(frozen=True)

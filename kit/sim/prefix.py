@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 POOL_TIMEOUT_S = 2.0
 """A store call slower than this counts as failed (a master gone makes some calls retry for
 seconds)."""
-POOL_RETRY_S = 5.0
+POOL_RETRY_S = 2.0
 """How long the pool stays skipped after a failure before the next request tries it again."""
 MAX_IN_FLIGHT = 4
 """Store calls queued or running at most; past it a request does without the pool."""

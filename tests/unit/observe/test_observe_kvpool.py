@@ -43,3 +43,22 @@ def test_a_master_that_does_not_answer_is_named_down_and_what_that_means():
     line = kv_pool_line(status)
     assert "kv-pool (10.0.0.1:9003): down: does not answer (connection refused)" in line
     assert "prefixes are recomputed" in line
+
+
+def test_a_master_its_clients_only_mounted_again_is_named_restarted_and_empty():
+    health = Fetched(TARGET.url + "/health", 200, '{"status":"ok"}')
+
+    def status(mounts: int, remounts: int):
+        text = METRICS + (
+            f"master_mount_segment_requests_total {mounts}\n"
+            f"master_remount_segment_requests_total {remounts}\n"
+        )
+        metrics = Fetched(TARGET.url + "/metrics", 200, text)
+        return evaluate_kv_pool(KvPoolAnswers(TARGET, health, metrics))
+
+    restarted = status(0, 2)
+    assert restarted.restarted
+    assert "; restarted after its clients (they mounted their segments again): what the pool " \
+        "held before is gone" in kv_pool_line(restarted)  # fmt: skip
+    # A fresh master: its clients mounted (and then remounted, as Mooncake's clients do).
+    assert not status(4, 2).restarted and "restarted" not in kv_pool_line(status(4, 2))

@@ -177,3 +177,19 @@ def test_model_memory_that_fits_nowhere_is_explained(tmp_path):
     assert result.returncode == 1
     assert "fits on no TP size of L40S" in result.stderr
     assert "To fix:" in result.stderr
+
+
+def test_size_predicts_the_ttft_a_kv_pool_gives_a_shared_prefix_workload(tmp_path):
+    pool = str(REPO / "topologies" / "local-kvpool.yaml")
+    args = ["--prefix-share", "0.9", "--prefix-groups", "41", "--input-len", "4096",
+            "--output-len", "16", "--requests", "120", "--no-robustness"]  # fmt: skip
+    result = run_pdkit("size", pool, *args, "--json", env=env_for(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["prefix_caching"]
+    alone, pooled = report["without_pool"], report["with_pool"]
+    assert report["prefills"] == 2 and pooled["pool_hit_rate"] > 0
+    # The second prefill loads each group's prefix instead of computing it: a lower TTFT.
+    assert pooled["ttft_p50_ms"] < alone["ttft_p50_ms"]
+    assert pooled["ttft_p90_ms"] < alone["ttft_p90_ms"]
+    printed = run_pdkit("size", pool, *args, env=env_for(tmp_path))
+    assert f"at {report['rate']:g} req/s: TTFT p50 {alone['ttft_p50_ms']:.0f} ms" in printed.stdout
