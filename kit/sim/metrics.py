@@ -166,11 +166,20 @@ class Metrics:
             names,
             registry=reg,
         )
+        # Counted when a request finishes, as SGLang's tokenizer manager does
+        # (observe_one_finished_request), by is_streaming: the prompt's every token, cached
+        # ones included, and the tokens generated.
         self.prompt_tokens = Counter(
-            "sglang:prompt_tokens", "Prefill tokens processed.", names, registry=reg
+            "sglang:prompt_tokens",
+            "Number of prefill tokens processed.",
+            [*names, "is_streaming"],
+            registry=reg,
         )
         self.generation_tokens = Counter(
-            "sglang:generation_tokens", "Generated tokens.", names, registry=reg
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            [*names, "is_streaming"],
+            registry=reg,
         )
         self.cached_tokens = Counter(
             "sglang:cached_tokens",
@@ -244,8 +253,6 @@ class Metrics:
             "bootstrap": 0,
             "transfer": 0,
             "kv_bytes": 0,
-            "prompt": 0,
-            "generated": 0,
             "device": 0,
             "storage": 0,
             "pool_failures": 0,
@@ -267,6 +274,8 @@ class Metrics:
         streaming = str(state.inp.stream).lower()
         labels = self.labels
         self.requests.labels(**labels, is_streaming=streaming).inc()
+        self.prompt_tokens.labels(**labels, is_streaming=streaming).inc(state.inp.prompt_len)
+        self.generation_tokens.labels(**labels, is_streaming=streaming).inc(len(state.output_ids))
         if state.finish is not None and state.finish.kind == "abort":
             self.aborted.labels(**labels).inc()
             return
@@ -294,11 +303,6 @@ class Metrics:
         else:
             self.kv_bootstrap_ms.labels(**lab).observe(record.bootstrap_ms)
             self.kv_alloc_ms.labels(**lab).observe(record.alloc_ms)
-
-    def rebase(self) -> None:
-        """The engine's ranks were rebuilt (a role switch): their totals start from zero, the
-        counters carry on from where they were."""
-        self._counted.update(prompt=0, generated=0)
 
     def _bump(self, counter: Counter, key: str, total: int) -> None:
         delta = total - self._counted[key]
@@ -333,8 +337,6 @@ class Metrics:
         self._bump(self.bootstrap_failed, "bootstrap", e.pd.bootstrap_failed)
         self._bump(self.transfer_failed, "transfer", e.pd.transfer_failed)
         self._bump(self.sim_kv_bytes, "kv_bytes", e.pd.kv_bytes_moved)
-        # SGLang counts every prompt token, cached ones included.
-        self._bump(self.prompt_tokens, "prompt", computed + cached)
         for source, total in (
             ("device", e.cache.device_tokens),
             ("storage", e.cache.storage_tokens),
@@ -346,9 +348,6 @@ class Metrics:
         if e.pool is not None:
             self.pool_up.labels(**self.labels).set(1 if e.pool.up else 0)
             self._bump(self.pool_failures, "pool_failures", e.pool.stats.failures)
-        self._bump(
-            self.generation_tokens, "generated", sum(r.stats.generated_tokens for r in e.ranks)
-        )
         return generate_latest(self.registry)
 
 

@@ -151,10 +151,8 @@ class Api:
         except ValueError:
             body = None
         status, data = role_switch.switch(self.engine, body)
-        if data["success"] and data["message"] == "ok":
-            self.metrics.rebase()
-            if self.on_role_switch is not None:
-                self.on_role_switch(data["new_role"])
+        if data["success"] and data["message"] == "ok" and self.on_role_switch is not None:
+            self.on_role_switch(data["new_role"])
         return _json(data, status)
 
     # -- health and info -------------------------------------------------------------------

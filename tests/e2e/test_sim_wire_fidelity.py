@@ -147,8 +147,6 @@ KNOWN: dict[str, str] = {
     "with dp_rank even with one DP rank; SGLang only with DP attention",
     "/metrics|labels|sglang:num_retracted_reqs real+['pid'] sim+['dp_rank']": "SGLang labels "
     "this gauge with the scheduler's pid",
-    "/metrics|labels|sglang:*_tokens_total real+['is_streaming'] sim+[]": "SGLang splits the "
-    "token counters by streaming",
 }
 
 

@@ -10,6 +10,7 @@ import urllib.request
 import openai
 import pytest
 
+from kit.observe.prom import parse_metrics
 from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
 pytestmark = pytest.mark.e2e
@@ -228,12 +229,25 @@ def test_info_loads_and_metrics(worker):
     _, loads = request_json(worker.url + "/v1/loads?include=all")
     assert loads["loads"][0]["max_running_requests"] == 64
     # one request of its own, so the histograms have a series whatever ran before
+    with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as r:
+        before = parse_metrics(r.read().decode())
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
-    assert request_json(worker.url + "/generate", body)[0] == 200
+    status, answer = request_json(worker.url + "/generate", body)
+    assert status == 200
     with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'sglang:time_to_first_token_seconds_count{engine_type="unified"' in text
-    assert "sglang:generation_tokens_total" in text
+    # As SGLang's tokenizer manager: a finished request's prompt and generated tokens, by
+    # is_streaming (an autoscaler divides them by sglang:num_requests for the mean lengths).
+    after, meta = parse_metrics(text), answer["meta_info"]
+    for name, grown in (
+        ("sglang:prompt_tokens_total", meta["prompt_tokens"]),
+        ("sglang:generation_tokens_total", meta["completion_tokens"]),
+    ):
+        assert (
+            after.total(name, is_streaming="false")
+            == (before.total(name, is_streaming="false") or 0) + grown
+        ), name
     assert request_json(worker.url + "/flush_cache")[0] == 200
 
 
