@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -248,7 +249,10 @@ def rooms_for(prefill_dp: int, decode_dp: int, salt: int) -> list[tuple[int, int
     """(bootstrap room, decode DP rank or None) per request: one per DP rank of the larger
     side; room % prefill_dp walks every prefill rank."""
     count = max(prefill_dp, decode_dp)
-    base = (salt * 7919 + int(time.time() * 1000)) % (2**40) * prefill_dp
+    # Random, not the clock: probes started in the same millisecond (the gates of one
+    # autoscale move, run at once against the same prefill) took the same room, and SGLang
+    # refuses a duplicate room on both sides.
+    base = (secrets.randbits(40) + salt * 7919) % (2**40) * prefill_dp
     return [(base + i % prefill_dp, i % decode_dp if decode_dp > 1 else None) for i in range(count)]
 
 

@@ -16,7 +16,14 @@ import pytest
 import yaml
 from aiohttp import web
 
-from kit.observe.doctor import DoctorOptions, Instance, _health, explain, run_matrix
+from kit.observe.doctor import (
+    DoctorOptions,
+    Instance,
+    _health,
+    explain,
+    rooms_for,
+    run_matrix,
+)
 from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
 from kit.observe.probe import Prober
 from kit.plan.resolve import resolve
@@ -410,3 +417,14 @@ def test_an_instance_whose_other_node_does_not_answer_health_is_not_probed():
     down = asyncio.run(go())
     assert list(down) == ["decode-0"]
     assert down["decode-0"].startswith("decode-0's node decode-0-node1 does not answer /health (")
+
+
+def test_probes_started_at_once_never_share_a_bootstrap_room():
+    """An autoscale move gates its instances at once against the same prefill: SGLang refuses
+    a room it already holds, so two probes must never pick the same one, even in the same
+    millisecond; each still walks every prefill DP rank."""
+    rooms = [room for _ in range(2000) for room, _ in rooms_for(2, 1, 0)]
+    assert len(set(rooms)) == len(rooms)
+    plan = rooms_for(4, 2, 3)
+    assert sorted(room % 4 for room, _ in plan) == [0, 1, 2, 3]
+    assert [rank for _, rank in plan] == [0, 1, 0, 1]
