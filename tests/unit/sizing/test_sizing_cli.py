@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -193,3 +194,15 @@ def test_size_predicts_the_ttft_a_kv_pool_gives_a_shared_prefix_workload(tmp_pat
     assert pooled["ttft_p90_ms"] < alone["ttft_p90_ms"]
     printed = run_pdkit("size", pool, *args, env=env_for(tmp_path))
     assert f"at {report['rate']:g} req/s: TTFT p50 {alone['ttft_p50_ms']:.0f} ms" in printed.stdout
+    # The same sim slowed to half speed serves less (the model meets a halved SLO at full
+    # speed) and each request takes longer in wall time (wall = model time / speed): its
+    # predicted TTFT is longer, not shorter.
+    data = yaml.safe_load(Path(pool).read_text())
+    data.setdefault("defaults", {}).setdefault("env", {})["PDKIT_SIM_SPEED"] = "0.5"
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(yaml.safe_dump(data, sort_keys=False))
+    halved = run_pdkit("size", str(slow), *args, "--json", env=env_for(tmp_path))
+    assert halved.returncode == 0, halved.stderr
+    half = json.loads(halved.stdout)["prefix_caching"]
+    assert half["rate"] < report["rate"] / 2
+    assert half["with_pool"]["ttft_p50_ms"] > 1.2 * pooled["ttft_p50_ms"], (half, report)
