@@ -10,7 +10,7 @@ from kit.kvevents import wire
 from kit.kvevents.blocks import block_hashes
 from kit.lb.cache_aware import CacheAware
 from kit.lb.config import WorkerSpec
-from kit.lb.kv_index import KvIndex, RankCache, parse_descriptor
+from kit.lb.kv_index import SERVED_GRACE_S, KvIndex, RankCache, parse_descriptor
 from kit.lb.protocol import ROOM_SPAN, parse_request, room_on_rank
 from kit.lb.workers import Worker
 
@@ -108,8 +108,8 @@ def test_queued_prefill_work_outweighs_a_short_cached_prefix():
     policy.begin(busy)  # 400 uncached tokens queued on 0
     # cost on 0: 400 + 67 - 8; on 1: 67 -> the idle one, despite 0's cached 8 tokens.
     assert policy.plan(ws, generate(PROMPT), b"k").worker is ws[1]
-    policy.end(busy)
-    policy.end(busy)  # a second end (retry paths) changes nothing
+    policy.end(busy, served=True)
+    policy.end(busy, served=True)  # a second end (retry paths) changes nothing
     assert policy.queued(ws[0].url) == 0
     assert policy.plan(ws, generate(PROMPT), b"k").worker is ws[0]
 
@@ -178,3 +178,117 @@ def test_the_server_info_descriptor_gives_ports_topic_block_size_and_ranks():
     assert parse_descriptor(info) == (5557, "kv", 16, 4)
     assert parse_descriptor({"kv_events": None}) is None
     assert parse_descriptor({"kv_events": {"publisher": "zmq", "block_size": 0}}) is None
+
+
+# -- pending blocks: what the router sent to a rank before its events report it --------------
+
+QUESTION_A = [*PREFIX, 5, 6, 7]
+QUESTION_B = [*PREFIX, 8, 9, 10]
+
+
+def live_prefills(index: KvIndex, n: int, dp: int = 1) -> list[Worker]:
+    """`n` prefills whose (empty) indexes are live: each has published one empty batch."""
+    ws = prefills(n)
+    for w in ws:
+        index.add(w.url, BLOCK, dp)
+        for rank in range(dp):
+            index.receive(w.url, rank, 0, wire.KVEventBatch(ts=0.0, events=[]), now=0.0)
+    return ws
+
+
+def test_a_request_sent_before_the_first_with_its_prefix_is_reported_joins_it():
+    """The first request of a document is still prefilling (no event yet) and the other
+    prefill is busy with a little work: the second request goes where the document will be
+    cached, and is predicted to reuse it."""
+    index = KvIndex()
+    ws = live_prefills(index, 2)
+    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    first = policy.plan(ws, generate(QUESTION_A), b"a")
+    policy.begin(first)
+    other = next(w for w in ws if w is not first.worker)
+    small = policy.plan([other], generate(list(range(7000, 7010))), b"s")
+    policy.begin(small)  # 10 tokens queued on the other prefill
+    second = policy.plan(ws, generate(QUESTION_B), b"b")
+    assert second.worker is first.worker
+    assert second.predicted == 64 and second.pending == 64
+    # Once the first one's blocks are reported, they are cached, no longer pending, and its
+    # tokens have left the queue although its prefill leg (the KV transfer) has not ended.
+    index.receive(first.worker.url, 0, 1, stored(QUESTION_A), now=1.0)
+    assert index.workers[first.worker.url].pending_size() == 0
+    assert policy.queued(first.worker.url) == 0
+    third = policy.plan(ws, generate(QUESTION_B), b"b")
+    assert third.worker is first.worker and (third.predicted, third.pending) == (64, 0)
+    policy.end(first, served=True)
+    assert policy.queued(first.worker.url) == 0
+
+
+def test_under_dp_attention_a_concurrent_request_goes_to_the_rank_computing_its_prefix():
+    index = KvIndex()
+    ws = live_prefills(index, 1, dp=2)
+    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    first = policy.plan(ws, generate(QUESTION_A), b"a")
+    policy.begin(first)
+    small = policy.plan(ws, generate(list(range(7000, 7010))), b"s")
+    assert small.dp_rank != first.dp_rank
+    policy.begin(small)
+    second = policy.plan(ws, generate(QUESTION_B), b"b")
+    assert (second.worker, second.dp_rank) == (first.worker, first.dp_rank)
+    assert second.pending == 64
+
+
+def test_pending_blocks_end_with_a_failed_prefill_and_soon_after_an_unreported_one():
+    now = [1.0]
+    index = KvIndex(pending_s=30.0)
+    ws = live_prefills(index, 1)
+    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    failed = policy.plan(ws, generate(QUESTION_A), b"a")
+    policy.begin(failed)
+    assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64
+    policy.end(failed, served=False)  # the prefill answered 5xx, or the leg was cancelled
+    assert policy.plan(ws, generate(QUESTION_B), b"b").predicted == 0
+    served = policy.plan(ws, generate(QUESTION_A), b"a")
+    policy.begin(served)
+    policy.end(served, served=True)  # answered, but no BlockStored follows
+    assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64  # events trail a little
+    now[0] += SERVED_GRACE_S + 0.1
+    assert policy.plan(ws, generate(QUESTION_B), b"b").predicted == 0
+    assert index.workers[ws[0].url].ranks[0].dropped == 2
+
+
+def test_pending_blocks_expire_when_the_prefill_leg_never_ends():
+    now = [1.0]
+    index = KvIndex(pending_s=10.0)
+    ws = live_prefills(index, 1)
+    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    policy.begin(policy.plan(ws, generate(QUESTION_A), b"a"))
+    now[0] = 10.5
+    assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64
+    now[0] = 11.5
+    assert policy.plan(ws, generate(QUESTION_B), b"b").predicted == 0
+    assert index.workers[ws[0].url].pending_size() == 0
+
+
+def test_a_restart_or_an_event_gap_drops_pending_blocks_with_the_cached_ones():
+    index = KvIndex()
+    ws = live_prefills(index, 1, dp=2)
+    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    on_0 = policy.plan(ws, generate(QUESTION_A), b"a")
+    policy.begin(on_0)
+    rank = on_0.dp_rank
+    assert rank is not None
+    # A gap on the rank: what happened there is unknown, pending blocks included.
+    index.receive(ws[0].url, rank, 5, wire.KVEventBatch(ts=0.0, events=[]), now=1.0)
+    again = policy.plan(ws, generate(QUESTION_B), b"b")
+    assert again.predicted == 0
+    policy.begin(again)
+    assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64
+    # The worker restarts (it left the routable set): nothing of it is believed.
+    index.drop(ws[0].url)
+    assert policy.plan(ws, generate(QUESTION_B), b"b").predicted == -1
+    index.receive(ws[0].url, 0, 0, wire.KVEventBatch(ts=0.0, events=[]), now=2.0)
+    assert policy.plan(ws, generate(QUESTION_B), b"b").predicted == 0
+    # The old attempts' legs end later (they failed with the worker): nothing comes back.
+    policy.end(on_0, served=False)
+    policy.end(again, served=False)
+    assert index.workers[ws[0].url].pending_size() == 0
+    assert policy.queued(ws[0].url) == 0
