@@ -168,12 +168,13 @@ class CacheAware:
         now = self._clock()
         key = (choice.worker.url, choice.dp_rank)
         self._queued[key] = self._queued.get(key, 0) + choice.uncached
-        self.index.routed(choice.worker.url, now)
         cache, rank = choice.cache, choice.dp_rank
         if cache is not None and rank is not None and choice.hashes:
             choice.record = self.index.expect(
                 cache, rank, choice.hashes, now, lambda: self._release(choice)
             )
+            if choice.record is not None:  # its events are due (the silence rule)
+                self.index.routed(choice.worker.url, now)
 
     def end(self, choice: Choice, served: bool) -> None:
         """Its prefill leg ended: `served` (answered 2xx), or failed or cancelled."""

@@ -24,9 +24,12 @@ Never stale, by these rules:
 * a sequence number lower than the last (the publisher restarted) clears the rank;
 * the subscriber losing its connection, or the worker leaving the routable set (unhealthy,
   removed, restarting), clears the worker and marks it not `live`;
-* silence: `silence_requests` requests routed to a worker since its last event, the first of
-  them more than `silence_s` ago, and the worker is not `live` until its next event (events
-  stopped: the router routes as if it knew nothing).
+* silence: `silence_requests` requests routed to a worker since its last event that should
+  have made it store blocks (each had blocks pending there), the first of them more than
+  `silence_s` ago, and the worker is not `live` until its next event (events stopped: the
+  router routes as if it knew nothing). A request whose prompt the index already holds
+  whole stores nothing new, so the worker publishes nothing for it: a worker serving only
+  cache hits is not silent.
 Each of these drops the rank's (the worker's) pending blocks as well as its cached ones.
 A worker that is not `live` predicts nothing and the policy falls back (`kit.lb.policies`).
 """
@@ -338,7 +341,7 @@ class KvIndex:
                 record.rank.drop(record)
 
     def routed(self, url: str, now: float) -> None:
-        """A request went to `url` (for the silence rule)."""
+        """A request that should make `url` store blocks went there (for the silence rule)."""
         cache = self.workers.get(url)
         if cache is None:
             return

@@ -150,8 +150,8 @@ def test_a_worker_that_stops_publishing_is_routed_as_if_uncached():
     index.add(ws[0].url, BLOCK, 1)
     index.receive(ws[0].url, 0, 0, stored(PREFIX), now=0.0)
     policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
-    for _ in range(3):
-        policy.begin(policy.plan(ws, generate(PROMPT), b"k"))
+    for q in range(3):  # each should make the worker store (and publish) its question's block
+        policy.begin(policy.plan(ws, generate([*PREFIX, *range(10 * q, 10 * q + 5)]), b"k"))
     now[0] = 4.0
     assert policy.plan(ws, generate(PROMPT), b"k").predicted == 64  # 4 s: not yet silent
     now[0] = 6.0
@@ -159,6 +159,24 @@ def test_a_worker_that_stops_publishing_is_routed_as_if_uncached():
     assert index.workers[ws[0].url].size() == 0
     index.receive(ws[0].url, 0, 1, stored(PREFIX), now=6.5)  # it speaks again
     assert policy.plan(ws, generate(PROMPT), b"k").predicted == 64
+
+
+def test_a_worker_serving_only_cache_hits_is_not_taken_for_silent():
+    """A prompt whose blocks the index holds whole makes the worker store nothing, so it
+    publishes nothing: many such requests, long after the last event, keep the index."""
+    now = [0.0]
+    index = KvIndex(silence_s=5.0, silence_requests=3)
+    ws = prefills(1)
+    index.add(ws[0].url, BLOCK, 1)
+    index.receive(ws[0].url, 0, 0, stored(PREFIX), now=0.0)
+    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    for _ in range(10):
+        now[0] += 1.0
+        choice = policy.plan(ws, generate(PROMPT), b"k")  # PREFIX's 16 blocks + 3 tokens
+        assert choice.predicted == 64
+        policy.begin(choice)
+        policy.end(choice, served=True)
+    assert index.workers[ws[0].url].live
 
 
 def test_a_room_on_a_rank_is_congruent_to_it_and_in_range():
