@@ -3,12 +3,17 @@ against the prefill work already queued there.
 
 For a prompt of L tokens, each candidate (worker w, DP rank r) costs
 
-    cost(w, r) = queued(w, r) + (L - cached(w, r))
+    cost(w, r) = queued(w, r) + 2 * (L - cached(w, r))
 
-tokens: the uncached prompt tokens this router has sent to (w, r) whose prefill has not been
-computed yet, plus the tokens this prompt would compute there. That is the prefill work ahead of
-the request's first token on (w, r), so the cheapest rank is the one expected to answer first; a
-cached token and a queued token weigh the same. A request's tokens leave `queued` when the
+tokens: `queued` is the uncached prompt tokens this router has sent to (w, r) whose prefill has
+not been computed yet. `queued + (L - cached)` is the prefill work ahead of the request's first
+token on (w, r); the second `L - cached` is the work it leaves queued there for the requests
+that come after it. Counting only the first, a request whose prefix is cached (or being
+computed) on a busy rank went to an idle one and computed the prefix again, as fast for itself
+but at the cost of everyone queued behind it there; Dynamo's KV router scores a worker the same
+way (the request's new prefill blocks plus the worker's active blocks with the request added,
+overlap weight 1). So a rank holding the prefix keeps it until its queue is about twice the
+prefix's compute. A request's tokens leave `queued` when the
 rank's KV events report its prompt stored (the compute is done; its KV may still be on its way
 to the decode) or when its prefill leg ends, whichever is first.
 
@@ -144,7 +149,7 @@ class CacheAware:
                 ranks = list(enumerate(self.index.predict(cache, ids, hashed)))
                 dp = cache.dp_size
             for rank, cached in ranks:
-                cost = self._queued.get((worker.url, rank), 0) + length - cached
+                cost = self._queued.get((worker.url, rank), 0) + 2 * (length - cached)
                 # Lower wins: cost, then more cached, then prefix_affinity's order, then rank.
                 score = (cost, -cached, -affinity, rank if rank is not None else 0)
                 if best is None or score < best[0]:

@@ -310,3 +310,18 @@ def test_a_restart_or_an_event_gap_drops_pending_blocks_with_the_cached_ones():
     policy.end(again, served=False)
     assert index.workers[ws[0].url].pending_size() == 0
     assert policy.queued(ws[0].url) == 0
+
+
+def test_a_cached_prefix_holds_its_rank_until_the_queue_there_is_twice_its_compute():
+    """The request also counts the work it leaves behind: on the idle prefill it would compute
+    its 64-token prefix again, which everyone after it there would wait for."""
+    index = KvIndex()
+    ws = live_prefills(index, 2)
+    index.receive(ws[0].url, 0, 1, stored(PREFIX), now=0.0)
+    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    busy = policy.plan([ws[0]], generate(list(range(5000, 5100))), b"other")
+    policy.begin(busy)  # 100 uncached tokens queued on 0: more than the prefix, under twice
+    assert policy.plan(ws, generate(PROMPT), b"k").worker is ws[0]
+    more = policy.plan([ws[0]], generate(list(range(6000, 6040))), b"more")
+    policy.begin(more)  # 140 queued on 0: over twice the prefix's 64 tokens
+    assert policy.plan(ws, generate(PROMPT), b"k").worker is ws[1]
