@@ -143,13 +143,18 @@ def test_a_dropped_worker_predicts_nothing_until_it_publishes_again():
     assert not (choice.worker is ws[0] and choice.predicted > 0)
 
 
-def test_a_worker_that_stops_publishing_is_routed_as_if_uncached():
-    now = [0.0]
+def silence_case(now: list[float]) -> tuple[KvIndex, list[Worker], CacheAware]:
+    """One prefill that published PREFIX at 0 s and is silent after 3 requests over 5 s."""
     index = KvIndex(silence_s=5.0, silence_requests=3)
     ws = prefills(1)
     index.add(ws[0].url, BLOCK, 1)
     index.receive(ws[0].url, 0, 0, stored(PREFIX), now=0.0)
-    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    return index, ws, CacheAware(index, random.Random(1), clock=lambda: now[0])
+
+
+def test_a_worker_that_stops_publishing_is_routed_as_if_uncached():
+    now = [0.0]
+    index, ws, policy = silence_case(now)
     for q in range(3):  # each should make the worker store (and publish) its question's block
         policy.begin(policy.plan(ws, generate([*PREFIX, *range(10 * q, 10 * q + 5)]), b"k"))
     now[0] = 4.0
@@ -165,11 +170,7 @@ def test_a_worker_serving_only_cache_hits_is_not_taken_for_silent():
     """A prompt whose blocks the index holds whole makes the worker store nothing, so it
     publishes nothing: many such requests, long after the last event, keep the index."""
     now = [0.0]
-    index = KvIndex(silence_s=5.0, silence_requests=3)
-    ws = prefills(1)
-    index.add(ws[0].url, BLOCK, 1)
-    index.receive(ws[0].url, 0, 0, stored(PREFIX), now=0.0)
-    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    index, ws, policy = silence_case(now)
     for _ in range(10):
         now[0] += 1.0
         choice = policy.plan(ws, generate(PROMPT), b"k")  # PREFIX's 16 blocks + 3 tokens
@@ -204,23 +205,26 @@ QUESTION_A = [*PREFIX, 5, 6, 7]
 QUESTION_B = [*PREFIX, 8, 9, 10]
 
 
-def live_prefills(index: KvIndex, n: int, dp: int = 1) -> list[Worker]:
-    """`n` prefills whose (empty) indexes are live: each has published one empty batch."""
+def live_prefills(
+    n: int, dp: int = 1, now: list[float] | None = None, pending_s: float = 30.0
+) -> tuple[KvIndex, list[Worker], CacheAware]:
+    """`n` prefills whose (empty) indexes are live (each rank published one empty batch), and
+    cache_aware over them on the clock `now` (1 s if None)."""
+    index = KvIndex(pending_s=pending_s)
     ws = prefills(n)
     for w in ws:
         index.add(w.url, BLOCK, dp)
         for rank in range(dp):
             index.receive(w.url, rank, 0, wire.KVEventBatch(ts=0.0, events=[]), now=0.0)
-    return ws
+    clock = now or [1.0]
+    return index, ws, CacheAware(index, random.Random(1), clock=lambda: clock[0])
 
 
 def test_a_request_sent_before_the_first_with_its_prefix_is_reported_joins_it():
     """The first request of a document is still prefilling (no event yet) and the other
     prefill is busy with a little work: the second request goes where the document will be
     cached, and is predicted to reuse it."""
-    index = KvIndex()
-    ws = live_prefills(index, 2)
-    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    index, ws, policy = live_prefills(2)
     first = policy.plan(ws, generate(QUESTION_A), b"a")
     policy.begin(first)
     other = next(w for w in ws if w is not first.worker)
@@ -241,9 +245,7 @@ def test_a_request_sent_before_the_first_with_its_prefix_is_reported_joins_it():
 
 
 def test_under_dp_attention_a_concurrent_request_goes_to_the_rank_computing_its_prefix():
-    index = KvIndex()
-    ws = live_prefills(index, 1, dp=2)
-    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    _, ws, policy = live_prefills(1, dp=2)
     first = policy.plan(ws, generate(QUESTION_A), b"a")
     policy.begin(first)
     small = policy.plan(ws, generate(list(range(7000, 7010))), b"s")
@@ -256,9 +258,7 @@ def test_under_dp_attention_a_concurrent_request_goes_to_the_rank_computing_its_
 
 def test_pending_blocks_end_with_a_failed_prefill_and_soon_after_an_unreported_one():
     now = [1.0]
-    index = KvIndex(pending_s=30.0)
-    ws = live_prefills(index, 1)
-    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    index, ws, policy = live_prefills(1, now=now)
     failed = policy.plan(ws, generate(QUESTION_A), b"a")
     policy.begin(failed)
     assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64
@@ -275,9 +275,7 @@ def test_pending_blocks_end_with_a_failed_prefill_and_soon_after_an_unreported_o
 
 def test_pending_blocks_expire_when_the_prefill_leg_never_ends():
     now = [1.0]
-    index = KvIndex(pending_s=10.0)
-    ws = live_prefills(index, 1)
-    policy = CacheAware(index, random.Random(1), clock=lambda: now[0])
+    index, ws, policy = live_prefills(1, now=now, pending_s=10.0)
     policy.begin(policy.plan(ws, generate(QUESTION_A), b"a"))
     now[0] = 10.5
     assert policy.plan(ws, generate(QUESTION_B), b"b").pending == 64
@@ -287,9 +285,7 @@ def test_pending_blocks_expire_when_the_prefill_leg_never_ends():
 
 
 def test_a_restart_or_an_event_gap_drops_pending_blocks_with_the_cached_ones():
-    index = KvIndex()
-    ws = live_prefills(index, 1, dp=2)
-    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
+    index, ws, policy = live_prefills(1, dp=2)
     on_0 = policy.plan(ws, generate(QUESTION_A), b"a")
     policy.begin(on_0)
     rank = on_0.dp_rank
@@ -315,10 +311,8 @@ def test_a_restart_or_an_event_gap_drops_pending_blocks_with_the_cached_ones():
 def test_a_cached_prefix_holds_its_rank_until_the_queue_there_is_twice_its_compute():
     """The request also counts the work it leaves behind: on the idle prefill it would compute
     its 64-token prefix again, which everyone after it there would wait for."""
-    index = KvIndex()
-    ws = live_prefills(index, 2)
+    index, ws, policy = live_prefills(2)
     index.receive(ws[0].url, 0, 1, stored(PREFIX), now=0.0)
-    policy = CacheAware(index, random.Random(1), clock=lambda: 1.0)
     busy = policy.plan([ws[0]], generate(list(range(5000, 5100))), b"other")
     policy.begin(busy)  # 100 uncached tokens queued on 0: more than the prefix, under twice
     assert policy.plan(ws, generate(PROMPT), b"k").worker is ws[0]
