@@ -77,6 +77,12 @@ class Pending:
     on_confirmed: Callable[[], None] | None = None
     state: str = "pending"
 
+    def end(self, state: str) -> None:
+        """Confirmed or dropped: what it held is let go (its deadline entry lingers)."""
+        self.state = state
+        self.hashes = []
+        self.on_confirmed = None
+
 
 @dataclass
 class RankCache:
@@ -98,7 +104,7 @@ class RankCache:
         self.blocks.clear()
         for records in self.awaiting.values():
             for record in records:
-                record.state = "dropped"
+                record.end("dropped")
                 self.dropped += 1
         self.awaiting.clear()
         self.pending.clear()
@@ -131,7 +137,7 @@ class RankCache:
             if not records:
                 del self.awaiting[record.hashes[-1]]
         self._unref(record)
-        record.state = "dropped"
+        record.end("dropped")
         self.dropped += 1
 
     def _unref(self, record: Pending) -> None:
@@ -153,10 +159,11 @@ class RankCache:
                 continue
             for record in records:
                 self._unref(record)
-                record.state = "confirmed"
+                confirmed = record.on_confirmed
+                record.end("confirmed")
                 self.confirmed += 1
-                if record.on_confirmed is not None:
-                    record.on_confirmed()
+                if confirmed is not None:
+                    confirmed()
 
     def receive(self, seq: int, batch: wire.KVEventBatch) -> None:
         """Apply one batch numbered `seq` (see the module docstring for gaps and restarts)."""
