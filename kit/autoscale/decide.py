@@ -284,7 +284,8 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
         return _hold(
             inputs,
             f"{inputs.requests} request(s) finished but the workers' metrics do not show their "
-            "lengths (a /metrics unanswered, or --enable-metrics missing)",
+            "lengths (the prefills or the decodes finished none in the interval, or their "
+            "/metrics did not answer, or --enable-metrics is missing)",
             error,
         )
     if memory.mispredicted >= limits.mispredicted_intervals:

@@ -101,6 +101,10 @@ class Autoscaler:
         self.memory = Memory()
         self.predicted: Mix | None = None
         self.previous: Scrape | None = None
+        self.answered: dict[str, MetricSet] = {}
+        """Each worker's last answered /metrics since the last change: a worker that did not
+        answer the previous scrape counts its interval from its last answer (a loaded worker's
+        /metrics can time out, and the interval after would otherwise see nothing of it)."""
         self.last: records.DecisionRecord | None = records.load(self.ctx.state_dir)
 
     @property
@@ -168,8 +172,10 @@ class Autoscaler:
         if self.previous is None:
             seen = Interval(0.0, 0, None, None)
         else:
-            seen = interval(self.previous, scrape, roles, self.plan.router.kind, self.topology.slo)
+            before = self.previous.filled(self.answered)
+            seen = interval(before, scrape, roles, self.plan.router.kind, self.topology.slo)
         self.previous = scrape
+        self.answered.update({w: m for w, m in scrape.workers.items() if m is not None})
         enough = seen.mix is not None and seen.requests >= self.limits.min_requests
         observed = seen.mix if enough else None
         fit = "not fitted (too few requests)"
@@ -238,6 +244,7 @@ class Autoscaler:
             return f"applying failed after {time.monotonic() - began:.1f} s: {exc}"
         # The interval under way straddles the change: start measuring afresh.
         self.previous = None
+        self.answered = {}
         return f"{text} in {time.monotonic() - began:.1f} s"
 
     def _log(

@@ -9,8 +9,9 @@ metrics (pure: the scrapes are inputs).
                     TPOT as the gap between streamed events; smg per request), P50 and P90
     attainment      an estimate: the smaller of the shares of TTFT and of TPOT samples within
                     the SLO (the histograms do not pair them per request)
-    stalled         requests waiting on the prefills when they finished none in an interval
-                    longer than the TTFT objective (`stalled_prefills`)
+    stalled         requests waiting on the prefills (theirs and the router's count) when they
+                    finished none in an interval longer than the TTFT objective
+                    (`stalled_prefills`)
 
 Each instance counts in the role it serves now (`roles`), which a role switch changes.
 """
@@ -28,6 +29,12 @@ from kit.sizing.calibration import Latencies
 from kit.topology.schema import SLO
 
 ITL = "sglang:inter_token_latency_seconds"
+PREFILL_WAITING = (
+    "sglang:num_queue_reqs",
+    "sglang:num_running_reqs",
+    "sglang:num_prefill_bootstrap_queue_reqs",
+)
+ROUTER_PREFILL_INFLIGHT = "pdkit_lb_worker_inflight"
 GENERATE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
 """The routes whose requests are the workload (not /health, /metrics, /workers)."""
 
@@ -55,6 +62,17 @@ class Scrape:
     at: float
     router: MetricSet | None
     workers: Mapping[str, MetricSet | None]
+
+    def filled(self, answered: Mapping[str, MetricSet]) -> Scrape:
+        """This scrape with each unanswered worker's metrics taken from `answered` (its last
+        answer before): its counters then grow over the next interval by what it did in
+        both. Lengths are ratios of counters (tokens per request), so a longer window for
+        one worker does not bias them; rates come from the router's counter."""
+        workers = {
+            name: metrics if metrics is not None else answered.get(name)
+            for name, metrics in self.workers.items()
+        }
+        return Scrape(self.at, self.router, workers)
 
 
 @dataclass(frozen=True)
@@ -174,19 +192,29 @@ def interval(
 
 
 def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:
-    """Requests queued or running on the prefills (`sglang:num_queue_reqs` +
-    `sglang:num_running_reqs`). Asked when the prefills finished no request in an interval
-    longer than the TTFT objective: work that waits that long is past the SLO, so the prefills
-    are saturated, and it is exactly then that no finished request tells the prompts' length
-    (a prefill counts a request's tokens when it ends)."""
-    waiting = 0.0
+    """Requests waiting on the prefills: what the prefills hold (`sglang:num_queue_reqs` +
+    `num_running_reqs` + `num_prefill_bootstrap_queue_reqs`, the last waiting for their
+    decode's room), or what pdkit's router has sent them and not had back
+    (`pdkit_lb_worker_inflight{role="prefill"}`, which also counts requests still on their way
+    in), whichever is more. Asked when the prefills finished no request in an interval
+    longer than the TTFT objective: work that waits that long is past the SLO, so the
+    prefills are saturated, and it is exactly then that no finished request tells the
+    prompts' length (a prefill counts a request's tokens when it ends)."""
+    held = 0.0
     for name, role in roles.items():
         metrics = now.workers.get(name)
         if role != "prefill" or metrics is None:
             continue
-        for gauge in ("sglang:num_queue_reqs", "sglang:num_running_reqs"):
-            waiting += metrics.total(gauge) or 0.0
-    return round(waiting)
+        for gauge in PREFILL_WAITING:
+            held += metrics.total(gauge) or 0.0
+    sent = 0.0
+    if now.router is not None:
+        sent = sum(
+            s.value
+            for s in now.router.samples(ROUTER_PREFILL_INFLIGHT)
+            if s.labels.get("role") == "prefill"
+        )
+    return round(max(held, sent))
 
 
 def _merge(hists: list[Histogram]) -> Histogram | None:

@@ -87,6 +87,41 @@ def test_prefills_that_finish_nothing_while_work_waits_are_a_stall():
     assert interval(first, then, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40)).stalled == 0
 
 
+def test_a_stall_counts_the_bootstrap_queue_and_what_the_router_has_sent():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    same = {"prefill-0": (10, 1000, 10), "decode-0": (10, 0, 500)}
+    first, then = scrape(0, 100, 1, same), scrape(6, 112, 1, same)
+    # 2 queued, 1 running and 30 waiting for their decode's room (the bootstrap queue).
+    held = "sglang:num_queue_reqs 2\nsglang:num_running_reqs 1\n"
+    held += "sglang:num_prefill_bootstrap_queue_reqs 30\n"
+    workers = dict(then.workers)
+    workers["prefill-0"] = parse_metrics(
+        WORKER.format(requests=10, prompt=1000, generated=10) + held
+    )
+    slo = SLO(ttft_ms=400, tpot_ms=40)
+    assert interval(first, Scrape(6, then.router, workers), roles, "pdkit", slo).stalled == 33
+    # The router has 41 out on the prefill (8 of them not yet in its queues): the larger.
+    text = ROUTER.format(chat=112, health=1, fast=56, gaps=1120)
+    text += 'pdkit_lb_worker_inflight{worker="http://p0",role="prefill"} 41\n'
+    text += 'pdkit_lb_worker_inflight{worker="http://d0",role="decode"} 50\n'
+    router = parse_metrics(text)
+    assert interval(first, Scrape(6, router, workers), roles, "pdkit", slo).stalled == 41
+
+
+def test_a_worker_that_did_not_answer_counts_from_its_last_answer():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    start = scrape(0, 100, 1, {"prefill-0": (10, 1000, 10), "decode-0": (10, 0, 500)})
+    missed = Scrape(6, scrape(6, 112, 1, {}).router, {"prefill-0": None, "decode-0": None})
+    now = scrape(12, 124, 1, {"prefill-0": (34, 73000, 34), "decode-0": (34, 0, 692)})
+    slo = SLO(ttft_ms=400, tpot_ms=40)
+    # Without its last answer the interval after a missed scrape knows no length ...
+    assert interval(missed, now, roles, "pdkit", slo).mix is None
+    # ... with it, 24 prefills of 3000 tokens over both intervals, 12 requests in this one.
+    answered = {name: m for name, m in start.workers.items() if m is not None}
+    seen = interval(missed.filled(answered), now, roles, "pdkit", slo)
+    assert seen.mix == Mix(2.0, 3000, 8)
+
+
 def decision_record(tmp_path, action="move"):
     decision = Decision(action, Split(3, 3), Split(2, 4), "2P4D predicts more", 10.0, 15.0, 0.1)
     rec = record.DecisionRecord.of(
