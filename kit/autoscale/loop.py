@@ -176,9 +176,13 @@ class Autoscaler:
             seen = interval(before, scrape, roles, self.plan.router.kind, self.topology.slo)
         self.previous = scrape
         self.answered.update({w: m for w, m in scrape.workers.items() if m is not None})
-        enough = seen.mix is not None and seen.requests >= self.limits.min_requests
+        enough = seen.mix is not None and seen.samples >= self.limits.min_requests
         observed = seen.mix if enough else None
-        fit = "not fitted (too few requests)"
+        fit = (
+            "not fitted (the workload shifted: the latencies are the old one's)"
+            if seen.shifted
+            else "not fitted (too few requests)"
+        )
         if observed is not None and seen.observed is not None:
             corrected = self.model.correct(current, observed, seen.observed)
             fit = (
@@ -187,14 +191,14 @@ class Autoscaler:
                 else f"kept: latency error {corrected.error_before:.0%}"
             )
         self.predicted = forecast(
-            self.predicted, observed, reset=self.limits.tolerance(seen.requests)
+            self.predicted, observed, reset=self.limits.tolerance(seen.samples)
         )
         allowed = candidates(self.limits, current, serving) if self.predicted else []
         goodput = self.model.goodputs(allowed, self.predicted) if self.predicted else {}
         inputs = Inputs(
             now_s=time.time(),
             observed=observed,
-            requests=seen.requests,
+            requests=seen.samples,
             forecast=self.predicted,
             current=current,
             serving=serving,

@@ -1,9 +1,14 @@
 """One interval's workload and latencies, from two scrapes of the router's and the workers'
 metrics (pure: the scrapes are inputs).
 
-    rate            finished client requests (the router's requests counter) / seconds
+    rate            PD requests received (pdkit's router: `pdkit_lb_received_total`), else
+                    finished client requests (the router's requests counter), / seconds
     input_tokens    the prefills' prompt tokens / the prefills' requests (`sglang:prompt_tokens`,
-                    `sglang:num_requests`)
+                    `sglang:num_requests`: counted when a request finishes), unless pdkit's
+                    router's estimate for the requests that arrived
+                    (`pdkit_lb_received_prompt_tokens_total`) is more than `SHIFT` times off
+                    it, or none finished: at a shift, the finished requests are the old
+                    workload
     output_tokens   the decodes' generated tokens / the decodes' requests
     TTFT, TPOT      the router's histograms over the interval (pdkit's load balancer times
                     TPOT as the gap between streamed events; smg per request), P50 and P90
@@ -35,6 +40,11 @@ PREFILL_WAITING = (
     "sglang:num_prefill_bootstrap_queue_reqs",
 )
 ROUTER_PREFILL_INFLIGHT = "pdkit_lb_worker_inflight"
+RECEIVED = "pdkit_lb_received_total"
+RECEIVED_TOKENS = "pdkit_lb_received_prompt_tokens_total"
+SHIFT = 2.0
+"""How many times the router's estimate of the arriving prompts must differ from the prefills'
+count of the finished ones to be taken instead (a shift of the workload)."""
 GENERATE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
 """The routes whose requests are the workload (not /health, /metrics, /workers)."""
 
@@ -87,16 +97,35 @@ class Interval:
     stalled: int = 0
     """Requests waiting or running on the prefills when the prefills finished none in an
     interval longer than the TTFT objective (0: no stall; see `stalled_prefills`)."""
+    arrived: int | None = None
+    """PD requests pdkit's router received in the interval (None: a router that does not
+    count them)."""
+
+    shifted: bool = False
+    """The mean prompt is the router's estimate for the arriving requests, not the finished
+    ones' (`_input_tokens`): the latencies measured belong to the old workload."""
+
+    @property
+    def samples(self) -> int:
+        """The requests the mix was measured on: those that arrived where the router counts
+        them, else those that finished."""
+        return self.arrived if self.arrived is not None else self.requests
 
     def describe(self) -> str:
+        stall = (
+            f"; the prefills finished none while {self.stalled} wait on them"
+            if self.stalled
+            else ""
+        )
+        came = f", {self.arrived} arrived" if self.arrived is not None else ""
         if self.mix is None:
-            stall = (
-                f"; the prefills finished none while {self.stalled} wait on them"
-                if self.stalled
-                else ""
-            )
-            return f"{self.requests} request(s) in {self.seconds:.0f} s{stall}"
-        text = f"{self.mix.describe()} ({self.requests} in {self.seconds:.0f} s)"
+            return f"{self.requests} request(s) finished{came} in {self.seconds:.0f} s{stall}"
+        if self.shifted:
+            came += "; prompts as the router estimates the arriving ones: the workload shifted"
+        text = (
+            f"{self.mix.describe()} ({self.requests} finished{came} in {self.seconds:.0f} s)"
+            + stall
+        )
         if self.observed is not None:
             lat = self.observed.latencies
             text += (
@@ -136,6 +165,34 @@ def _role_sum(now: Scrape, before: Scrape, roles: Mapping[str, str], role: str, 
     )
 
 
+def _received(now: Scrape, before: Scrape) -> tuple[float, float] | None:
+    """(PD requests, their estimated prompt tokens) pdkit's router received in the interval;
+    None where the router does not count them (smg)."""
+    if now.router is None or before.router is None:
+        return None
+    count = now.router.total(RECEIVED)
+    if count is None:
+        return None
+    tokens = now.router.total(RECEIVED_TOKENS) or 0.0
+    grown = increase(count, before.router.total(RECEIVED) or 0.0)
+    added = increase(tokens, before.router.total(RECEIVED_TOKENS) or 0.0)
+    if grown is None or added is None:  # the router restarted
+        return None
+    return grown, added
+
+
+def _input_tokens(finished: float | None, arriving: float | None) -> float | None:
+    """The interval's mean prompt: the prefills' own count of the requests they finished,
+    unless the router's estimate of the requests that arrived differs from it by more than
+    `SHIFT` times (the workload moved, and the finished requests are the old ones), or the
+    prefills finished none."""
+    if finished is None or arriving is None:
+        return finished if finished is not None else arriving
+    if max(finished, arriving) > SHIFT * min(finished, arriving):
+        return arriving
+    return finished
+
+
 def interval(
     before: Scrape, now: Scrape, roles: Mapping[str, str], kind: str, slo: SLO
 ) -> Interval:
@@ -155,14 +212,31 @@ def interval(
     prefilled = _role_sum(now, before, roles, "prefill", "sglang:num_requests_total")
     generated = _role_sum(now, before, roles, "decode", "sglang:generation_tokens_total")
     decoded = _role_sum(now, before, roles, "decode", "sglang:num_requests_total")
+    received = _received(now, before)
     count = round(requests)
+    stalled = 0
     if prefilled <= 0 and seconds * 1000 > slo.ttft_ms:
         stalled = stalled_prefills(now, roles)
-        if stalled:
-            return Interval(seconds, count, None, None, stalled)
-    if count <= 0 or prefilled <= 0 or decoded <= 0:
-        return Interval(seconds, count, None, None)
-    mix = Mix(requests / seconds, prompt / prefilled, generated / decoded)
+    arrived = round(received[0]) if received is not None else None
+    finished = prompt / prefilled if prefilled > 0 and count > 0 else None
+    inputs = _input_tokens(
+        finished,
+        received[1] / received[0] if received is not None and received[0] > 0 else None,
+    )
+    if inputs is None or decoded <= 0 or (count <= 0 and not arrived):
+        return Interval(seconds, count, None, None, stalled, arrived)
+    rate = (arrived if arrived is not None else requests) / seconds
+    if inputs != finished:
+        return Interval(
+            seconds,
+            count,
+            Mix(rate, inputs, generated / decoded),
+            None,
+            stalled,
+            arrived,
+            shifted=True,
+        )
+    mix = Mix(rate, inputs, generated / decoded)
     ttft = _hist(now.router, before.router, names.ttft)
     tpot = _hist(now.router, before.router, names.tpot)
     if tpot is None or tpot.count <= 0:
@@ -173,13 +247,13 @@ def interval(
         ]
         tpot = _merge([h for h in merged if h is not None and h.count > 0])
     if ttft is None or ttft.count <= 0 or tpot is None:
-        return Interval(seconds, count, mix, None)
+        return Interval(seconds, count, mix, None, stalled, arrived)
     q = {
         name: (hist.quantile(0.5), hist.quantile(0.9))
         for name, hist in (("ttft", ttft), ("tpot", tpot))
     }
     if any(v is None for pair in q.values() for v in pair):
-        return Interval(seconds, count, mix, None)
+        return Interval(seconds, count, mix, None, stalled, arrived)
     latencies = Latencies(
         (q["ttft"][0] or 0.0) * 1000,
         (q["ttft"][1] or 0.0) * 1000,
@@ -188,7 +262,8 @@ def interval(
     )
     shares = [ttft.share_at_most(slo.ttft_ms / 1000), tpot.share_at_most(slo.tpot_ms / 1000)]
     known = [s for s in shares if s is not None]
-    return Interval(seconds, count, mix, Observed(latencies, min(known) if known else None, count))
+    observed = Observed(latencies, min(known) if known else None, count)
+    return Interval(seconds, count, mix, observed, stalled, arrived)
 
 
 def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:

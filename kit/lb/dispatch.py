@@ -415,6 +415,7 @@ class Dispatcher:
         key = affinity_key(pd, self._config.prefix_chars) if self._needs_key else None
         if not ex.request_id:
             ex.request_id = self.request_id(ex.request)
+        self._metrics.receive(prompt_tokens(pd.body, pd.path))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
         excluded: set[str] = set()

@@ -58,7 +58,7 @@ def test_the_interval_counts_generate_requests_and_each_role_s_tokens():
     assert seen.observed is not None
     assert seen.observed.latencies.p50_ttft_ms == pytest.approx(100.0)
     assert seen.observed.attainment == pytest.approx(0.5 + 0.5 * 0.3 / 0.9)
-    assert "4.00 req/s, 200 in / 200 out tokens (40 in 10 s)" in seen.describe()
+    assert "4.00 req/s, 200 in / 200 out tokens (40 finished in 10 s)" in seen.describe()
 
 
 def test_a_quiet_interval_has_no_mix():
@@ -120,6 +120,55 @@ def test_a_worker_that_did_not_answer_counts_from_its_last_answer():
     answered = {name: m for name, m in start.workers.items() if m is not None}
     seen = interval(missed.filled(answered), now, roles, "pdkit", slo)
     assert seen.mix == Mix(2.0, 3000, 8)
+
+
+def routed(at: float, chat: int, received: int, tokens: float, roles) -> Scrape:
+    base = scrape(at, chat, 1, roles)
+    text = ROUTER.format(chat=chat, health=1, fast=chat // 2, gaps=chat * 10)
+    text += f"pdkit_lb_received_total {received}\n"
+    text += f"pdkit_lb_received_prompt_tokens_total {tokens}\n"
+    return Scrape(at, parse_metrics(text), base.workers)
+
+
+def test_the_rate_and_prompts_come_from_what_the_router_received():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    before = routed(
+        0, 100, 110, 110 * 1000, {"prefill-0": (10, 10000, 10), "decode-0": (10, 0, 500)}
+    )
+    # 60 arrived in 10 s (40 finished); the router's estimate (1100 tokens) is within 2x of
+    # the prefills' own count (1000), which is the exact one and is kept.
+    now = routed(
+        10,
+        140,
+        170,
+        110 * 1000 + 60 * 1100,
+        {"prefill-0": (50, 50000, 50), "decode-0": (50, 0, 8500)},
+    )
+    seen = interval(before, now, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40))
+    assert seen.mix == Mix(6.0, 1000, 200)
+    assert (seen.requests, seen.arrived, seen.samples, seen.shifted) == (40, 60, 60, False)
+    assert seen.observed is not None
+    assert "(40 finished, 60 arrived in 10 s)" in seen.describe()
+
+
+def test_at_a_shift_the_arriving_prompts_count_and_the_old_latencies_are_not_fitted():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    before = routed(
+        0, 100, 100, 100 * 128, {"prefill-0": (100, 12800, 100), "decode-0": (90, 0, 23040)}
+    )
+    # Long prompts arrive (30 of 3000 tokens); the prefill finished 2 short ones, the decodes
+    # the old long answers.
+    now = routed(
+        6,
+        112,
+        130,
+        100 * 128 + 30 * 3000,
+        {"prefill-0": (102, 13056, 102), "decode-0": (102, 0, 26112)},
+    )
+    seen = interval(before, now, roles, "pdkit", SLO(ttft_ms=400, tpot_ms=40))
+    assert seen.mix == Mix(5.0, 3000, 256)
+    assert seen.shifted and seen.observed is None
+    assert "the workload shifted" in seen.describe()
 
 
 def decision_record(tmp_path, action="move"):
