@@ -40,6 +40,7 @@ PREFILL_WAITING = (
     "sglang:num_prefill_bootstrap_queue_reqs",
 )
 ROUTER_PREFILL_INFLIGHT = "pdkit_lb_worker_inflight"
+ROUTER_QUEUED = "pdkit_lb_queued_requests"
 RECEIVED = "pdkit_lb_received_total"
 RECEIVED_TOKENS = "pdkit_lb_received_prompt_tokens_total"
 SHIFT = 2.0
@@ -270,11 +271,12 @@ def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:
     """Requests waiting on the prefills: what the prefills hold (`sglang:num_queue_reqs` +
     `num_running_reqs` + `num_prefill_bootstrap_queue_reqs`, the last waiting for their
     decode's room), or what pdkit's router has sent them and not had back
-    (`pdkit_lb_worker_inflight{role="prefill"}`, which also counts requests still on their way
-    in), whichever is more. Asked when the prefills finished no request in an interval
-    longer than the TTFT objective: work that waits that long is past the SLO, so the
-    prefills are saturated, and it is exactly then that no finished request tells the
-    prompts' length (a prefill counts a request's tokens when it ends)."""
+    (`pdkit_lb_worker_inflight{role="prefill"}`, which also counts requests still on their
+    way in) with what it holds for them (`pdkit_lb_queued_requests`), whichever is more.
+    Asked when the prefills finished no request in an interval longer than the TTFT
+    objective: work that waits that long is past the SLO, so the prefills are saturated, and
+    it is exactly then that no finished request tells the prompts' length (a prefill counts
+    a request's tokens when it ends)."""
     held = 0.0
     for name, role in roles.items():
         metrics = now.workers.get(name)
@@ -288,7 +290,7 @@ def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:
             s.value
             for s in now.router.samples(ROUTER_PREFILL_INFLIGHT)
             if s.labels.get("role") == "prefill"
-        )
+        ) + (now.router.total(ROUTER_QUEUED) or 0.0)
     return round(max(held, sent))
 
 

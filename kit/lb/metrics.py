@@ -23,6 +23,8 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_migrations_refused_total{reason}         counter (why a cut stream was not continued)
     pdkit_lb_held_total{role}                         counter (requests that waited for a worker)
     pdkit_lb_held_requests                            gauge
+    pdkit_lb_queued_requests                          gauge (waiting for a prefill with room:
+                                                       --prefill-max-inflight)
     pdkit_lb_inflight_requests                        gauge
     pdkit_lb_draining                                 gauge (1 after SIGTERM)
     pdkit_lb_worker_inflight{worker,role}             gauge
@@ -142,6 +144,7 @@ class LbMetrics:
         self.migrations_refused: dict[str, int] = {}
         self.holds: dict[str, int] = {}
         self.held = 0
+        self.queued = 0
         self.inflight = 0
         self.draining = False
         self.duration = _Family(
@@ -283,6 +286,11 @@ class LbMetrics:
         )
         yield GaugeMetricFamily(
             "pdkit_lb_held_requests", "Requests waiting for a worker now", value=self.held
+        )
+        yield GaugeMetricFamily(
+            "pdkit_lb_queued_requests",
+            "Requests waiting for a prefill with room now (--prefill-max-inflight)",
+            value=self.queued,
         )
         yield GaugeMetricFamily(
             "pdkit_lb_inflight_requests", "Client requests in flight", value=self.inflight
