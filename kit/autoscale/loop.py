@@ -40,7 +40,7 @@ from kit.autoscale.apply import RoleSwitcher, current_roles, redeploy, splits
 from kit.autoscale.decide import Decision, Inputs, Limits, Memory, Mix, Split, candidates, decide
 from kit.autoscale.forecast import forecast
 from kit.autoscale.model import PoolModel
-from kit.autoscale.observe import Interval, Scrape, interval
+from kit.autoscale.observe import Interval, Scrape, arrival_shift, interval
 from kit.bench.predict import plan_cluster
 from kit.deploy.context import DeployContext
 from kit.deploy.routing import Routed, RouterAdmin
@@ -55,6 +55,8 @@ from kit.topology.place import role_switchable
 from kit.topology.schema import Topology
 
 LOG = "autoscale.jsonl"
+TICK_S = 1.0
+"""Seconds between two looks at the router's arrival counters within an interval."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ class Autoscaler:
         self.memory = Memory()
         self.predicted: Mix | None = None
         self.previous: Scrape | None = None
+        self.early: str | None = None
+        """Why the interval under way ended before its time (`shifted`), for its log."""
         self.answered: dict[str, MetricSet] = {}
         """Each worker's last answered /metrics since the last change: a worker that did not
         answer the previous scrape counts its interval from its last answer (a loaded worker's
@@ -173,7 +177,15 @@ class Autoscaler:
             seen = Interval(0.0, 0, None, None)
         else:
             before = self.previous.filled(self.answered)
-            seen = interval(before, scrape, roles, self.plan.router.kind, self.topology.slo)
+            answers = self.predicted.output_tokens if self.predicted is not None else None
+            seen = interval(
+                before,
+                scrape,
+                roles,
+                self.plan.router.kind,
+                self.topology.slo,
+                output_tokens=answers,
+            )
         self.previous = scrape
         self.answered.update({w: m for w, m in scrape.workers.items() if m is not None})
         enough = seen.mix is not None and seen.samples >= self.limits.min_requests
@@ -215,7 +227,8 @@ class Autoscaler:
         rec = records.DecisionRecord.of(
             decision,
             at=time.time(),
-            interval=seen.describe(),
+            interval=seen.describe()
+            + (f"; ended early: {early}" if (early := self.early) is not None else ""),
             observed=observed,
             forecast=self.predicted,
             efficiency=asdict(self.model.efficiency),
@@ -226,6 +239,7 @@ class Autoscaler:
             dry_run=self.options.dry_run,
         )
         self._log(rec, goodput, decision)
+        self.early = None
         self.last = rec
         return rec
 
@@ -306,7 +320,7 @@ class Autoscaler:
                 began = time.monotonic()
                 self.step()  # the first scrape: the baseline of the first interval
                 while True:
-                    time.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+                    self._wait(began + self.interval_s)
                     began = time.monotonic()
                     try:
                         self.step()
@@ -315,6 +329,43 @@ class Autoscaler:
                     if self.options.once:
                         break
         return 0
+
+    def _wait(self, until: float) -> None:
+        """Sleep until `until` (monotonic), or less: every `TICK_S` the router's counters of
+        arriving requests are read, and a shift of the workload (`shifted`) ends the interval
+        there (a step at the shift, not up to an interval later)."""
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(TICK_S, left))
+            if self.options.once or time.monotonic() >= until:
+                return
+            try:
+                router = asyncio.run(self._router_metrics())
+            except (DeployError, PdkitError):
+                continue
+            self.early = self.shifted(router)
+            if self.early is not None:
+                return
+
+    async def _router_metrics(self) -> MetricSet | None:
+        target = targets_from_plan(self.plan).router
+        headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
+        async with Prober(timeout=2.0) as prober:
+            answer = await prober.get(target.metrics_url, headers)
+        if not answer.ok:
+            return None
+        try:
+            return parse_metrics(answer.body)
+        except PdkitError:
+            return None
+
+    def shifted(self, router: MetricSet | None) -> str | None:
+        """Why the interval under way should end now (`arrival_shift` since the last
+        scrape), or None."""
+        if self.previous is None or self.predicted is None:
+            return None
+        return arrival_shift(
+            self.previous.router, router, self.predicted.input_tokens, self.limits.min_requests
+        )
 
     @contextlib.contextmanager
     def _metrics_server(self) -> Iterator[None]:

@@ -195,9 +195,17 @@ def _input_tokens(finished: float | None, arriving: float | None) -> float | Non
 
 
 def interval(
-    before: Scrape, now: Scrape, roles: Mapping[str, str], kind: str, slo: SLO
+    before: Scrape,
+    now: Scrape,
+    roles: Mapping[str, str],
+    kind: str,
+    slo: SLO,
+    *,
+    output_tokens: float | None = None,
 ) -> Interval:
-    """The interval between two scrapes (see the module doc); `kind` is the router's."""
+    """The interval between two scrapes (see the module doc); `kind` is the router's.
+    `output_tokens` is the mean answer to assume at a shift when no decode finished in the
+    interval (the forecast's: a step at the shift can come before any new answer ends)."""
     seconds = max(now.at - before.at, 1e-9)
     names = METRIC_NAMES[kind]
     requests = 0.0
@@ -224,18 +232,14 @@ def interval(
         finished,
         received[1] / received[0] if received is not None and received[0] > 0 else None,
     )
-    if inputs is None or decoded <= 0 or (count <= 0 and not arrived):
+    shift = inputs is not None and inputs != finished
+    answers = generated / decoded if decoded > 0 else (output_tokens if shift else None)
+    if inputs is None or answers is None or (count <= 0 and not arrived):
         return Interval(seconds, count, None, None, stalled, arrived)
     rate = (arrived if arrived is not None else requests) / seconds
-    if inputs != finished:
+    if shift:
         return Interval(
-            seconds,
-            count,
-            Mix(rate, inputs, generated / decoded),
-            None,
-            stalled,
-            arrived,
-            shifted=True,
+            seconds, count, Mix(rate, inputs, answers), None, stalled, arrived, shifted=True
         )
     mix = Mix(rate, inputs, generated / decoded)
     ttft = _hist(now.router, before.router, names.ttft)
@@ -265,6 +269,32 @@ def interval(
     known = [s for s in shares if s is not None]
     observed = Observed(latencies, min(known) if known else None, count)
     return Interval(seconds, count, mix, observed, stalled, arrived)
+
+
+def arrival_shift(
+    before: MetricSet | None, now: MetricSet | None, forecast_input: float, min_requests: int
+) -> str | None:
+    """Why an interval should end early, from two reads of pdkit's router's metrics: at
+    least `min_requests` requests arrived between them whose mean prompt (the router's
+    estimate) is more than `SHIFT` times off `forecast_input`; None otherwise (or where the
+    router does not count arrivals)."""
+    if before is None or now is None:
+        return None
+    count, tokens = now.total(RECEIVED), now.total(RECEIVED_TOKENS)
+    if count is None or tokens is None:
+        return None
+    arrived = count - (before.total(RECEIVED) or 0.0)
+    if arrived < max(min_requests, 1):
+        return None
+    mean = (tokens - (before.total(RECEIVED_TOKENS) or 0.0)) / arrived
+    if mean <= 0 or forecast_input <= 0:
+        return None
+    if max(mean, forecast_input) <= SHIFT * min(mean, forecast_input):
+        return None
+    return (
+        f"{arrived:.0f} requests arrived with {mean:.0f}-token prompts against "
+        f"{forecast_input:.0f} forecast"
+    )
 
 
 def stalled_prefills(now: Scrape, roles: Mapping[str, str]) -> int:

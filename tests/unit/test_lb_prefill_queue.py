@@ -37,7 +37,7 @@ def test_a_full_prefill_s_work_waits_in_the_router_and_goes_to_the_prefill_that_
             # queued half of them behind the slow one.
             served = {w.url: len(w.requests) for w in (slow, fast)}
             assert served[slow.url] <= 2 and served[fast.url] >= 6
-            status, raw, _ = await c.get("/metrics")
+            _, raw, _ = await c.get("/metrics")
             assert "pdkit_lb_queued_requests 0.0" in raw.decode()
 
     run(scenario())

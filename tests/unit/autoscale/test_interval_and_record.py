@@ -6,7 +6,7 @@ import pytest
 
 from kit.autoscale import record
 from kit.autoscale.decide import Decision, Mix, Split
-from kit.autoscale.observe import Scrape, interval
+from kit.autoscale.observe import Scrape, arrival_shift, interval
 from kit.observe.prom import parse_metrics
 from kit.topology.schema import SLO
 
@@ -219,3 +219,29 @@ def test_counters_that_first_appear_in_the_interval_count_from_zero():
     seen = interval(empty, now, roles, "pdkit", SLO())
     assert seen.requests == 20
     assert seen.mix == Mix(4.0, 200, 10)
+
+
+def test_an_interval_ends_early_when_the_arriving_prompts_shift():
+    def router(received: int, tokens: float):
+        return parse_metrics(
+            f"pdkit_lb_received_total {received}\npdkit_lb_received_prompt_tokens_total {tokens}\n"
+        )
+
+    start = router(100, 100 * 128)
+    # 10 long prompts arrived against a forecast of 128 tokens: end the interval now.
+    reason = arrival_shift(start, router(110, 100 * 128 + 10 * 3000), 128, 8)
+    assert reason == "10 requests arrived with 3000-token prompts against 128 forecast"
+    # Too few yet, a change within 2x, or a router without the counters: wait.
+    assert arrival_shift(start, router(105, 100 * 128 + 5 * 3000), 128, 8) is None
+    assert arrival_shift(start, router(110, 100 * 128 + 10 * 200), 128, 8) is None
+    assert arrival_shift(start, parse_metrics("x_total 1\n"), 128, 8) is None
+
+
+def test_at_a_shift_with_no_answer_finished_the_forecast_s_answer_length_stands_in():
+    roles = {"prefill-0": "prefill", "decode-0": "decode"}
+    same = {"prefill-0": (100, 12800, 100), "decode-0": (100, 0, 25600)}
+    before, now = routed(0, 100, 100, 100 * 128, same), routed(2, 100, 110, 100 * 128 + 30000, same)
+    slo = SLO(ttft_ms=400, tpot_ms=40)
+    assert interval(before, now, roles, "pdkit", slo).mix is None
+    seen = interval(before, now, roles, "pdkit", slo, output_tokens=256)
+    assert seen.mix == Mix(5.0, 3000, 256) and seen.shifted
