@@ -116,14 +116,8 @@ def choose(
     flight first (the router's count: their drain ends soonest, and a move is slow by its
     slowest drain), then those serving outside their Plan role (`plan_roles`: a switch
     back), then the last names. Pure."""
-    named = [n for n, r in roles.items() if r == giver]
-
-    def key(name: str) -> tuple[int, bool, str]:
-        load = inflight.get(name)
-        return (load if load is not None else 0, plan_roles.get(name) == giver, name)
-
-    ordered = sorted(named, key=lambda n: key(n)[2], reverse=True)
-    ordered.sort(key=lambda n: key(n)[:2])
+    ordered = sorted((n for n, r in roles.items() if r == giver), reverse=True)
+    ordered.sort(key=lambda n: (inflight.get(n) or 0, plan_roles.get(n) == giver))
     return ordered[:count]
 
 

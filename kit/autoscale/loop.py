@@ -46,7 +46,7 @@ from kit.deploy.context import DeployContext
 from kit.deploy.routing import Routed, RouterAdmin
 from kit.deploy.steps import router_key
 from kit.errors import DeployError, PdkitError
-from kit.observe.probe import Prober
+from kit.observe.probe import Fetched, Prober, auth_headers
 from kit.observe.prom import MetricSet, parse_metrics
 from kit.observe.targets import targets_from_plan
 from kit.plan.resolve import resolve
@@ -130,17 +130,8 @@ class Autoscaler:
         async with Prober(timeout=10.0) as prober:
             answers = await prober.round(targets)
         at = time.monotonic()
-
-        def metrics(text: str, ok: bool) -> MetricSet | None:
-            if not ok:
-                return None
-            try:
-                return parse_metrics(text)
-            except PdkitError:
-                return None
-
-        workers = {w.target.name: metrics(w.metrics.body, w.metrics.ok) for w in answers.workers}
-        router_metrics = metrics(answers.router.metrics.body, answers.router.metrics.ok)
+        workers = {w.target.name: _parsed(w.metrics) for w in answers.workers}
+        router_metrics = _parsed(answers.router.metrics)
         return Scrape(at, router_metrics, workers), routed
 
     async def _roles(self) -> dict[str, str]:
@@ -348,15 +339,8 @@ class Autoscaler:
 
     async def _router_metrics(self) -> MetricSet | None:
         target = targets_from_plan(self.plan).router
-        headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
         async with Prober(timeout=2.0) as prober:
-            answer = await prober.get(target.metrics_url, headers)
-        if not answer.ok:
-            return None
-        try:
-            return parse_metrics(answer.body)
-        except PdkitError:
-            return None
+            return _parsed(await prober.get(target.metrics_url, auth_headers(target)))
 
     def shifted(self, router: MetricSet | None) -> str | None:
         """Why the interval under way should end now (`arrival_shift` since the last
@@ -397,6 +381,16 @@ class Autoscaler:
         finally:
             server.shutdown()
             server.server_close()
+
+
+def _parsed(answer: Fetched) -> MetricSet | None:
+    """The metrics of a /metrics answer; None when it did not answer or is not Prometheus."""
+    if not answer.ok:
+        return None
+    try:
+        return parse_metrics(answer.body)
+    except PdkitError:
+        return None
 
 
 def run(topology_file: Path, options: LoopOptions, console: Console) -> int:

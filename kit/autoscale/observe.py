@@ -166,20 +166,24 @@ def _role_sum(now: Scrape, before: Scrape, roles: Mapping[str, str], role: str, 
     )
 
 
-def _received(now: Scrape, before: Scrape) -> tuple[float, float] | None:
-    """(PD requests, their estimated prompt tokens) pdkit's router received in the interval;
-    None where the router does not count them (smg)."""
-    if now.router is None or before.router is None:
+def _received(now: MetricSet | None, before: MetricSet | None) -> tuple[float, float] | None:
+    """(PD requests, their estimated prompt tokens) pdkit's router received between two
+    reads of its metrics; None where it does not count them (smg) or restarted between."""
+    if now is None or before is None:
         return None
-    count = now.router.total(RECEIVED)
-    if count is None:
+    count, tokens = now.total(RECEIVED), now.total(RECEIVED_TOKENS)
+    if count is None or tokens is None:
         return None
-    tokens = now.router.total(RECEIVED_TOKENS) or 0.0
-    grown = increase(count, before.router.total(RECEIVED) or 0.0)
-    added = increase(tokens, before.router.total(RECEIVED_TOKENS) or 0.0)
-    if grown is None or added is None:  # the router restarted
+    grown = increase(count, before.total(RECEIVED) or 0.0)
+    added = increase(tokens, before.total(RECEIVED_TOKENS) or 0.0)
+    if grown is None or added is None:
         return None
     return grown, added
+
+
+def _apart(a: float, b: float) -> bool:
+    """True when the two (positive) lengths differ by more than `SHIFT` times."""
+    return max(a, b) > SHIFT * min(a, b)
 
 
 def _input_tokens(finished: float | None, arriving: float | None) -> float | None:
@@ -189,9 +193,7 @@ def _input_tokens(finished: float | None, arriving: float | None) -> float | Non
     prefills finished none."""
     if finished is None or arriving is None:
         return finished if finished is not None else arriving
-    if max(finished, arriving) > SHIFT * min(finished, arriving):
-        return arriving
-    return finished
+    return arriving if _apart(finished, arriving) else finished
 
 
 def interval(
@@ -221,7 +223,7 @@ def interval(
     prefilled = _role_sum(now, before, roles, "prefill", "sglang:num_requests_total")
     generated = _role_sum(now, before, roles, "decode", "sglang:generation_tokens_total")
     decoded = _role_sum(now, before, roles, "decode", "sglang:num_requests_total")
-    received = _received(now, before)
+    received = _received(now.router, before.router)
     count = round(requests)
     stalled = 0
     if prefilled <= 0 and seconds * 1000 > slo.ttft_ms:
@@ -237,11 +239,9 @@ def interval(
     if inputs is None or answers is None or (count <= 0 and not arrived):
         return Interval(seconds, count, None, None, stalled, arrived)
     rate = (arrived if arrived is not None else requests) / seconds
+    mix = Mix(rate, inputs, answers)
     if shift:
-        return Interval(
-            seconds, count, Mix(rate, inputs, answers), None, stalled, arrived, shifted=True
-        )
-    mix = Mix(rate, inputs, generated / decoded)
+        return Interval(seconds, count, mix, None, stalled, arrived, shifted=True)
     ttft = _hist(now.router, before.router, names.ttft)
     tpot = _hist(now.router, before.router, names.tpot)
     if tpot is None or tpot.count <= 0:
@@ -278,18 +278,12 @@ def arrival_shift(
     least `min_requests` requests arrived between them whose mean prompt (the router's
     estimate) is more than `SHIFT` times off `forecast_input`; None otherwise (or where the
     router does not count arrivals)."""
-    if before is None or now is None:
+    received = _received(now, before)
+    if received is None or received[0] < max(min_requests, 1) or forecast_input <= 0:
         return None
-    count, tokens = now.total(RECEIVED), now.total(RECEIVED_TOKENS)
-    if count is None or tokens is None:
-        return None
-    arrived = count - (before.total(RECEIVED) or 0.0)
-    if arrived < max(min_requests, 1):
-        return None
-    mean = (tokens - (before.total(RECEIVED_TOKENS) or 0.0)) / arrived
-    if mean <= 0 or forecast_input <= 0:
-        return None
-    if max(mean, forecast_input) <= SHIFT * min(mean, forecast_input):
+    arrived, tokens = received
+    mean = tokens / arrived
+    if mean <= 0 or not _apart(mean, forecast_input):
         return None
     return (
         f"{arrived:.0f} requests arrived with {mean:.0f}-token prompts against "
