@@ -326,8 +326,11 @@ class Autoscaler:
         arriving requests are read, and a shift of the workload (`shifted`) ends the interval
         there (a step at the shift, not up to an interval later)."""
         while (left := until - time.monotonic()) > 0:
+            if self.options.once:  # one decision from two scrapes an interval apart
+                time.sleep(left)
+                return
             time.sleep(min(TICK_S, left))
-            if self.options.once or time.monotonic() >= until:
+            if time.monotonic() >= until:
                 return
             try:
                 router = asyncio.run(self._router_metrics())

@@ -46,7 +46,9 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
             assert "move 2 instance(s) from decode to prefill); dry run: not applied" in dry.stdout
             for shown in ("observed: ", "corrections: compute", "(current)", "3P1D", "(chosen)"):
                 assert shown in dry.stdout, dry.stdout
-            assert re.search(r"req/s, \d+ in / \d+ out tokens \(\d+ in 3 s\); TTFT", dry.stdout)
+            # --once: the full interval (3 s), the arrivals counted by pdkit's router.
+            shape = r"req/s, \d+ in / \d+ out tokens \(\d+ finished, \d+ arrived in 3 s\); TTFT"
+            assert re.search(shape, dry.stdout), dry.stdout
             applied = pdkit("autoscale", str(topology), "--once", "--interval", "3")
             assert applied.returncode == 0, applied.stdout + applied.stderr
             # One move's two instances switch together: both named in one change.
