@@ -250,8 +250,6 @@ class Api:
                 "mem_fraction_static": e.mem_fraction,
                 "chunked_prefill_size": e.chunk_size,
                 "max_running_requests": e.max_running,
-                # As SGLang resolves it at launch (a launch flag, else its default).
-                "disaggregation_decode_extra_slots": e.config.extra_slots(e.launched),
                 "max_total_num_tokens": e.capacity_tokens,
                 "context_length": e.context_len,
                 "internal_states": states,
