@@ -4,7 +4,9 @@ the workload shifts half way?
 One sim deployment of 6 instances on one host of 6 emulated H100s (Llama-3.1-8B, every
 instance started with enable-pd-role-switch; the model slowed by PDKIT_SIM_SPEED 0.25 with the
 SLO stretched by the same factor, and 8 request slots per instance, so that this 2-core
-machine holds the load). The workload, in two phases of `--phase` seconds each:
+machine holds the load; pdkit's router with --prefill-max-inflight 8, so that requests beyond a
+prefill's slots wait in the router for the first prefill with room). The workload, in two
+phases of `--phase` seconds each:
 
     A  short prompts, long answers     128 in / 256 out tokens at 2 req/s   (decodes are short)
     B  long prompts, short answers     3000 in / 8 out tokens at 6 req/s    (prefills are short)
@@ -67,6 +69,7 @@ PHASES = (
 )
 """(name, rate req/s, input tokens, output tokens)."""
 BIN_S = 10.0
+PREFILL_MAX_INFLIGHT = 8
 
 
 def pdkit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -132,6 +135,9 @@ def deploy(folder: Path) -> tuple[Path, dict[str, Any]]:
         "env": {"PDKIT_SIM_SPEED": str(SPEED)},
     }
     data["slo"] = {"ttft_ms": 400 / SPEED, "tpot_ms": 40 / SPEED, "attainment": 0.9}
+    # The router keeps what a prefill cannot run at once (its 8 request slots): a prefill that
+    # joins takes the waiting requests instead of the old ones keeping their queues.
+    data["router"].setdefault("args", {})["prefill-max-inflight"] = PREFILL_MAX_INFLIGHT
     data["autoscale"] = {
         "interval_s": 6,
         "cooldown_s": 6,

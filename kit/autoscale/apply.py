@@ -100,6 +100,27 @@ def _as(instance: Instance, role: str, plan: Plan) -> Instance:
     return replace(instance, role=role, bootstrap_port=worker.bootstrap_port)  # type: ignore[arg-type]
 
 
+def _inflight(routed: dict[str, Routed], url: str) -> int | None:
+    seen = routed.get(url.rstrip("/"))
+    return seen.inflight if seen is not None else None
+
+
+def choose(
+    roles: dict[str, str],
+    plan_roles: dict[str, str],
+    inflight: dict[str, int | None],
+    giver: str,
+    count: int,
+) -> list[str]:
+    """The `count` instances serving `giver` (`roles`) that move: the fewest requests in
+    flight first (the router's count: their drain ends soonest, and a move is slow by its
+    slowest drain), then those serving outside their Plan role (`plan_roles`: a switch
+    back), then the last names. Pure."""
+    ordered = sorted((n for n, r in roles.items() if r == giver), reverse=True)
+    ordered.sort(key=lambda n: (inflight.get(n) or 0, plan_roles.get(n) == giver))
+    return ordered[:count]
+
+
 class RoleSwitcher:
     """Moves instances between roles on a running deployment (see the module doc)."""
 
@@ -112,8 +133,7 @@ class RoleSwitcher:
         return RouterAdmin(router.kind, router.url, router_key(self.ctx), self.drain_timeout)
 
     def move(self, current: Split, target: Split) -> list[Switched]:
-        """Switch |target - current| instances of the giving role: those serving outside their
-        Plan role first (a switch back), then the last ones."""
+        """Switch |target - current| instances of the giving role, as `choose` picks them."""
         with deployment_lock(self.ctx):
             return asyncio.run(self._move(current, target))
 
@@ -127,10 +147,9 @@ class RoleSwitcher:
             routed = await admin.workers()
             roles = current_roles(plan, routed)
             every = {i.name: i for role in ("prefill", "decode") for i in instances(plan, role)}
-            # Instances serving outside their Plan role go back first, then the last ones.
-            named = sorted((n for n, r in roles.items() if r == giver), reverse=True)
-            named.sort(key=lambda n: every[n].role == giver)
-            moving = [every[n] for n in named][:count]
+            inflight = {w.instance_name: _inflight(routed, w.url) for w in plan.workers}
+            chosen = choose(roles, {n: i.role for n, i in every.items()}, inflight, giver, count)
+            moving = [every[n] for n in chosen]
             # The instances of one move drain and switch at once: one after another, their
             # drains (each a backlog of the old role's work) add up to the whole phase.
             results = await asyncio.gather(

@@ -10,11 +10,11 @@ Checks, in order (the first that applies decides):
    the count;
 2. a change is in flight (the last one has not finished, or an instance is not serving):
    hold;
-3. the prefills finished no request in an interval longer than the TTFT objective while at
-   least `min_requests` requests wait on them (`Inputs.stalled`): they are saturated, and no
-   finished request says yet how long the new prompts are; move one instance to prefill
-   (outside the cooldown and the bounds; hold otherwise). Then: too few requests finished in
-   the interval to judge the workload: hold;
+3. no workload could be measured, and the prefills finished no request in an interval longer
+   than the TTFT objective while at least `min_requests` requests wait on them
+   (`Inputs.stalled`): they are saturated, and nothing says yet how long the new prompts are;
+   move one instance to prefill (outside the cooldown and the bounds; hold otherwise). Then:
+   too few requests in the interval to judge the workload: hold;
 4. `mispredicted_intervals` in a row mispredicted: stop acting, and say so, until a forecast
    holds again;
 5. the last change is younger than `cooldown_s`: hold;
@@ -129,14 +129,14 @@ class Mix:
 class Inputs:
     """What one decision is made from.
 
-    `observed`: the interval's workload (None when nothing finished); `requests`: requests
-    finished in it; `forecast`: the next interval's workload; `current`: the split the
-    deployment runs; `serving`: the instances per role that serve now (healthy, in the
-    router); `in_flight`: what change is still running, if any; `goodput`: the predicted
-    goodput (requests/s) under the SLO at the forecast's lengths of each split the caller
-    evaluated (`candidates`), the current one included; `stalled`: requests waiting on the
-    prefills when they finished none in an interval longer than the TTFT objective (0: no
-    stall)."""
+    `observed`: the interval's workload (None when it could not be measured); `requests`:
+    the requests it was measured on (arrived where the router counts them, else finished);
+    `forecast`: the next interval's workload; `current`: the split the deployment runs;
+    `serving`: the instances per role that serve now (healthy, in the router); `in_flight`:
+    what change is still running, if any; `goodput`: the predicted goodput (requests/s)
+    under the SLO at the forecast's lengths of each split the caller evaluated
+    (`candidates`), the current one included; `stalled`: requests waiting on the prefills
+    when they finished none in an interval longer than the TTFT objective (0: no stall)."""
 
     now_s: float
     observed: Mix | None
@@ -271,20 +271,21 @@ def _verdict(limits: Limits, memory: Memory, inputs: Inputs, error: float | None
             "instance serves",
             error,
         )
-    if inputs.stalled >= limits.min_requests:
+    if inputs.stalled >= limits.min_requests and inputs.observed is None:
         return _stalled(limits, memory, inputs, error)
     if inputs.requests < limits.min_requests:
         return _hold(
             inputs,
-            f"{inputs.requests} request(s) finished in the interval, fewer than min_requests "
+            f"{inputs.requests} request(s) in the interval, fewer than min_requests "
             f"{limits.min_requests}: too few to judge the workload",
             error,
         )
     if inputs.observed is None or inputs.forecast is None:
         return _hold(
             inputs,
-            f"{inputs.requests} request(s) finished but the workers' metrics do not show their "
-            "lengths (a /metrics unanswered, or --enable-metrics missing)",
+            f"{inputs.requests} request(s) in the interval but the workers' metrics do not show "
+            "their lengths (the prefills or the decodes finished none in it, or their /metrics "
+            "did not answer, or --enable-metrics is missing)",
             error,
         )
     if memory.mispredicted >= limits.mispredicted_intervals:

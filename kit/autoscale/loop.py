@@ -40,13 +40,13 @@ from kit.autoscale.apply import RoleSwitcher, current_roles, redeploy, splits
 from kit.autoscale.decide import Decision, Inputs, Limits, Memory, Mix, Split, candidates, decide
 from kit.autoscale.forecast import forecast
 from kit.autoscale.model import PoolModel
-from kit.autoscale.observe import Interval, Scrape, interval
+from kit.autoscale.observe import Interval, Scrape, arrival_shift, interval
 from kit.bench.predict import plan_cluster
 from kit.deploy.context import DeployContext
 from kit.deploy.routing import Routed, RouterAdmin
 from kit.deploy.steps import router_key
 from kit.errors import DeployError, PdkitError
-from kit.observe.probe import Prober
+from kit.observe.probe import Fetched, Prober, auth_headers
 from kit.observe.prom import MetricSet, parse_metrics
 from kit.observe.targets import targets_from_plan
 from kit.plan.resolve import resolve
@@ -55,6 +55,8 @@ from kit.topology.place import role_switchable
 from kit.topology.schema import Topology
 
 LOG = "autoscale.jsonl"
+TICK_S = 1.0
+"""Seconds between two looks at the router's arrival counters within an interval."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ class Autoscaler:
         self.memory = Memory()
         self.predicted: Mix | None = None
         self.previous: Scrape | None = None
+        self.early: str | None = None
+        """Why the interval under way ended before its time (`shifted`), for its log."""
+        self.answered: dict[str, MetricSet] = {}
+        """Each worker's last answered /metrics since the last change: a worker that did not
+        answer the previous scrape counts its interval from its last answer (a loaded worker's
+        /metrics can time out, and the interval after would otherwise see nothing of it)."""
         self.last: records.DecisionRecord | None = records.load(self.ctx.state_dir)
 
     @property
@@ -122,17 +130,8 @@ class Autoscaler:
         async with Prober(timeout=10.0) as prober:
             answers = await prober.round(targets)
         at = time.monotonic()
-
-        def metrics(text: str, ok: bool) -> MetricSet | None:
-            if not ok:
-                return None
-            try:
-                return parse_metrics(text)
-            except PdkitError:
-                return None
-
-        workers = {w.target.name: metrics(w.metrics.body, w.metrics.ok) for w in answers.workers}
-        router_metrics = metrics(answers.router.metrics.body, answers.router.metrics.ok)
+        workers = {w.target.name: _parsed(w.metrics) for w in answers.workers}
+        router_metrics = _parsed(answers.router.metrics)
         return Scrape(at, router_metrics, workers), routed
 
     async def _roles(self) -> dict[str, str]:
@@ -168,11 +167,25 @@ class Autoscaler:
         if self.previous is None:
             seen = Interval(0.0, 0, None, None)
         else:
-            seen = interval(self.previous, scrape, roles, self.plan.router.kind, self.topology.slo)
+            before = self.previous.filled(self.answered)
+            answers = self.predicted.output_tokens if self.predicted is not None else None
+            seen = interval(
+                before,
+                scrape,
+                roles,
+                self.plan.router.kind,
+                self.topology.slo,
+                output_tokens=answers,
+            )
         self.previous = scrape
-        enough = seen.mix is not None and seen.requests >= self.limits.min_requests
+        self.answered.update({w: m for w, m in scrape.workers.items() if m is not None})
+        enough = seen.mix is not None and seen.samples >= self.limits.min_requests
         observed = seen.mix if enough else None
-        fit = "not fitted (too few requests)"
+        fit = (
+            "not fitted (the workload shifted: the latencies are the old one's)"
+            if seen.shifted
+            else "not fitted (too few requests)"
+        )
         if observed is not None and seen.observed is not None:
             corrected = self.model.correct(current, observed, seen.observed)
             fit = (
@@ -181,14 +194,14 @@ class Autoscaler:
                 else f"kept: latency error {corrected.error_before:.0%}"
             )
         self.predicted = forecast(
-            self.predicted, observed, reset=self.limits.tolerance(seen.requests)
+            self.predicted, observed, reset=self.limits.tolerance(seen.samples)
         )
         allowed = candidates(self.limits, current, serving) if self.predicted else []
         goodput = self.model.goodputs(allowed, self.predicted) if self.predicted else {}
         inputs = Inputs(
             now_s=time.time(),
             observed=observed,
-            requests=seen.requests,
+            requests=seen.samples,
             forecast=self.predicted,
             current=current,
             serving=serving,
@@ -205,7 +218,8 @@ class Autoscaler:
         rec = records.DecisionRecord.of(
             decision,
             at=time.time(),
-            interval=seen.describe(),
+            interval=seen.describe()
+            + (f"; ended early: {early}" if (early := self.early) is not None else ""),
             observed=observed,
             forecast=self.predicted,
             efficiency=asdict(self.model.efficiency),
@@ -216,6 +230,7 @@ class Autoscaler:
             dry_run=self.options.dry_run,
         )
         self._log(rec, goodput, decision)
+        self.early = None
         self.last = rec
         return rec
 
@@ -238,6 +253,7 @@ class Autoscaler:
             return f"applying failed after {time.monotonic() - began:.1f} s: {exc}"
         # The interval under way straddles the change: start measuring afresh.
         self.previous = None
+        self.answered = {}
         return f"{text} in {time.monotonic() - began:.1f} s"
 
     def _log(
@@ -295,7 +311,7 @@ class Autoscaler:
                 began = time.monotonic()
                 self.step()  # the first scrape: the baseline of the first interval
                 while True:
-                    time.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+                    self._wait(began + self.interval_s)
                     began = time.monotonic()
                     try:
                         self.step()
@@ -304,6 +320,39 @@ class Autoscaler:
                     if self.options.once:
                         break
         return 0
+
+    def _wait(self, until: float) -> None:
+        """Sleep until `until` (monotonic), or less: every `TICK_S` the router's counters of
+        arriving requests are read, and a shift of the workload (`shifted`) ends the interval
+        there (a step at the shift, not up to an interval later)."""
+        while (left := until - time.monotonic()) > 0:
+            if self.options.once:  # one decision from two scrapes an interval apart
+                time.sleep(left)
+                return
+            time.sleep(min(TICK_S, left))
+            if time.monotonic() >= until:
+                return
+            try:
+                router = asyncio.run(self._router_metrics())
+            except (DeployError, PdkitError):
+                continue
+            self.early = self.shifted(router)
+            if self.early is not None:
+                return
+
+    async def _router_metrics(self) -> MetricSet | None:
+        target = targets_from_plan(self.plan).router
+        async with Prober(timeout=2.0) as prober:
+            return _parsed(await prober.get(target.metrics_url, auth_headers(target)))
+
+    def shifted(self, router: MetricSet | None) -> str | None:
+        """Why the interval under way should end now (`arrival_shift` since the last
+        scrape), or None."""
+        if self.previous is None or self.predicted is None:
+            return None
+        return arrival_shift(
+            self.previous.router, router, self.predicted.input_tokens, self.limits.min_requests
+        )
 
     @contextlib.contextmanager
     def _metrics_server(self) -> Iterator[None]:
@@ -335,6 +384,16 @@ class Autoscaler:
         finally:
             server.shutdown()
             server.server_close()
+
+
+def _parsed(answer: Fetched) -> MetricSet | None:
+    """The metrics of a /metrics answer; None when it did not answer or is not Prometheus."""
+    if not answer.ok:
+        return None
+    try:
+        return parse_metrics(answer.body)
+    except PdkitError:
+        return None
 
 
 def run(topology_file: Path, options: LoopOptions, console: Console) -> int:

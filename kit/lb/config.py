@@ -91,6 +91,10 @@ class LbConfig:
     retry_deadline: float = 60.0
     hold_timeout: float = 5.0
     hold_max: int = 256
+    # At most this many requests out on one prefill (0: no limit); the rest wait here, in
+    # arrival order, for the first prefill with room (late binding: a prefill that joins, or
+    # one that frees, takes the oldest waiting request instead of queueing behind its peers).
+    prefill_max_inflight: int = 0
     eject_after_failures: int = 3
     # Streams: the longest wait for the first token (0: --idle-timeout), and for each later
     # one (0: derived from the TPOT objective, `stall_timeout_for`).
@@ -439,6 +443,14 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         help=f"requests held at once; more get the 503 at once (default {d.hold_max})",
     )
     r.add_argument(
+        "--prefill-max-inflight",
+        type=_positive(int, True),
+        default=d.prefill_max_inflight,
+        help="requests out on one prefill at most; more wait in the router, oldest first, "
+        "for the first prefill with room, so a prefill that joins or frees takes waiting "
+        "work (default 0: no limit, every request goes to a prefill at once)",
+    )
+    r.add_argument(
         "--eject-after-failures",
         type=_positive(int),
         default=d.eject_after_failures,
@@ -653,6 +665,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         retry_deadline=ns.retry_deadline,
         hold_timeout=ns.hold_timeout,
         hold_max=ns.hold_max,
+        prefill_max_inflight=ns.prefill_max_inflight,
         eject_after_failures=ns.eject_after_failures,
         first_token_timeout=ns.first_token_timeout,
         stall_timeout=ns.stall_timeout,

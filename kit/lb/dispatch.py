@@ -38,6 +38,7 @@ import math
 import random
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,6 +72,9 @@ log = logging.getLogger("kit.lb.dispatch")
 # Request ids taken from the client: visible ASCII without quotes or backslashes (they go into
 # headers and the access log as they are), at most this long; others get a new id.
 MAX_REQUEST_ID = 128
+TURN_POLL_S = 0.5
+"""Seconds between two looks at the prefills by a request waiting for its turn (a prefill
+that joins wakes no one)."""
 
 
 def client_request_id(value: str | None) -> str | None:
@@ -114,6 +118,7 @@ class Exchange:
     migrations: int = 0  # times the stream was continued on another pair
     held_s: float = 0.0  # seconds spent waiting for a worker of a role with none routable
     kv: Choice | None = None  # cache_aware's choice for the last attempt
+    claimed: bool = False  # holds a promised prefill slot (--prefill-max-inflight)
     cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
 
 
@@ -261,6 +266,8 @@ class Dispatcher:
         self._on_connection_error = on_connection_error
         self._on_worker_failure = on_worker_failure
         self.held = 0  # requests waiting for a worker now
+        self._turns: deque[asyncio.Future[None]] = deque()  # waiting for a prefill with room
+        self._passing = 0  # requests past their turn whose prefill leg has not started yet
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
         self._background: set[asyncio.Task[bytes]] = set()
@@ -294,13 +301,16 @@ class Dispatcher:
 
     async def _pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
         """A worker of `role` for the next attempt: one that has not failed in this request
-        when there is such, else any routable one; with none routable, hold. cache_aware
-        also chooses the prefill's DP rank (`ex.kv`)."""
+        when there is such, else any routable one; with none routable, hold. A prefill has
+        room (`--prefill-max-inflight`) where the limit is set. cache_aware also chooses the
+        prefill's DP rank (`ex.kv`)."""
         workers = self._pool.routable(role)
         if not workers:
             workers = await self._hold(ex, role, exclude)
         if exclude:
             workers = [w for w in workers if w.url not in exclude] or workers
+        if role == "prefill" and self._config.prefill_max_inflight > 0:
+            workers = self._with_room(workers) or workers
         if role == "prefill" and self._cache_aware is not None:
             ex.kv = self._cache_aware.plan(workers, ex.pd, key)
             return ex.kv.worker
@@ -330,6 +340,65 @@ class Dispatcher:
             self.held -= 1
             self._metrics.held = self.held
             ex.held_s += time.monotonic() - started
+
+    # -- the prefill queue (--prefill-max-inflight) ------------------------------------------
+
+    def _with_room(self, workers: list[Worker]) -> list[Worker]:
+        limit = self._config.prefill_max_inflight
+        return [w for w in workers if w.inflight < limit]
+
+    def _room(self) -> bool:
+        """A prefill slot free for one more request: the routable prefills' free slots less
+        those already promised to requests on their way to a prefill."""
+        limit = self._config.prefill_max_inflight
+        free = sum(max(0, limit - w.inflight) for w in self._pool.routable("prefill"))
+        return free > self._passing
+
+    async def _prefill_turn(self, ex: Exchange) -> None:
+        """Wait, behind the requests that came first, until a routable prefill has room
+        (returns at once without a limit); the slot is promised to `ex` until its prefill leg
+        starts (`_claim`). A turn is handed on as a prefill leg ends; a prefill that joins is
+        seen within `TURN_POLL_S`."""
+        if self._config.prefill_max_inflight <= 0:
+            return
+        if not self._turns and self._room():
+            self._claim(ex, True)
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        self._metrics.queued = len(self._turns)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(turn), TURN_POLL_S)
+                first = self._turns[0] is turn
+                if (turn.done() or first) and self._room():
+                    self._claim(ex, True)
+                    return
+                if turn.done():  # woken, but the room went to a request that did not wait
+                    turn = asyncio.get_running_loop().create_future()
+                    self._turns.appendleft(turn)
+        finally:
+            with contextlib.suppress(ValueError):
+                self._turns.remove(turn)
+            self._metrics.queued = len(self._turns)
+            self._next_turn()
+
+    def _claim(self, ex: Exchange, take: bool) -> None:
+        """Promise `ex` a prefill slot (`take`), or end the promise: its prefill leg started,
+        or the attempt ended before one did."""
+        if take and not ex.claimed:
+            self._passing += 1
+        elif not take and ex.claimed:
+            self._passing -= 1
+        ex.claimed = take
+
+    def _next_turn(self) -> None:
+        """Wake the oldest waiting request when a prefill has room."""
+        if self._turns and self._room():
+            turn = self._turns[0]
+            if not turn.done():
+                turn.set_result(None)
 
     def _no_worker(self, role: Role, exclude: set[str], *, held: bool) -> ApiError:
         all_workers = self._pool.role(role)
@@ -415,8 +484,24 @@ class Dispatcher:
         key = affinity_key(pd, self._config.prefix_chars) if self._needs_key else None
         if not ex.request_id:
             ex.request_id = self.request_id(ex.request)
+        self._metrics.receive(prompt_tokens(pd.body, pd.path))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
+        await self._prefill_turn(ex)
+        try:
+            return await self._attempts(ex, pd, key, admission, priority)
+        finally:
+            self._claim(ex, False)
+
+    async def _attempts(
+        self,
+        ex: Exchange,
+        pd: PdRequest,
+        key: bytes | None,
+        admission: Admission | None,
+        priority: Priority,
+    ) -> web.StreamResponse:
+        """`dispatch`'s attempts: a pair, the request sent, a fresh pair after a failure."""
         excluded: set[str] = set()
         deadline = ex.started + self._config.retry_deadline
         while True:
@@ -553,11 +638,14 @@ class Dispatcher:
             self._watchdog.release(guard)
             worker.inflight -= 1
             worker.progress_at = time.monotonic()
+            if role == "prefill":
+                self._next_turn()
 
     async def _prefill_leg(
         self, ex: Exchange, worker: Worker, send: _Send, keep: bool, conn: Connection | None
     ) -> bytes:
         leg = _Leg()
+        self._claim(ex, False)  # its slot is taken for real now (worker.inflight)
         # This attempt's choice: a retry replaces ex.kv while this leg may still be finishing.
         choice = ex.kv if ex.kv is not None and ex.kv.worker is worker else None
         status = 0

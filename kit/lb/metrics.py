@@ -10,6 +10,10 @@ rest of a streamed token's handling). A collector turns them into metric familie
 time, and reads the worker gauges from the pool.
 
     pdkit_lb_requests_total{route,status}             counter
+    pdkit_lb_received_total                           counter (PD requests as they arrive)
+    pdkit_lb_received_prompt_tokens_total             counter: their prompt tokens, estimated
+                                                       as admission does (token ids counted,
+                                                       text UTF-8 bytes / 4)
     pdkit_lb_request_duration_seconds{route,stream}   histogram
     pdkit_lb_time_to_first_token_seconds{route}       histogram (streams)
     pdkit_lb_inter_token_latency_seconds{route}       histogram (streams)
@@ -19,6 +23,8 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_migrations_refused_total{reason}         counter (why a cut stream was not continued)
     pdkit_lb_held_total{role}                         counter (requests that waited for a worker)
     pdkit_lb_held_requests                            gauge
+    pdkit_lb_queued_requests                          gauge (waiting for a prefill with room:
+                                                       --prefill-max-inflight)
     pdkit_lb_inflight_requests                        gauge
     pdkit_lb_draining                                 gauge (1 after SIGTERM)
     pdkit_lb_worker_inflight{worker,role}             gauge
@@ -138,12 +144,15 @@ class LbMetrics:
     def __init__(self, workers: Callable[[], Iterable[Worker]]) -> None:
         self._workers = workers
         self.requests: dict[tuple[str, int], int] = {}
+        self.received = 0
+        self.received_tokens = 0.0
         self.errors: dict[str, int] = {}
         self.retries: dict[str, int] = {}
         self.migrations: dict[str, int] = {}
         self.migrations_refused: dict[str, int] = {}
         self.holds: dict[str, int] = {}
         self.held = 0
+        self.queued = 0
         self.inflight = 0
         self.draining = False
         self.duration = _Family(
@@ -183,6 +192,12 @@ class LbMetrics:
             hist = self.duration.child(route, "true" if stream else "false")
             self._duration_children[(route, stream)] = hist
         hist.observe(seconds)
+
+    def receive(self, prompt_tokens: float) -> None:
+        """Count one PD request as it arrives, with its estimated prompt length: the mix the
+        prefills face next, before any of it finishes (`pdkit autoscale` reads it)."""
+        self.received += 1
+        self.received_tokens += prompt_tokens
 
     def stream_timers(self, route: str) -> tuple[Histogram, Histogram]:
         """(TTFT, inter-token) histograms for a route."""
@@ -247,6 +262,16 @@ class LbMetrics:
         )
         for reason, count in sorted(self.migrations_refused.items()):
             refused.add_metric([reason], count)
+        received = CounterMetricFamily(
+            "pdkit_lb_received", "PD requests received (counted as they arrive)"
+        )
+        received.add_metric([], self.received)
+        received_tokens = CounterMetricFamily(
+            "pdkit_lb_received_prompt_tokens",
+            "Prompt tokens of the PD requests received, estimated (token ids counted, text "
+            "UTF-8 bytes / 4)",
+        )
+        received_tokens.add_metric([], self.received_tokens)
         holds = CounterMetricFamily(
             "pdkit_lb_held",
             "Requests that waited for a worker of a role that had none routable",
@@ -263,10 +288,17 @@ class LbMetrics:
             retries,
             migrations,
             refused,
+            received,
+            received_tokens,
             holds,
         )
         yield GaugeMetricFamily(
             "pdkit_lb_held_requests", "Requests waiting for a worker now", value=self.held
+        )
+        yield GaugeMetricFamily(
+            "pdkit_lb_queued_requests",
+            "Requests waiting for a prefill with room now (--prefill-max-inflight)",
+            value=self.queued,
         )
         yield GaugeMetricFamily(
             "pdkit_lb_inflight_requests", "Client requests in flight", value=self.inflight

@@ -266,7 +266,7 @@ class Prober:
 
     async def router(self, target: RouterTarget) -> RouterAnswers:
         """Liveness, readiness, the worker list and the metrics of the router, concurrently."""
-        headers = _auth(target)
+        headers = auth_headers(target)
         health, readiness, workers, metrics = await asyncio.gather(
             self.get(f"{target.url}/health", headers),
             self.get(f"{target.url}/readiness", headers),
@@ -293,7 +293,7 @@ class Prober:
             wait = rate_window_s - (time.monotonic() - router.metrics.at)
             if wait > 0:
                 await asyncio.sleep(wait)
-            second = await self.get(targets.router.metrics_url, _auth(targets.router))
+            second = await self.get(targets.router.metrics_url, auth_headers(targets.router))
             if second.ok:
                 before = router.metrics
                 router = RouterAnswers(
@@ -318,5 +318,5 @@ class Prober:
         return KvPoolAnswers(target, health, metrics)
 
 
-def _auth(target: RouterTarget) -> dict[str, str] | None:
+def auth_headers(target: RouterTarget) -> dict[str, str] | None:
     return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None

@@ -63,6 +63,8 @@ class InstanceConfig:
     context_length: int | None = None
     mixed_chunk: bool = False
     reserved_decode_tokens: int = DEFAULT_RESERVED_DECODE_TOKENS
+    decode_extra_slots: int | None = None
+    """--disaggregation-decode-extra-slots (None: SGLang's default, `extra_slots`)."""
     kv_dtype_bytes: float = 2.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
@@ -103,6 +105,7 @@ class InstanceConfig:
                 if launch.num_reserved_decode_tokens is None
                 else launch.num_reserved_decode_tokens
             ),
+            decode_extra_slots=launch.disaggregation_decode_extra_slots,
             kv_dtype_bytes=kv_dtype_bytes(launch.kv_cache_dtype),
             efficiency=efficiency or Efficiency(),
         )
@@ -158,11 +161,13 @@ class InstanceConfig:
         mode: Mode,
         clock: Clock,
         *,
+        launched: Mode | None = None,
         timing: TimingModel | None = None,
         on_step: Callable[[Scheduler, Step], None] | None = None,
     ) -> list[Scheduler]:
         """The instance's schedulers, one per DP rank, on `clock` (sharing `timing` when
-        given; `on_step` is called after each of their steps)."""
+        given; `on_step` is called after each of their steps), serving `mode`; `launched` is
+        the mode it started in where a role switch changed it (its request slots stay)."""
         timing = timing or self.build_timing()
         memory = self.memory(timing)
         if memory.capacity_tokens < self.page_size:
@@ -178,6 +183,7 @@ class InstanceConfig:
                 pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
                 clock=clock,
                 max_running=self.rank_slots(memory),
+                extra_slots=self.extra_slots(launched or mode),
                 chunk_size=memory.chunked_prefill_size,
                 max_prefill_tokens=self.max_prefill_tokens,
                 mixed_chunk=self.mixed_chunk,
@@ -186,6 +192,20 @@ class InstanceConfig:
             )
             for _ in range(self.dp)
         ]
+
+    def extra_slots(self, mode: Mode) -> int:
+        """Request slots of one DP rank on top of `rank_slots` that only requests in KV
+        transfer may take, for an instance launched in `mode` (SGLang 0.5.23's
+        `disaggregation_decode_extra_slots`, fixed at launch: a role switch keeps them). The
+        flag's value where it is set; else, on a decode launch with --max-running-requests of
+        at most 32 per rank, twice that (pd_disaggregation_hook.py), and 0 otherwise (a
+        prefill launch, role switch or not: kv_cache_configurator.py)."""
+        if self.decode_extra_slots is not None:
+            return self.decode_extra_slots
+        if mode is not Mode.DECODE or self.max_running_requests is None:
+            return 0
+        per_rank = max(1, self.max_running_requests // self.dp)
+        return 2 * per_rank if per_rank <= 32 else 0
 
     def rank_slots(self, memory: MemoryPlan) -> int:
         """Request slots of one DP rank: SGLang splits the slots between DP-attention ranks."""

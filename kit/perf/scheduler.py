@@ -9,9 +9,12 @@ Per mode:
   ``--enable-mixed-chunk``; either way every decoding request waits for the prefill compute.
 * ``prefill``: waiting -> prefill -> inflight (KV held until the transfer to the decode ends;
   the owner calls `Scheduler.transfer_done`) -> finished with ``length 0``.
-* ``decode``: prealloc (waits for KV room) -> transfer (room reserved; the owner moves the KV
-  and calls `Scheduler.kv_arrived`) -> running, starting with the prefill's first token ->
-  finished. Requests that outgrow the pool are retracted and resumed later.
+* ``decode``: prealloc (waits for KV room and a request slot) -> transfer (room reserved; the
+  owner moves the KV and calls `Scheduler.kv_arrived`) -> running, starting with the prefill's
+  first token -> finished. Requests that outgrow the pool are retracted and resumed later. A
+  decode has ``max_running + extra_slots`` request slots (SGLang's DecodeReqToTokenPool:
+  ``--disaggregation-decode-extra-slots``), shared by the transferring, ready and running
+  requests; at most ``max_running`` run.
 
 Admission follows SGLang: FCFS with head-of-line blocking, a KV reserve for the running
 requests' future tokens (``new_token_ratio``) in colocated mode, and
@@ -161,6 +164,7 @@ class Scheduler:
         clock: Clock,
         max_running: int,
         chunk_size: int,
+        extra_slots: int = 0,
         max_prefill_tokens: int = 16384,
         mixed_chunk: bool = False,
         reserved_decode_tokens: int = 512,
@@ -171,6 +175,7 @@ class Scheduler:
         self.pool = pool
         self.clock = clock
         self.max_running = max_running
+        self.extra_slots = extra_slots
         self.chunk_size = chunk_size
         self.max_prefill_tokens = max_prefill_tokens
         self.mixed_chunk = mixed_chunk
@@ -505,7 +510,7 @@ class Scheduler:
             self.running.append(seq)
         if self.retracted:
             return
-        while self.prealloc and self._active() < self.max_running:
+        while self.prealloc and self._active() < self.max_running + self.extra_slots:
             seq = self.prealloc[0]
             reserve = self.reserved_decode_tokens * (self._active() + 1)
             need = self.pool.pages_for(seq.prompt_len)

@@ -80,6 +80,7 @@ def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
         enable_mixed_chunk=args.get("enable-mixed-chunk") is True,
         moe_a2a_backend=_text(args.get("moe-a2a-backend")),
         num_reserved_decode_tokens=_integer(args.get("num-reserved-decode-tokens")),
+        disaggregation_decode_extra_slots=_integer(args.get("disaggregation-decode-extra-slots")),
         speed=speed,
     )
 

@@ -88,6 +88,7 @@ class WorkerArgs:
     chunked_prefill_size: int | None = None
     enable_mixed_chunk: bool = False
     num_reserved_decode_tokens: int = 512
+    disaggregation_decode_extra_slots: int | None = None
     mem_fraction_static: float | None = None
     context_length: int | None = None
     # Request shaping (SGLang's tokenizer manager reads these).
@@ -157,6 +158,7 @@ class WorkerArgs:
             context_length=self.context_length,
             enable_mixed_chunk=self.enable_mixed_chunk,
             num_reserved_decode_tokens=self.num_reserved_decode_tokens,
+            disaggregation_decode_extra_slots=self.disaggregation_decode_extra_slots,
             speed=speed,
         )
 
@@ -257,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--chunked-prefill-size", type=_chunk)
     add("--enable-mixed-chunk", action="store_true")
     add("--num-reserved-decode-tokens", type=_non_negative, default=512)
+    add("--disaggregation-decode-extra-slots", type=_non_negative)
     add("--mem-fraction-static", type=_fraction)
     add("--context-length", type=_positive)
     add("--allow-auto-truncate", action="store_true")
@@ -368,6 +371,7 @@ def parse_args(argv: Sequence[str]) -> WorkerArgs:
         chunked_prefill_size=ns.chunked_prefill_size,
         enable_mixed_chunk=ns.enable_mixed_chunk,
         num_reserved_decode_tokens=ns.num_reserved_decode_tokens,
+        disaggregation_decode_extra_slots=ns.disaggregation_decode_extra_slots,
         mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length,
         allow_auto_truncate=ns.allow_auto_truncate,

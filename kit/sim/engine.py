@@ -116,6 +116,7 @@ class Engine:
         self.settings = settings
         self.clock = clock
         self.mode = Mode(args.disaggregation_mode)
+        self.launched = self.mode
         # The launch record from this worker's own argv and env, as the Plan carries it.
         launch = args.launch(settings.gpu, settings.speed)
         self.config = InstanceConfig.from_launch(launch, gpu=_gpu(settings.gpu))
@@ -771,5 +772,9 @@ class Engine:
         self.mode = Mode(new_role)
         self.args = dataclasses.replace(self.args, disaggregation_mode=new_role)
         self.ranks = self.config.build(
-            self.mode, self.clock, timing=self.timing, on_step=self._on_step
+            self.mode,
+            self.clock,
+            launched=self.launched,
+            timing=self.timing,
+            on_step=self._on_step,
         )

@@ -76,6 +76,9 @@ class WorkerLaunch(BaseModel):
     num_reserved_decode_tokens: int | None = Field(
         None, description="--num-reserved-decode-tokens."
     )
+    disaggregation_decode_extra_slots: int | None = Field(
+        None, description="--disaggregation-decode-extra-slots."
+    )
     speed: float = Field(
         1.0,
         description="Model seconds per wall second: engine sim's PDKIT_SIM_SPEED, 1 on GPUs.",

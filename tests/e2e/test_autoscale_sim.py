@@ -46,24 +46,28 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
             assert "move 2 instance(s) from decode to prefill); dry run: not applied" in dry.stdout
             for shown in ("observed: ", "corrections: compute", "(current)", "3P1D", "(chosen)"):
                 assert shown in dry.stdout, dry.stdout
-            assert re.search(r"req/s, \d+ in / \d+ out tokens \(\d+ in 3 s\); TTFT", dry.stdout)
+            # --once: the full interval (3 s), the arrivals counted by pdkit's router.
+            shape = r"req/s, \d+ in / \d+ out tokens \(\d+ finished, \d+ arrived in 3 s\); TTFT"
+            assert re.search(shape, dry.stdout), dry.stdout
             applied = pdkit("autoscale", str(topology), "--once", "--interval", "3")
             assert applied.returncode == 0, applied.stdout + applied.stderr
-            # One move's two instances switch together: both named in one change.
-            both = r"switched decode-2 decode -> prefill .*; decode-1 decode -> prefill"
-            assert re.search(both, applied.stdout), applied.stdout
+            # One move's two instances switch together: both named in one change (the two
+            # with the fewest requests in flight, so which two depends on the moment).
+            moved = re.findall(r"(decode-\d) decode -> prefill \(drain", applied.stdout)
+            assert len(moved) == 2 and "switched " in applied.stdout, applied.stdout
         finally:
             output, _ = load.communicate(timeout=120)
         assert load.returncode == 0, output
         point = json.loads((tmp_path / "bench" / "summary.json").read_text())["points"][0]
         assert point["ok"] == point["requests"] and point["errors"] == {}, point
         records = [json.loads(line) for line in (tmp_path / "bench" / "requests.jsonl").open()]
-        decode_1 = f"http://127.0.0.1:{data['decode']['port'] + 1}"
-        assert any(r["prefill"] == decode_1 for r in records)  # it served as a prefill
+        urls = {f"decode-{i}": f"http://127.0.0.1:{data['decode']['port'] + i}" for i in range(3)}
+        for name in moved:  # each served as a prefill
+            assert any(r["prefill"] == urls[name] for r in records), name
         status = pdkit("status", str(topology), "--json", timeout=60)
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)["autoscale"]
         assert (shown["action"], shown["target"], shown["dry_run"]) == ("move", "3P1D", False)
-        assert shown["roles"]["decode-1"] == shown["roles"]["decode-2"] == "prefill"
+        assert all(shown["roles"][name] == "prefill" for name in moved), shown["roles"]
     finally:
         pdkit("down", str(topology), timeout=120)

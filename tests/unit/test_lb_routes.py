@@ -212,10 +212,14 @@ def test_metrics_count_requests_latency_tokens_and_workers():
             await c.post("/generate", {"text": "x"})
             await c.post("/generate", {"text": "x", "stream": True})
             await c.post("/generate", data=b"{bad")
+            await c.post("/generate", {"input_ids": [1] * 300})
             status, raw, headers = await c.get("/metrics")
             text = raw.decode()
             assert status == 200 and headers["Content-Type"].startswith("text/plain")
-            assert 'pdkit_lb_requests_total{route="/generate",status="200"} 2.0' in text
+            assert 'pdkit_lb_requests_total{route="/generate",status="200"} 3.0' in text
+            # As they arrive: the bad request never reaches dispatch; "x" counts 1 token.
+            assert "pdkit_lb_received_total 3.0" in text
+            assert "pdkit_lb_received_prompt_tokens_total 302.0" in text
             assert 'pdkit_lb_requests_total{route="/generate",status="400"} 1.0' in text
             assert 'pdkit_lb_errors_total{cause="bad_request"} 1.0' in text
             assert (

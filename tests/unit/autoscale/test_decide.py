@@ -81,7 +81,7 @@ def test_nothing_moves_while_an_instance_does_not_serve():
 def test_a_quiet_interval_holds():
     decision, _ = decide(LIMITS, Memory(), inputs(Split(3, 3), Split(2, 4), requests=3))
     assert decision.action == "hold"
-    assert "3 request(s) finished" in decision.reason
+    assert "3 request(s) in the interval" in decision.reason
 
 
 def test_the_cooldown_holds_then_lets_go():
@@ -243,3 +243,15 @@ def test_prefills_that_finish_nothing_while_requests_pile_up_get_one_more_instan
     full = inputs(Split(5, 1), Split(5, 1), observed=None, stalled=30, goodput={})
     decision, _ = decide(LIMITS, Memory(), full)
     assert decision.action == "hold" and "allow no more prefills" in decision.reason
+
+
+def test_a_stall_with_a_measured_workload_is_the_model_s_to_size():
+    """The router's count of the arriving prompts measured the new workload: the model may
+    move more than the stall rule's one instance."""
+    wide = Limits(prefill_min=1, prefill_max=5, decode_min=1, decode_max=5, max_step=4)
+    rated = {s: 1.0 for s in candidates(wide, Split(1, 5))}
+    rated[Split(5, 1)] = 5.0
+    seen = inputs(Split(1, 5), Split(1, 5), stalled=30, goodput=rated)
+    decision, _ = decide(wide, Memory(), seen)
+    assert (decision.action, decision.target) == ("move", Split(5, 1))
+    assert "5P1D predicts" in decision.reason and "finished no request" not in decision.reason

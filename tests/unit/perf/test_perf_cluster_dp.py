@@ -42,3 +42,22 @@ def test_a_pd_cluster_of_dp_attention_instances_serves_every_request():
     outcomes = cluster.run(poisson_workload(20.0, 40, 512, 32))
     assert all(o.finish is not None and o.tokens == 32 for o in outcomes)
     assert cluster.gpus == 4
+
+
+def test_decode_extra_slots_follow_sglang_defaults_and_survive_a_role_switch():
+    def slots(mode: Mode, launched: Mode | None = None, **launch: object) -> int:
+        (rank, *_) = moe(tp=2, **launch).build(mode, VirtualClock(), launched=launched)
+        return rank.extra_slots
+
+    # A decode launch with a small --max-running-requests reserves twice the batch.
+    assert slots(Mode.DECODE, max_running_requests=8) == 16
+    assert slots(Mode.DECODE, max_running_requests=64) == 0  # large batches get none
+    assert slots(Mode.DECODE) == 0  # no --max-running-requests: none
+    assert slots(Mode.DECODE, max_running_requests=8, decode_extra_slots=3) == 3
+    # A prefill launch computes no default, and switching it to decode keeps that.
+    assert slots(Mode.DECODE, launched=Mode.PREFILL, max_running_requests=8) == 0
+    # Split between DP-attention ranks: 8 // 2 per rank.
+    (rank, _) = moe(tp=2, dp=2, dp_attention=True, ep=2, max_running_requests=8).build(
+        Mode.DECODE, VirtualClock()
+    )
+    assert rank.extra_slots == 8

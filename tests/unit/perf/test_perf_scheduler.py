@@ -181,6 +181,27 @@ def test_decode_reservation_limits_admission():
     assert len(sched.prealloc) == 1
 
 
+def test_decode_extra_slots_let_more_requests_wait_for_their_kv_than_run():
+    # SGLang's DecodeReqToTokenPool: max_running + extra slots, shared by the transferring
+    # and the running requests; without the extras a decode whose slots wait on a slow
+    # prefill holds every later request (a new prefill's too) in prealloc.
+    sched, clock, _ = make(mode=Mode.DECODE, max_running=2, extra_slots=4)
+    seqs = [seq(str(i), prompt=64, out=50)[0] for i in range(8)]
+    for s in seqs:
+        sched.submit(s)
+    assert [s.phase for s in seqs].count(Phase.TRANSFER) == 6
+    assert len(sched.prealloc) == 2
+    for s in seqs[:6]:
+        sched.kv_arrived(s)
+    clock.run(until=0.01)
+    assert len(sched.running) == 2  # at most max_running decode at once
+    assert len(sched.ready) == 4
+    plain, _, _ = make(mode=Mode.DECODE, max_running=2)
+    for s in [seq(str(i), prompt=64)[0] for i in range(8)]:
+        plain.submit(s)
+    assert len(plain.transfer) == 2 and len(plain.prealloc) == 6
+
+
 def test_abort_frees_kv_anywhere():
     sched, _clock, _ = make(mode=Mode.DECODE)
     s, sink = seq(prompt=512)
