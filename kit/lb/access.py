@@ -24,7 +24,9 @@ The JSON object (`pdkit trace` reads it; times in ms, None as null):
     dp_rank         cache_aware: the prefill DP rank chosen through the room (null: left to
                     chance, or another policy)
     cached_predicted  cache_aware: prompt tokens the router's KV-event index expected the
-                    prefill to have cached (null: no prediction)
+                    prefill to have cached (null: no prediction), pending blocks included
+    cached_pending  cache_aware: of those, tokens in blocks still pending there (sent there
+                    by this router for earlier requests, not reported by its events yet)
     cached_actual   cache_aware: the prefill's own count (its meta_info cached_tokens)
 
 The line is built by hand (no json.dumps per request) from values that need no escaping: the
@@ -55,7 +57,7 @@ _LINE = (
     '"decode":%s,"bootstrap_room":%s,"queued_ms":%s,"prefill_ms":%s,"decode_ms":%s,'
     '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s",'
     '"retries":%d,"migrations":%d,"held_ms":%.3f,"dp_rank":%s,"cached_predicted":%s,'
-    '"cached_actual":%s}'
+    '"cached_pending":%s,"cached_actual":%s}'
 )
 
 
@@ -91,6 +93,7 @@ class AccessLog:
             return
         chosen = ex.path
         relay = ex.relay
+        kv = ex.kv
         started = ex.started
         first = relay.first_at if relay is not None else None
         self._emit(
@@ -115,8 +118,9 @@ class AccessLog:
                 ex.retries,
                 ex.migrations,
                 ex.held_s * 1000,
-                _int_or_null(ex.kv.dp_rank if ex.kv is not None else None),
-                _int_or_null(ex.kv.predicted if ex.kv is not None else None),
+                _int_or_null(kv.dp_rank if kv is not None else None),
+                _int_or_null(kv.predicted if kv is not None else None),
+                _int_or_null(kv.pending if kv is not None and kv.predicted >= 0 else None),
                 _int_or_null(ex.cached_actual),
             )
         )
@@ -157,6 +161,7 @@ class AccessLog:
                 0,
                 0,
                 0.0,
+                "null",
                 "null",
                 "null",
                 "null",

@@ -3,14 +3,33 @@ against the prefill work already queued there.
 
 For a prompt of L tokens, each candidate (worker w, DP rank r) costs
 
-    cost(w, r) = queued(w, r) + (L - cached(w, r))
+    cost(w, r) = queued(w, r) + 2 * (L - cached(w, r))
 
-tokens: the uncached prompt tokens this router has sent to (w, r) whose prefill has not ended
-yet, plus the tokens this prompt would compute there. That is the prefill work ahead of the
-request's first token on (w, r), so the cheapest rank is the one expected to answer first; a
-cached token and a queued token weigh the same. The lowest cost wins; ties go to the rank with
-more cached, then to the worker `prefix_affinity` would pick for the prompt (so that a prefix
-no one has cached yet lands where the next request with it will look), then to the lower rank.
+tokens: `queued` is the uncached prompt tokens this router has sent to (w, r) whose prefill has
+not been computed yet. `queued + (L - cached)` is the prefill work ahead of the request's first
+token on (w, r); the second `L - cached` is the work it leaves queued there for the requests
+that come after it. Counting only the first, a request whose prefix is cached (or being
+computed) on a busy rank went to an idle one and computed the prefix again, as fast for itself
+but at the cost of everyone queued behind it there; Dynamo's KV router scores a worker the same
+way (the request's new prefill blocks plus the worker's active blocks with the request added,
+overlap weight 1). So a rank holding the prefix keeps it until its queue is about twice the
+prefix's compute. A request's tokens leave `queued` when the
+rank's KV events report its prompt stored (the compute is done; its KV may still be on its way
+to the decode) or when its prefill leg ends, whichever is first.
+
+`cached(w, r)` counts the blocks the rank's events reported and the pending ones: blocks of
+requests this router has sent to (w, r) that the rank has not reported yet
+(`kit.lb.kv_index`). A pending block weighs as much as a cached one: SGLang matches a waiting
+request's prefix when it schedules it, after the earlier requests ahead of it on the rank, so
+by the time a request queued behind the first one with its prefix runs, that prefix is
+normally computed; and the first one's compute is already in `queued(w, r)`, so the
+request is charged the wait for it. (A request batched together with the first one, or in
+SGLang's overlapped next batch, computes the prefix again: the router cannot see batches, and
+the agreement counters in /metrics show how often that happens.)
+
+The lowest cost wins; ties go to the rank with more cached, then to the worker
+`prefix_affinity` would pick for the prompt (so that a prefix no one has cached yet lands where
+the next request with it will look), then to the lower rank.
 The rank is chosen through the bootstrap room (`room % dp == r`, SGLang's
 `follow_bootstrap_room`).
 
@@ -32,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kit.kvevents.prompt import encode, render_chat
-from kit.lb.kv_index import KvIndex
+from kit.lb.kv_index import KvIndex, Pending, WorkerCache
 from kit.lb.policies import PrefixAffinity, _mix64, prefix_hash
 from kit.lb.protocol import CHAT, GENERATE, PdRequest
 from kit.lb.workers import Worker
@@ -47,6 +66,10 @@ class Choice:
     dp_size: int
     prompt_tokens: int
     predicted: int  # cached tokens the index predicts on (worker, rank); -1: no prediction
+    pending: int = 0  # of `predicted`, tokens in blocks still pending there (not reported)
+    cache: WorkerCache | None = None  # the worker's index when the rank was chosen by it
+    hashes: list[int] | None = None  # the prompt's leading block hashes at its block size
+    record: Pending | None = None  # the blocks this attempt will store, pending on the rank
     released: bool = False
 
     @property
@@ -103,6 +126,7 @@ class CacheAware:
     def plan(self, workers: Sequence[Worker], pd: PdRequest, key: bytes | None) -> Choice:
         """The (worker, rank) for this request (see the module docstring)."""
         now = self._clock()
+        self.index.expire(now)
         caches = {w.url: self.index.live(w.url, now) for w in workers}
         vocab = self.vocab
         if vocab is None:
@@ -125,23 +149,46 @@ class CacheAware:
                 ranks = list(enumerate(self.index.predict(cache, ids, hashed)))
                 dp = cache.dp_size
             for rank, cached in ranks:
-                cost = self._queued.get((worker.url, rank), 0) + length - cached
+                cost = self._queued.get((worker.url, rank), 0) + 2 * (length - cached)
                 # Lower wins: cost, then more cached, then prefix_affinity's order, then rank.
                 score = (cost, -cached, -affinity, rank if rank is not None else 0)
                 if best is None or score < best[0]:
                     best = (score, worker, rank, dp, cached)
         assert best is not None  # workers is non-empty
         _, worker, rank, dp, cached = best
-        return Choice(worker, rank, dp, length, cached if rank is not None else -1)
+        cache = caches[worker.url]
+        if rank is None or cache is None:
+            return Choice(worker, None, dp, length, -1)
+        hashes = hashed.get(cache.block_size)
+        pending = 0
+        if hashes and cached:
+            pending = cached - cache.ranks[rank].cached_blocks(hashes, pending=False) * (
+                cache.block_size
+            )
+        return Choice(worker, rank, dp, length, cached, pending, cache, hashes)
 
     def begin(self, choice: Choice) -> None:
-        """The attempt was sent: its uncached tokens join (worker, rank)'s queue."""
+        """The attempt was sent: its uncached tokens join (worker, rank)'s queue, and its
+        prompt's blocks are pending on the rank until its events report them."""
+        now = self._clock()
         key = (choice.worker.url, choice.dp_rank)
         self._queued[key] = self._queued.get(key, 0) + choice.uncached
-        self.index.routed(choice.worker.url, self._clock())
+        cache, rank = choice.cache, choice.dp_rank
+        if cache is not None and rank is not None and choice.hashes:
+            choice.record = self.index.expect(
+                cache, rank, choice.hashes, now, lambda: self._release(choice)
+            )
+            if choice.record is not None:  # its events are due (the silence rule)
+                self.index.routed(choice.worker.url, now)
 
-    def end(self, choice: Choice) -> None:
-        """Its prefill leg ended (answered, failed or cancelled)."""
+    def end(self, choice: Choice, served: bool) -> None:
+        """Its prefill leg ended: `served` (answered 2xx), or failed or cancelled."""
+        self._release(choice)
+        if choice.record is not None:
+            self.index.settle(choice.record, served, self._clock())
+
+    def _release(self, choice: Choice) -> None:
+        """Its tokens leave the queue (computed, or the leg ended), once."""
         if choice.released:
             return
         choice.released = True

@@ -110,6 +110,9 @@ class LbConfig:
     prompt_tokens: str = ""
     kv_silence: float = 5.0
     kv_silence_requests: int = 8
+    # cache_aware: the longest a routed request's blocks count as pending on its prefill rank
+    # before its KV events report them (kit.lb.kv_index).
+    kv_pending_timeout: float = 30.0
     # A worker whose probe times out while it still finishes requests stays in for this long.
     busy_grace: float = 20.0
     # Upstream connection pool.
@@ -509,6 +512,14 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         help=f"see --kv-silence (default {d.kv_silence_requests})",
     )
     r.add_argument(
+        "--kv-pending-timeout",
+        type=_positive(float),
+        default=d.kv_pending_timeout,
+        help=f"cache_aware: seconds a routed request's prompt blocks count as cached on its "
+        f"prefill rank at most, until that rank's KV events report them; its failed prefill "
+        f"ends them sooner (default {d.kv_pending_timeout:g})",
+    )
+    r.add_argument(
         "--max-connections",
         type=_positive(int, True),
         default=d.max_connections,
@@ -666,6 +677,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         prompt_tokens=ns.prompt_tokens,
         kv_silence=ns.kv_silence,
         kv_silence_requests=ns.kv_silence_requests,
+        kv_pending_timeout=ns.kv_pending_timeout,
         max_connections=ns.max_connections,
         upstream_keepalive=ns.upstream_keepalive,
         busy_grace=ns.busy_grace,

@@ -646,6 +646,9 @@ class Dispatcher:
     ) -> bytes:
         leg = _Leg()
         self._claim(ex, False)  # its slot is taken for real now (worker.inflight)
+        # This attempt's choice: a retry replaces ex.kv while this leg may still be finishing.
+        choice = ex.kv if ex.kv is not None and ex.kv.worker is worker else None
+        status = 0
         try:
             status, content_type, data = await self._read_leg(
                 "prefill", worker, send, self._prefill_timeout, leg=leg, conn=conn
@@ -653,9 +656,9 @@ class Dispatcher:
         finally:
             ex.prefill_end = time.monotonic()
             ex.prefill_s = ex.prefill_end - leg.started
-            if ex.kv is not None and ex.kv.worker is worker and self._cache_aware is not None:
-                self._cache_aware.end(ex.kv)
-        if status < 300 and ex.kv is not None and ex.kv.worker is worker:
+            if choice is not None and self._cache_aware is not None:
+                self._cache_aware.end(choice, served=0 < status < 300)
+        if status < 300 and choice is not None and choice is ex.kv:
             self._observe_cached(ex, data)
         if status >= 300:
             snippet = data[:300].decode("utf-8", "replace")

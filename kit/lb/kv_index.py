@@ -6,23 +6,41 @@ AllBlocksCleared. A request's cached prefix on a rank is the number of its leadi
 (`kit.kvevents.blocks`, at the worker's block size) found there, times the block size, capped
 at ``len - 1`` tokens as SGLang caps its match.
 
+Pending blocks: a worker reports a prompt's blocks only once it has computed them, so a request
+routed while the first one with its prefix is still waiting or prefilling would see nothing
+cached anywhere. When the policy sends a request to a rank, the rank's index records the
+prompt's blocks it does not hold yet as pending (`RankCache.expect`); a prefix lookup counts a
+pending block as cached. A pending record ends:
+* confirmed: a BlockStored on that rank carries its last block (the prefill has computed the
+  whole prompt; the blocks are now simply cached);
+* dropped: the request's prefill leg fails, or it was answered and no event confirmed it
+  within `SERVED_GRACE_S` (events trail the answer by a little), or `pending_s` after it was
+  routed, whichever is first;
+* dropped with the rank's cached blocks, by every rule below.
+
 Never stale, by these rules:
 * a gap in a rank's sequence numbers (lost batches) clears that rank: what follows the gap is
   all known to be true, what came before may have been evicted unseen;
 * a sequence number lower than the last (the publisher restarted) clears the rank;
 * the subscriber losing its connection, or the worker leaving the routable set (unhealthy,
   removed, restarting), clears the worker and marks it not `live`;
-* silence: `silence_requests` requests routed to a worker since its last event, the first of
-  them more than `silence_s` ago, and the worker is not `live` until its next event (events
-  stopped: the router routes as if it knew nothing).
+* silence: `silence_requests` requests routed to a worker since its last event that should
+  have made it store blocks (each had blocks pending there), the first of them more than
+  `silence_s` ago, and the worker is not `live` until its next event (events stopped: the
+  router routes as if it knew nothing). A request whose prompt the index already holds
+  whole stores nothing new, so the worker publishes nothing for it: a worker serving only
+  cache hits is not silent.
+Each of these drops the rank's (the worker's) pending blocks as well as its cached ones.
 A worker that is not `live` predicts nothing and the policy falls back (`kit.lb.policies`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,18 +58,112 @@ INFO_TRIES = 5
 INFO_RETRY_S = 1.0
 """A worker that just became healthy is asked for its /server_info this often, this far apart."""
 
+SERVED_GRACE_S = 1.0
+"""Seconds a pending record outlives its request's answered prefill leg, waiting for the
+BlockStored that confirms it (SGLang publishes after the forward, but the event and the HTTP
+answer travel separately)."""
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """The blocks a rank is expected to store for one request routed to it (module docstring).
+
+    `hashes` are the prompt's blocks the rank did not hold when it was routed; `deadline` is
+    monotonic seconds; `state` is pending, confirmed or dropped."""
+
+    rank: RankCache
+    hashes: list[int]
+    deadline: float
+    on_confirmed: Callable[[], None] | None = None
+    state: str = "pending"
+
+    def end(self, state: str) -> None:
+        """Confirmed or dropped: what it held is let go (its deadline entry lingers)."""
+        self.state = state
+        self.hashes = []
+        self.on_confirmed = None
+
 
 @dataclass
 class RankCache:
-    """One DP rank's cached blocks, as its events said."""
+    """One DP rank's cached blocks, as its events said, and the blocks routed requests will
+    store there (pending)."""
 
     blocks: set[int] = field(default_factory=set)
     last_seq: int | None = None
     gaps: int = 0
     restarts: int = 0
+    # Pending block hash -> requests expecting it; last block hash -> their records.
+    pending: dict[int, int] = field(default_factory=dict)
+    awaiting: dict[int, list[Pending]] = field(default_factory=dict)
+    confirmed: int = 0
+    dropped: int = 0
 
     def clear(self) -> None:
+        """Forget every block, cached or pending."""
         self.blocks.clear()
+        for records in self.awaiting.values():
+            for record in records:
+                record.end("dropped")
+                self.dropped += 1
+        self.awaiting.clear()
+        self.pending.clear()
+
+    def expect(
+        self,
+        hashes: Sequence[int],
+        deadline: float,
+        on_confirmed: Callable[[], None] | None = None,
+    ) -> Pending | None:
+        """Record `hashes` (a prompt's leading blocks, in order) as pending until `deadline`;
+        None when the rank already holds them all."""
+        if not hashes or hashes[-1] in self.blocks:
+            return None
+        new = [h for h in hashes if h not in self.blocks]
+        record = Pending(self, new, deadline, on_confirmed)
+        pending = self.pending
+        for h in new:
+            pending[h] = pending.get(h, 0) + 1
+        self.awaiting.setdefault(hashes[-1], []).append(record)
+        return record
+
+    def drop(self, record: Pending) -> None:
+        """End a pending record without its blocks (failed, expired)."""
+        if record.state != "pending":
+            return
+        records = self.awaiting.get(record.hashes[-1])
+        if records is not None:
+            records.remove(record)
+            if not records:
+                del self.awaiting[record.hashes[-1]]
+        self._unref(record)
+        record.end("dropped")
+        self.dropped += 1
+
+    def _unref(self, record: Pending) -> None:
+        pending = self.pending
+        for h in record.hashes:
+            left = pending.get(h, 0) - 1
+            if left > 0:
+                pending[h] = left
+            else:
+                pending.pop(h, None)
+
+    def _stored(self, hashes: Sequence[int]) -> None:
+        self.blocks.update(hashes)
+        if not self.awaiting:
+            return
+        for h in hashes:
+            records = self.awaiting.pop(h, None)
+            if records is None:
+                continue
+            for record in records:
+                self._unref(record)
+                confirmed = record.on_confirmed
+                record.end("confirmed")
+                self.confirmed += 1
+                if confirmed is not None:
+                    confirmed()
 
     def receive(self, seq: int, batch: wire.KVEventBatch) -> None:
         """Apply one batch numbered `seq` (see the module docstring for gaps and restarts)."""
@@ -66,17 +178,21 @@ class RankCache:
         for event in batch.events:
             if isinstance(event, wire.BlockStored):
                 if event.medium in (None, wire.GPU):
-                    self.blocks.update(event.block_hashes)
+                    self._stored(event.block_hashes)
             elif isinstance(event, wire.BlockRemoved):
                 if event.medium in (None, wire.GPU):
                     self.blocks.difference_update(event.block_hashes)
             else:
                 self.clear()
 
-    def cached_blocks(self, hashes: Sequence[int]) -> int:
+    def cached_blocks(self, hashes: Sequence[int], *, pending: bool = True) -> int:
+        """How many of `hashes` (a prompt's leading blocks) the rank holds in a row, counting
+        pending blocks as held unless `pending` is false."""
+        blocks = self.blocks
+        expected = self.pending if pending else {}
         n = 0
         for h in hashes:
-            if h not in self.blocks:
+            if h not in blocks and h not in expected:
                 break
             n += 1
         return n
@@ -110,6 +226,10 @@ class WorkerCache:
         """Blocks indexed, all ranks."""
         return sum(len(r.blocks) for r in self.ranks)
 
+    def pending_size(self) -> int:
+        """Distinct blocks pending, all ranks."""
+        return sum(len(r.pending) for r in self.ranks)
+
     def clear(self) -> None:
         for rank in self.ranks:
             rank.clear()
@@ -118,10 +238,17 @@ class WorkerCache:
 class KvIndex:
     """Every publishing worker's `WorkerCache`, by URL; `predict` is the policy's question."""
 
-    def __init__(self, *, silence_s: float = 5.0, silence_requests: int = 8) -> None:
+    def __init__(
+        self, *, silence_s: float = 5.0, silence_requests: int = 8, pending_s: float = 30.0
+    ) -> None:
         self.workers: dict[str, WorkerCache] = {}
         self.silence_s = silence_s
         self.silence_requests = silence_requests
+        self.pending_s = pending_s
+        # (deadline, tie, record): every pending record's deadline; a record whose deadline
+        # was moved since is pushed again and its old entry skipped.
+        self._deadlines: list[tuple[float, int, Pending]] = []
+        self._tie = itertools.count()
 
     def add(self, url: str, block_size: int, dp_size: int) -> WorkerCache:
         cache = WorkerCache(url, block_size, [RankCache() for _ in range(dp_size)])
@@ -167,10 +294,16 @@ class KvIndex:
         return cache
 
     def predict(
-        self, cache: WorkerCache, prompt: Sequence[int], memo: dict[int, list[int]] | None = None
+        self,
+        cache: WorkerCache,
+        prompt: Sequence[int],
+        memo: dict[int, list[int]] | None = None,
+        *,
+        pending: bool = True,
     ) -> list[int]:
-        """Cached prompt tokens on each DP rank of `cache`'s worker. `memo` keeps the prompt's
-        block hashes per block size across the workers of one request (hashed once)."""
+        """Cached prompt tokens on each DP rank of `cache`'s worker, pending blocks counted
+        unless `pending` is false. `memo` keeps the prompt's block hashes per block size
+        across the workers of one request (hashed once)."""
         usable = (len(prompt) - 1) // cache.block_size
         if usable <= 0:
             return [0] * cache.dp_size
@@ -178,10 +311,44 @@ class KvIndex:
         hashes = memo.get(cache.block_size)
         if hashes is None:
             hashes = memo[cache.block_size] = block_hashes(prompt, cache.block_size, usable)
-        return [r.cached_blocks(hashes) * cache.block_size for r in cache.ranks]
+        return [r.cached_blocks(hashes, pending=pending) * cache.block_size for r in cache.ranks]
+
+    def expect(
+        self,
+        cache: WorkerCache,
+        rank: int,
+        hashes: Sequence[int],
+        now: float,
+        on_confirmed: Callable[[], None] | None = None,
+    ) -> Pending | None:
+        """A request with these leading block hashes was routed to `rank` of `cache`'s worker:
+        its blocks are pending there (see the module docstring); None when all are cached."""
+        record = cache.ranks[rank].expect(hashes, now + self.pending_s, on_confirmed)
+        if record is not None:
+            heapq.heappush(self._deadlines, (record.deadline, next(self._tie), record))
+        return record
+
+    def settle(self, record: Pending, served: bool, now: float) -> None:
+        """The record's prefill leg ended: failed, its blocks will not come; answered, they
+        have `SERVED_GRACE_S` left to be confirmed."""
+        if record.state != "pending":
+            return
+        if not served:
+            record.rank.drop(record)
+        elif now + SERVED_GRACE_S < record.deadline:
+            record.deadline = now + SERVED_GRACE_S
+            heapq.heappush(self._deadlines, (record.deadline, next(self._tie), record))
+
+    def expire(self, now: float) -> None:
+        """Drop the pending records whose deadline has passed."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            deadline, _, record = heapq.heappop(deadlines)
+            if record.state == "pending" and record.deadline == deadline:
+                record.rank.drop(record)
 
     def routed(self, url: str, now: float) -> None:
-        """A request went to `url` (for the silence rule)."""
+        """A request that should make `url` store blocks went there (for the silence rule)."""
         cache = self.workers.get(url)
         if cache is None:
             return

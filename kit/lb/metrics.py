@@ -48,12 +48,20 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_kv_index_blocks{worker}                  gauge: blocks its KV events say it holds
                                                        (cache_aware; all DP ranks)
     pdkit_lb_kv_index_live{worker}                    gauge: 1 while its index is believed
+    pdkit_lb_kv_index_pending_blocks{worker}          gauge: blocks of requests routed there
+                                                       that its events have not reported yet
+    pdkit_lb_kv_pending_confirmed_total{worker}       counter: pending records its events
+                                                       confirmed (the prompt stored)
+    pdkit_lb_kv_pending_dropped_total{worker}         counter: pending records dropped (the
+                                                       prefill failed, no event in time, or
+                                                       the rank's index cleared)
     pdkit_lb_kv_index_gaps_total{worker}              counter: sequence gaps (rank cleared)
     pdkit_lb_kv_index_restarts_total{worker}          counter: publisher restarts seen
     pdkit_lb_kv_predictions_total{worker}             counter: requests with a prediction that
                                                        the prefill answered with its count
     pdkit_lb_kv_predictions_agreed_total{worker}      counter: of those, predicted == actual
     pdkit_lb_kv_hit_rate{worker}                      gauge: predicted cached / prompt tokens
+                                                       (predictions count pending blocks)
 """
 
 from __future__ import annotations
@@ -379,6 +387,19 @@ def _kv_families(policy: CacheAware) -> Iterator[Metric]:
     hit = GaugeMetricFamily(
         "pdkit_lb_kv_hit_rate", "Predicted cached tokens / prompt tokens", labels=label
     )
+    pending = GaugeMetricFamily(
+        "pdkit_lb_kv_index_pending_blocks",
+        "Blocks of routed requests not reported by KV events yet",
+        labels=label,
+    )
+    confirmed = CounterMetricFamily(
+        "pdkit_lb_kv_pending_confirmed", "Pending records KV events confirmed", labels=label
+    )
+    dropped = CounterMetricFamily(
+        "pdkit_lb_kv_pending_dropped",
+        "Pending records dropped (prefill failed, no event in time, index cleared)",
+        labels=label,
+    )
     for url, cache in sorted(policy.index.workers.items()):
         blocks.add_metric([url], cache.size())
         live.add_metric([url], 1.0 if cache.live else 0.0)
@@ -388,7 +409,10 @@ def _kv_families(policy: CacheAware) -> Iterator[Metric]:
         agreed.add_metric([url], cache.agreed)
         if cache.prompt_tokens:
             hit.add_metric([url], cache.predicted_tokens / cache.prompt_tokens)
-    yield from (blocks, live, gaps, restarts, predictions, agreed, hit)
+        pending.add_metric([url], cache.pending_size())
+        confirmed.add_metric([url], sum(r.confirmed for r in cache.ranks))
+        dropped.add_metric([url], sum(r.dropped for r in cache.ranks))
+    yield from (blocks, live, gaps, restarts, predictions, agreed, hit, pending, confirmed, dropped)
 
 
 def _worker_families(workers: Iterable[Worker]) -> Iterator[Metric]:

@@ -102,7 +102,9 @@ class LoadBalancer:
         prefill_policy: Policy
         if config.prefill_policy == "cache_aware":
             self.kv_index = KvIndex(
-                silence_s=config.kv_silence, silence_requests=config.kv_silence_requests
+                silence_s=config.kv_silence,
+                silence_requests=config.kv_silence_requests,
+                pending_s=config.kv_pending_timeout,
             )
             prefill_policy = self.cache_aware = CacheAware(
                 self.kv_index,

@@ -69,6 +69,7 @@ class AccessRecord:
     held_ms: float | None = None
     dp_rank: int | None = None
     cached_predicted: int | None = None
+    cached_pending: int | None = None
     cached_actual: int | None = None
     in_flight: bool = False
     age_ms: float | None = None
@@ -183,6 +184,7 @@ def parse_access(line: str) -> AccessRecord | None:
         held_ms=_number(data.get("held_ms")) or None,
         dp_rank=_int(data.get("dp_rank")),
         cached_predicted=_int(data.get("cached_predicted")),
+        cached_pending=_int(data.get("cached_pending")),
         cached_actual=_int(data.get("cached_actual")),
     )
 
@@ -285,6 +287,8 @@ def _router_steps(access: AccessRecord, origin: float, prefill: str, decode: str
     if access.cached_predicted is not None or access.cached_actual is not None:
         rank = f" rank {access.dp_rank}" if access.dp_rank is not None else ""
         predicted = "?" if access.cached_predicted is None else str(access.cached_predicted)
+        if access.cached_pending:
+            predicted += f" ({access.cached_pending} pending)"
         actual = "?" if access.cached_actual is None else str(access.cached_actual)
         steps.append(
             Step(

@@ -125,6 +125,10 @@ class Sequence:
     generated: int = 0
     page_ids: list[int] = field(default_factory=list)
     retractions: int = 0
+    # Called once, when a prefill batch first takes the sequence from the waiting queue: where
+    # SGLang matches a prompt against its radix cache (get_new_batch_prefill), so a request
+    # queued behind another with the same prefix finds it cached once that one is prefilled.
+    on_admit: Callable[[Sequence], None] | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -417,6 +421,9 @@ class Scheduler:
             self.waiting.popleft()
             seq.page_ids = page_ids
             seq.phase = Phase.PREFILLING
+            if seq.on_admit is not None:
+                admit, seq.on_admit = seq.on_admit, None
+                admit(seq)
             room -= need * self.pool.page_size + future
             left = seq.target - seq.computed
             take = left if not chunking and not parts else min(left, budget)

@@ -376,14 +376,20 @@ class Engine:
         return next(self._rr) % dp
 
     def _match_prefix(self, state: RequestState, seq: Sequence, rank_index: int) -> None:
-        """Start `seq` past the prefix its rank has cached (kit.sim.prefix_cache); the cache
-        takes the prompt once prefilled."""
+        """Start `seq` past the prefix its rank has cached (kit.sim.prefix_cache) when the
+        rank's scheduler takes it into a prefill batch, as SGLang 0.5.23 does
+        (`get_new_batch_prefill`), not when it is queued; the cache takes the prompt once
+        prefilled."""
         if self.caches is None or state.inp.health_check:
             return
         cache = self.caches[rank_index]
-        state.cached_tokens = seq.computed = cache.match(state.inp.prompt_ids)
-        self.cache.lookups += 1
-        self.cache.device_tokens += state.cached_tokens
+
+        def match(admitted: Sequence) -> None:
+            state.cached_tokens = admitted.computed = cache.match(state.inp.prompt_ids)
+            self.cache.lookups += 1
+            self.cache.device_tokens += state.cached_tokens
+
+        seq.on_admit = match
         if self.mode is Mode.NULL:
             hook = state.finished_hook
 

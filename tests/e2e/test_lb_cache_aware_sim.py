@@ -123,7 +123,8 @@ async def settled(lb: LoadBalancer, url: str, predicted_at_least: int, text: str
     while True:
         cache = lb.kv_index.workers.get(url) if lb.kv_index else None
         if cache is not None and cache.live and cache.sim_vocab:
-            cached = lb.cache_aware.index.predict(cache, encode(text, cache.sim_vocab))
+            ids = encode(text, cache.sim_vocab)
+            cached = lb.cache_aware.index.predict(cache, ids, pending=False)
             if max(cached) >= predicted_at_least:
                 return
         assert time.monotonic() < deadline, f"{url}'s events never showed the prompt"

@@ -16,6 +16,7 @@ KEYS = {
     "ts",
     "dp_rank",
     "cached_predicted",
+    "cached_pending",
     "cached_actual",
     "id",
     "route",

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import aiohttp
+
 from kit.sim.prefix import LocalCache, PoolSettings, page_bytes, page_keys, parse_size
+from tests.support.sim_launch import free_port
+from tests.unit.sim.test_sim_api import serve
 
 
 def test_a_page_key_names_the_whole_prefix_up_to_its_page():
@@ -30,3 +37,36 @@ def test_pool_settings_come_from_the_mooncake_environment():
     assert settings.protocol == "rdma"  # SGLang's default
     assert parse_size("1048576") == 1 << 20
     assert page_bytes("k", 10) == page_bytes("k", 10) != page_bytes("j", 10)
+
+
+def test_a_request_queued_behind_its_prefix_finds_it_cached_once_that_one_is_prefilled():
+    """The radix cache is matched when the scheduler takes a request into a prefill batch
+    (SGLang's get_new_batch_prefill), not when it is queued: the second request of a document,
+    sent while the first is still being prefilled, reuses its pages."""
+
+    async def main():
+        config = {"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "topic": "kv"}
+        api, server = await serve(
+            ["--kv-events-config", json.dumps(config)], env={"PDKIT_SIM_SPEED": "1"}
+        )
+        api.ready = True
+        prompt = [(7 * i) % 900 + 5 for i in range(4000)]
+        body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
+        try:
+            async with aiohttp.ClientSession() as http:
+
+                async def send(delay: float) -> dict:
+                    await asyncio.sleep(delay)
+                    async with http.post(server.make_url("/generate"), json=body) as r:
+                        assert r.status == 200
+                        return (await r.json())["meta_info"]
+
+                first, second = await asyncio.gather(send(0), send(0.03))
+        finally:
+            await server.close()
+            await api.engine.close()
+        assert first["cached_tokens"] == 0
+        assert first["e2e_latency"] > 0.03  # the second was queued while the first prefilled
+        assert second["cached_tokens"] == 3999  # all but its last token (page size 1)
+
+    asyncio.run(main())
