@@ -385,7 +385,9 @@ class Engine:
         cache = self.caches[rank_index]
 
         def match(admitted: Sequence) -> None:
-            state.cached_tokens = admitted.computed = cache.match(state.inp.prompt_ids)
+            state.cached_tokens = admitted.computed = cache.match(
+                state.inp.prompt_ids, self.clock.now()
+            )
             self.cache.lookups += 1
             self.cache.device_tokens += state.cached_tokens
 

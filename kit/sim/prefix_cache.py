@@ -20,13 +20,16 @@ events (``--kv-events-config``), so that a sim without them keeps its timing unc
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kit.kvevents import wire
 from kit.kvevents.blocks import block_hashes
 from kit.kvevents.publisher import Publisher
+
+HIT_RATE_WINDOW_S = 15.0
+"""SGLang 0.5.23's SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS: the window of `recent_hit_rate`."""
 
 
 @dataclass
@@ -45,12 +48,14 @@ class PrefixCache:
         self._pages: OrderedDict[int, _Page] = OrderedDict()
         self.hit_tokens = 0
         self.lookup_tokens = 0
+        self._recent: deque[tuple[float, int, int]] = deque()  # (at, cached, prompt tokens)
 
     def __len__(self) -> int:
         return len(self._pages)
 
-    def match(self, prompt: Sequence[int]) -> int:
-        """Tokens of `prompt` already cached (whole pages, at most ``len(prompt) - 1``)."""
+    def match(self, prompt: Sequence[int], now: float | None = None) -> int:
+        """Tokens of `prompt` already cached (whole pages, at most ``len(prompt) - 1``); a
+        match at `now` counts in `recent_hit_rate`."""
         usable = (len(prompt) - 1) // self.page_size
         matched = 0
         for h in block_hashes(prompt, self.page_size, limit=usable):
@@ -61,7 +66,20 @@ class PrefixCache:
         cached = matched * self.page_size
         self.hit_tokens += cached
         self.lookup_tokens += len(prompt)
+        if now is not None:
+            self._recent.append((now, cached, len(prompt)))
         return cached
+
+    def recent_hit_rate(self, now: float) -> float:
+        """Cached / prompt tokens of the matches in the last `HIT_RATE_WINDOW_S` (0 without
+        any): what SGLang estimates a waiting request's cached share by
+        (`get_num_waiting_uncached_tokens`, whose prefix match of the waiting queue is off
+        with the default fcfs policy and radix cache)."""
+        recent = self._recent
+        while recent and recent[0][0] <= now - HIT_RATE_WINDOW_S:
+            recent.popleft()
+        total = sum(n for _, _, n in recent)
+        return sum(c for _, c, _ in recent) / total if total else 0.0
 
     def insert(self, prompt: Sequence[int]) -> None:
         """Cache the whole pages of a prefilled `prompt`; publish what changed."""

@@ -8,6 +8,7 @@ import json
 import aiohttp
 
 from kit.sim.prefix import LocalCache, PoolSettings, page_bytes, page_keys, parse_size
+from kit.sim.prefix_cache import PrefixCache
 from tests.support.sim_launch import free_port
 from tests.unit.sim.test_sim_api import serve
 
@@ -70,3 +71,16 @@ def test_a_request_queued_behind_its_prefix_finds_it_cached_once_that_one_is_pre
         assert second["cached_tokens"] == 3999  # all but its last token (page size 1)
 
     asyncio.run(main())
+
+
+def test_the_recent_hit_rate_covers_the_last_15_seconds_of_matches():
+    """What the sim's /v1/loads scales a waiting request's prompt by (SGLang's estimate of its
+    uncached tokens): the cached share of the prompts matched in the window."""
+    cache = PrefixCache(page_size=4, capacity_pages=100, publisher=None)
+    prompt = list(range(1, 42))
+    assert cache.match(prompt, now=0.0) == 0
+    cache.insert(prompt)
+    assert cache.match(prompt, now=10.0) == 40
+    assert cache.recent_hit_rate(10.0) == 40 / 82
+    assert cache.recent_hit_rate(15.5) == 40 / 41  # the miss at 0 s left the window
+    assert cache.recent_hit_rate(30.0) == 0.0
