@@ -1,0 +1,128 @@
+"""The router's tokenizer (kit/lb/tokenizer.py) against the real SGLang 0.5.23 on the CPU: for the
+corpus of tests/support/prompt_corpus.py, the prompt ids pdkit computes are the server's own
+(`return_prompt_token_ids` on chat, `return_token_ids` on completions, the count in `usage`);
+the stream facts the router's migration relies on; and the crash the router's validation
+prevents: an out-of-vocabulary id takes the whole server down (the last test: it kills it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+
+import pytest
+
+from kit.lb.tokenizer import ModelTokenizer
+from tests.support.prompt_corpus import CHATS, TEXTS
+from tests.support.real_sglang import RealServer, tiny_model
+from tests.support.sim_launch import request_json
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tokenizer-real")
+    model = tiny_model(folder / "model")
+    real = RealServer(model, folder).start()
+    try:
+        yield real, ModelTokenizer.load(model)
+    finally:
+        real.stop()
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    status, answer = request_json(url, body=body, timeout_s=120)
+    return status, answer
+
+
+@pytest.mark.parametrize("index", range(len(CHATS)))
+def test_chat_prompt_ids_are_sglangs(server, index):
+    real, tokenizer = server
+    body = {**CHATS[index], "max_tokens": 1, "return_prompt_token_ids": True}
+    status, answer = _post(real.url + "/v1/chat/completions", body)
+    assert status == 200, answer
+    theirs = answer["choices"][0]["prompt_token_ids"]
+    assert tokenizer.chat_ids(CHATS[index]) == theirs
+    assert answer["usage"]["prompt_tokens"] == len(theirs)
+
+
+@pytest.mark.parametrize("text", [t for t in TEXTS if t])
+def test_text_prompt_ids_are_sglangs(server, text):
+    real, tokenizer = server
+    body = {"prompt": text, "max_tokens": 1, "return_token_ids": True}
+    status, answer = _post(real.url + "/v1/completions", body)
+    assert status == 200, answer
+    assert tokenizer.prompt_ids("/v1/completions", body) == answer["choices"][0]["prompt_token_ids"]
+    status, native = _post(
+        real.url + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert status == 200, native
+    assert native["meta_info"]["prompt_tokens"] == len(tokenizer.encode_text(text))
+
+
+def _sse(url: str, body: dict) -> tuple[int, list[dict]]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            raw = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, [json.loads(exc.read() or b"{}")]
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in raw.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+    return status, events
+
+
+def test_completions_stream_carries_the_generated_ids(server):
+    """serving_completions.py ~336-385: with return_token_ids each chunk carries its token_ids
+    (the first the prompt's too), and they decode to the streamed text."""
+    real, tokenizer = server
+    body = {
+        "prompt": "The quick brown fox",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    status, events = _sse(real.url + "/v1/completions", body)
+    assert status == 200
+    chunks = [e for e in events if e.get("choices")]
+    ids = [i for e in chunks for i in (e["choices"][0].get("token_ids") or [])]
+    assert len(ids) == 12
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == tokenizer.encode_text(body["prompt"])
+    text = "".join(e["choices"][0]["text"] for e in chunks)
+    assert tokenizer.decode(ids) == text
+
+
+def test_chat_stream_refuses_return_token_ids(server):
+    """serving_chat.py ~1313-1319: a chat stream cannot carry the generated ids."""
+    real, _ = server
+    body = {**CHATS[0], "max_tokens": 4, "stream": True, "return_token_ids": True}
+    status, events = _sse(real.url + "/v1/chat/completions", body)
+    assert status == 400
+    assert "return_token_ids is not supported with streaming" in json.dumps(events)
+
+
+def test_an_out_of_vocabulary_id_kills_the_server(server):
+    """What the router's validation prevents: SGLang 0.5.23 checks no input id against the
+    vocabulary, and the embedding's IndexError takes the whole server down. Last: it kills it."""
+    real, tokenizer = server
+    oov = tokenizer.limits.vocab_size + 5
+    with contextlib.suppress(OSError):  # the connection may die with the server
+        request_json(
+            real.url + "/generate",
+            body={"input_ids": [1, 2, oov], "sampling_params": {"max_new_tokens": 2}},
+            timeout_s=60,
+        )
+    deadline = time.monotonic() + 60
+    while real.alive() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not real.alive(), "the server survived an out-of-vocabulary id"

@@ -1,0 +1,232 @@
+"""The router's tokenizer: loading as transformers 5 loads, the chat as SGLang 0.5.23 renders and
+encodes it (the real server's ids are checked in tests/e2e/test_router_tokenizer_real.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from kit.lb.tokenizer import ModelTokenizer, TokenizerUnavailable, content_format
+from tests.support.prompt_corpus import CHATS, TEXTS
+
+TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def make_model(folder, *, config_extra=None, template=TEMPLATE, vocab_size=None):
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer=trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    if template is not None:
+        config["chat_template"] = template
+    config.update(config_extra or {})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    model = {"vocab_size": vocab_size or tok.get_vocab_size(), "max_position_embeddings": 512}
+    (folder / "config.json").write_text(json.dumps(model))
+    return folder
+
+
+@pytest.fixture
+def tokenizer(tmp_path):
+    return ModelTokenizer.load(make_model(tmp_path / "m"))
+
+
+def test_the_chat_is_rendered_with_the_generation_prompt_and_special_tokens(tokenizer):
+    body = {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    }
+    text = tokenizer.render_chat(tokenizer._messages(body["messages"]))
+    assert text == "<s><|system|>\nbe brief</s>\n<|user|>\nhi</s>\n<|assistant|>\n"
+    ids = tokenizer.chat_ids(body)
+    assert ids[0] == tokenizer.bos_token_id  # from the template, once
+    assert ids.count(tokenizer.bos_token_id) == 1
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_a_final_assistant_message_becomes_a_user_one(tokenizer):
+    as_user = tokenizer.chat_ids(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
+    )
+    last = tokenizer.chat_ids(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    )
+    assert last == as_user
+
+
+def test_continue_final_message_appends_the_text_without_bos(tmp_path):
+    tokenizer = ModelTokenizer.load(
+        make_model(tmp_path / "m", config_extra={"tokenizer_class": "LlamaTokenizerFast"})
+    )
+    head = tokenizer.chat_ids({"messages": [{"role": "user", "content": "a"}]})
+    body = {
+        "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "the fox"}],
+        "continue_final_message": True,
+    }
+    ids = tokenizer.chat_ids(body)
+    tail = tokenizer.encode_text("the fox")
+    assert tail[0] == tokenizer.bos_token_id
+    assert ids == head + tail[1:]
+
+
+def test_the_llama_class_adds_bos_and_the_chat_is_encoded_without_a_second(tmp_path):
+    tokenizer = ModelTokenizer.load(
+        make_model(tmp_path / "m", config_extra={"tokenizer_class": "LlamaTokenizerFast"})
+    )
+    assert tokenizer.encode_text("the fox")[0] == tokenizer.bos_token_id
+    ids = tokenizer.chat_ids({"messages": [{"role": "user", "content": "x"}]})
+    # The template writes <s>; encoding the rendered text adds no second one.
+    assert ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_content_parts_are_joined_by_spaces_for_a_string_template(tokenizer):
+    parts = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            }
+        ]
+    }
+    assert tokenizer.chat_ids(parts) == tokenizer.chat_ids(
+        {"messages": [{"role": "user", "content": "a b"}]}
+    )
+
+
+def test_content_format_follows_the_template_loops():
+    assert content_format(TEMPLATE) == "string"
+    assert (
+        content_format(
+            "{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}"
+        )
+        == "openai"
+    )
+    assert (
+        content_format(
+            "{% for message in messages %}{% for p in message['content'] %}{% endfor %}{% endfor %}"
+        )
+        == "openai"
+    )
+    assert content_format("{{ image }}") == "openai"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        },
+        {"messages": [{"role": "user", "content": "x"}], "input_ids": [1, 2]},
+        {"messages": []},
+        {"messages": "not a list"},
+    ],
+)
+def test_shapes_not_reproduced_get_no_ids(tokenizer, body):
+    assert tokenizer.chat_ids(body) is None
+
+
+def test_a_user_name_is_dropped_as_sglang_drops_it(tmp_path):
+    template = "{% for m in messages %}{{ m.get('name', '-') }}:{{ m.content }}{% endfor %}"
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", template=template))
+    messages = [
+        {"role": "system", "content": "s", "name": "ops"},
+        {"role": "user", "content": "u", "name": "bob"},
+    ]
+    assert tokenizer.render_chat(tokenizer._messages(messages)) == "ops:s-:u"
+
+
+def test_a_template_error_gives_no_ids(tmp_path):
+    template = "{{ raise_exception('no system role') }}"
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", template=template))
+    assert tokenizer.chat_ids({"messages": [{"role": "user", "content": "x"}]}) is None
+
+
+def test_tojson_keeps_unicode_and_html(tmp_path):
+    template = "{{ messages[0].content | tojson }}"
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", template=template))
+    assert tokenizer.render_chat([{"role": "user", "content": "<é>"}]) == '"<é>"'
+
+
+def test_prompt_ids_per_endpoint(tokenizer):
+    ids = tokenizer.encode_text("the fox")
+    assert tokenizer.prompt_ids("/generate", {"text": "the fox"}) == ids
+    assert tokenizer.prompt_ids("/generate", {"input_ids": [5, 6]}) == [5, 6]
+    assert tokenizer.prompt_ids("/v1/completions", {"prompt": "the fox"}) == ids
+    assert tokenizer.prompt_ids("/v1/completions", {"prompt": ["the fox"]}) == ids
+    assert tokenizer.prompt_ids("/v1/completions", {"prompt": [7, 8]}) == [7, 8]
+    assert tokenizer.prompt_ids("/v1/completions", {"prompt": ["a", "b"]}) is None  # a batch
+    assert tokenizer.prompt_ids("/generate", {"text": ["a", "b"]}) is None
+    assert tokenizer.prompt_ids("/v1/embeddings", {"input": "x"}) is None
+
+
+def test_limits_come_from_config_json(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", vocab_size=1024))
+    assert tokenizer.limits.vocab_size == 1024
+    assert tokenizer.limits.max_position_embeddings == 512
+
+
+def test_a_missing_tokenizer_is_named(tmp_path):
+    with pytest.raises(TokenizerUnavailable, match=r"tokenizer\.json: no such file"):
+        ModelTokenizer.load(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerUnavailable, match="not a tokenizer"):
+        ModelTokenizer.load(tmp_path)
+
+
+def test_no_template_gives_no_chat_ids(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", template=None))
+    assert tokenizer.chat_ids({"messages": [{"role": "user", "content": "x"}]}) is None
+    assert tokenizer.encode_text("the") != []
+
+
+def test_chat_template_jinja_file_wins(tmp_path):
+    folder = make_model(tmp_path / "m")
+    (folder / "chat_template.jinja").write_text("FILE{{ messages[0].content }}")
+    assert ModelTokenizer.load(folder).chat_template == "FILE{{ messages[0].content }}"
+
+
+def test_the_corpus_is_covered(tokenizer):
+    """Every chat of the shared corpus gets ids here (the e2e test compares them with SGLang's)."""
+    assert all(tokenizer.chat_ids(chat) for chat in CHATS if chat["messages"][0]["content"])
+    assert all(isinstance(tokenizer.encode_text(t), list) for t in TEXTS)
+
+
+def test_the_generic_class_ignores_add_bos_token(tmp_path):
+    """As transformers 5.19 does for PreTrainedTokenizerFast (measured in SGLang's venv)."""
+    folder = make_model(tmp_path / "m", config_extra={"add_bos_token": True})
+    tokenizer = ModelTokenizer.load(folder)
+    assert tokenizer.bos_token_id not in tokenizer.encode_text("the fox")
+    assert tokenizer.verified
+
+
+def test_llama_without_add_bos_token_adds_none(tmp_path):
+    extra = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False}
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m", config_extra=extra))
+    assert tokenizer.bos_token_id not in tokenizer.encode_text("the fox")
+
+
+def test_an_unknown_class_is_loaded_unverified(tmp_path):
+    extra = {"tokenizer_class": "Qwen2TokenizerFast"}
+    assert not ModelTokenizer.load(make_model(tmp_path / "m", config_extra=extra)).verified
