@@ -101,6 +101,10 @@ class CacheStats:
     lookups: int = 0
 
 
+def _raise_fatal(what: str) -> None:
+    raise RuntimeError(what)
+
+
 def _gpu(name: str) -> GpuSpec:
     try:
         return gpu_spec(name)
@@ -113,6 +117,9 @@ class Engine:
 
     def __init__(self, args: WorkerArgs, settings: SimSettings, clock: RealClock) -> None:
         self.args = args
+        # What a scheduler exception does to the server: the worker makes it die as SGLang's
+        # does; alone (in tests) the engine raises.
+        self.on_fatal: Callable[[str], None] = _raise_fatal
         self.settings = settings
         self.clock = clock
         self.mode = Mode(args.disaggregation_mode)
@@ -291,6 +298,19 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
 
+    def _crash_on_unknown_ids(self, inp: GenerateInput) -> None:
+        """SGLang 0.5.23 checks no input id against the vocabulary: a prefill (or a plain
+        server) runs the prompt through the embedding, whose IndexError kills the scheduler and
+        the whole server (a decode embeds only its own output). `on_fatal` does the dying."""
+        if self.mode is Mode.DECODE or inp.health_check:
+            return
+        vocab = self.model.vocab
+        bad = next((t for t in inp.prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            self.on_fatal(
+                f"IndexError: index out of range in self (input id {bad}, vocabulary {vocab})"
+            )
+
     def submit(self, inp: GenerateInput) -> RequestState:
         """Start generating `inp`; the returned state fills in as tokens come. What SGLang's
         scheduler refuses (`handle_generate_request`) ends the state with a 400 abort."""
@@ -307,6 +327,7 @@ class Engine:
         if refusal is not None and not inp.health_check:
             state.fail(refusal, 400)
             return state
+        self._crash_on_unknown_ids(inp)
         if inp.return_logprob and inp.logprob_start_len > inp.prompt_len:
             state.fail(
                 f"req.logprob_start_len={inp.logprob_start_len} is higher than the number of "
