@@ -29,6 +29,8 @@ with fields other than role, content and name, content parts other than text, an
 from __future__ import annotations
 
 import json
+import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,6 +67,10 @@ transformers 5.19 loads them for SGLang 0.5.23); another class loads the same wa
 
 _MESSAGE_KEYS = frozenset({"role", "content", "name"})
 _TEXT_PART_TYPES = ("text", "input_text")
+
+
+SEGMENT_CACHE_TOKENS = 1 << 20
+"""Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
 
 
 class TokenizerUnavailable(LbError):
@@ -207,6 +213,7 @@ class ModelTokenizer:
         # serving_chat.py ~456-465: a tokenizer that adds tokens to "" encodes the rendered
         # chat without special tokens (the template wrote them).
         self._adds_specials = len(tokenizer.encode("", add_special_tokens=True).ids) > 0
+        self._segments = _SegmentCache.for_tokenizer(tokenizer)
 
     @classmethod
     def load(cls, folder: Path) -> ModelTokenizer:
@@ -308,7 +315,11 @@ class ModelTokenizer:
             return None  # SGLang answers these with a 400 of its own
         if text is None:
             return None
-        ids = list(self._tokenizer.encode(text, add_special_tokens=not self._adds_specials).ids)
+        add_special = not self._adds_specials
+        if self._segments is not None and not (add_special and _post_adds(self._tokenizer)):
+            ids = self._segments.encode(text)
+        else:
+            ids = list(self._tokenizer.encode(text, add_special_tokens=add_special).ids)
         if prefix:
             tail = self.encode_text(prefix)
             if tail and tail[0] == self.bos_token_id:
@@ -394,3 +405,70 @@ def _post_processor(
     pair = f"{single}{' ' + bos + ':1' if bos else ''} $B:1{' ' + eos + ':1' if eos else ''}"
     specials = [(t, tokenizer.token_to_id(t)) for t in (bos, eos) if t]
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+def _post_adds(tokenizer: Tokenizer) -> bool:
+    """Whether encoding with special tokens adds any (to a non-empty text)."""
+    return len(tokenizer.encode("a", add_special_tokens=True).ids) != len(
+        tokenizer.encode("a", add_special_tokens=False).ids
+    )
+
+
+class _SegmentCache:
+    """The rendered chat encoded piece by piece, the ids of each piece between added tokens kept.
+
+    Exact by the argument SGLang 0.5.23 makes for its own parallel encode
+    (entrypoints/openai/parallel_prompt_encode.py): a fast tokenizer first splits the text at
+    added tokens and runs the pre-tokenizer and the model on each piece in between on its own,
+    so cutting there cannot change an id. It holds when no normalizer runs before the split,
+    no added token strips spaces or must be a single word, and the pre-tokenizer treats no
+    piece differently for being first (Metaspace); `for_tokenizer` gives None otherwise.
+    Pieces that recur across requests (a system prompt, a shared document, earlier turns) are
+    then encoded once."""
+
+    def __init__(self, tokenizer: Tokenizer, added: Mapping[str, int]) -> None:
+        self._tokenizer = tokenizer
+        self._added = dict(added)
+        # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
+        alternatives = sorted(added, key=len, reverse=True)
+        self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cached_tokens = 0
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> _SegmentCache | None:
+        if tokenizer.normalizer is not None:
+            return None
+        if "Metaspace" in repr(tokenizer.pre_tokenizer):
+            return None
+        decoder = tokenizer.get_added_tokens_decoder()
+        if not decoder:
+            return None
+        if any(t.lstrip or t.rstrip or t.single_word for t in decoder.values()):
+            return None
+        return cls(tokenizer, {t.content: i for i, t in decoder.items() if t.content})
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        start = 0
+        for match in self._pattern.finditer(text):
+            if match.start() > start:
+                ids += self._piece(text[start : match.start()])
+            ids.append(self._added[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids += self._piece(text[start:])
+        return ids
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        cached = self._cache.get(piece)
+        if cached is not None:
+            self._cache.move_to_end(piece)
+            return cached
+        ids = tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids)
+        self._cache[piece] = ids
+        self._cached_tokens += len(ids)
+        while self._cached_tokens > SEGMENT_CACHE_TOKENS and self._cache:
+            _, dropped = self._cache.popitem(last=False)
+            self._cached_tokens -= len(dropped)
+        return ids

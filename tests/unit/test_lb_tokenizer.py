@@ -4,9 +4,10 @@ encodes it (the real server's ids are checked in tests/e2e/test_router_tokenizer
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from kit.lb.tokenizer import ModelTokenizer, TokenizerUnavailable, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
@@ -230,3 +231,32 @@ def test_llama_without_add_bos_token_adds_none(tmp_path):
 def test_an_unknown_class_is_loaded_unverified(tmp_path):
     extra = {"tokenizer_class": "Qwen2TokenizerFast"}
     assert not ModelTokenizer.load(make_model(tmp_path / "m", config_extra=extra)).verified
+
+
+def test_the_segment_cache_gives_the_whole_texts_ids(tokenizer):
+    """Cut at added tokens, encoded piece by piece: the same ids as the whole text."""
+    rng = random.Random(0)
+    alphabet = [*"ab c\n\t<>|/s", "<s>", "</s>", "<|user|>", "<|", "|>", "é", "日", "🚀", "  "]
+    segments = tokenizer._segments
+    assert segments is not None
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        whole = tokenizer._tokenizer.encode(text, add_special_tokens=False).ids
+        assert segments.encode(text) == whole, text
+    assert segments.encode("the fox</s>the fox") == segments.encode("the fox</s>the fox")
+
+
+def test_a_repeated_system_prompt_is_encoded_once(tokenizer):
+    system = {"role": "system", "content": "the quick brown fox " * 50}
+    tokenizer.chat_ids({"messages": [system, {"role": "user", "content": "a"}]})
+    cached = len(tokenizer._segments._cache)
+    tokenizer.chat_ids({"messages": [system, {"role": "user", "content": "b"}]})
+    assert len(tokenizer._segments._cache) == cached + 1  # only the new turn's piece
+
+
+def test_no_segment_cache_where_the_cut_could_change_ids(tmp_path):
+    folder = make_model(tmp_path / "m")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.save(str(folder / "tokenizer.json"))
+    assert ModelTokenizer.load(folder)._segments is None
