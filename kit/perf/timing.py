@@ -161,6 +161,17 @@ class TimingModel:
         tokens = step.tokens
         if tokens == 0:
             return 0.0
+        compute_s, memory_s = self.roofline_seconds(step)
+        return max(compute_s, memory_s) + self._comm_seconds(tokens) + self.overhead_seconds()
+
+    def overhead_seconds(self) -> float:
+        """The fixed cost of one step on one pipeline stage's layers."""
+        return STEP_OVERHEAD_S + LAYER_OVERHEAD_S * self.model.layers / self.par.pp
+
+    def roofline_seconds(self, step: StepShape) -> tuple[float, float]:
+        """The step's two roofline terms, in seconds at this model's efficiencies: (FLOPs over
+        achieved FLOP/s, bytes moved over achieved bandwidth)."""
+        tokens = step.tokens
         m = self.model
         pairs = float(step.decode_context)
         for new, cached in step.prefill:
@@ -177,9 +188,7 @@ class TimingModel:
             + self._touched_experts(tokens) * m.moe_layers * self._expert_bytes
             + (kv_read + tokens) * self.kv_bytes_per_token_per_gpu
         )
-        memory_s = moved / self._mem_bw
-        overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers / self.par.pp
-        return max(compute_s, memory_s) + self._comm_seconds(tokens) + overhead
+        return compute_s, moved / self._mem_bw
 
     def _touched_experts(self, tokens: int) -> float:
         """Expected distinct experts per MoE layer that `tokens` tokens route to, with
