@@ -114,8 +114,10 @@ def test_chat_stream_refuses_return_token_ids(server):
 def test_an_out_of_vocabulary_id_kills_the_server(server):
     """What the router's validation prevents: SGLang 0.5.23 checks no input id against the
     vocabulary, and the embedding's IndexError takes the whole server down. Last: it kills it."""
-    real, tokenizer = server
-    oov = tokenizer.limits.vocab_size + 5
+    real, _ = server
+    # The issue's id: far past the vocabulary. An id just past it may land in the embedding's
+    # padding (SGLang pads the vocabulary: 562 rows become 576 here) and only gives garbage.
+    oov = 999_999_999
     with contextlib.suppress(OSError):  # the connection may die with the server
         request_json(
             real.url + "/generate",
@@ -126,3 +128,4 @@ def test_an_out_of_vocabulary_id_kills_the_server(server):
     while real.alive() and time.monotonic() < deadline:
         time.sleep(1)
     assert not real.alive(), "the server survived an out-of-vocabulary id"
+    print(real.log()[-2000:])
