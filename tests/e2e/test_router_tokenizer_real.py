@@ -111,6 +111,58 @@ def test_chat_stream_refuses_return_token_ids(server):
     assert "return_token_ids is not supported with streaming" in json.dumps(events)
 
 
+GREEDY_OPENAI = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+
+
+def test_a_chat_sent_as_completions_with_the_routers_ids_says_the_same(server):
+    """The exact way to migrate a chat stream: the decode leg gets it as /v1/completions with
+    the router's prompt ids (and return_token_ids); the text is the chat's own."""
+    real, tokenizer = server
+    chat = CHATS[2]
+    status, answer = _post(real.url + "/v1/chat/completions", {**chat, **GREEDY_OPENAI})
+    assert status == 200, answer
+    body = {"prompt": tokenizer.chat_ids(chat), **GREEDY_OPENAI, "return_token_ids": True}
+    status, completion = _post(real.url + "/v1/completions", body)
+    assert status == 200, completion
+    assert completion["choices"][0]["text"] == answer["choices"][0]["message"]["content"]
+    assert completion["usage"] == answer["usage"]
+
+
+def test_a_completions_stream_continued_from_its_ids_is_exact_and_its_text_is_rebuilt(server):
+    """A stream cut after 5 tokens, continued on prompt + those ids: the same ids follow
+    (greedy). Its text does not always join: a cut inside a character (bytes of one character
+    in two tokens; the tiny model makes such splits often) loses that character, since the
+    new decode starts from the prompt's tail, where it is incomplete. The router rebuilds the
+    text from the ids with the model's tokenizer: the client gets decode(all ids) past what it
+    was sent, which is the unbroken text."""
+    real, tokenizer = server
+    prompt = tokenizer.chat_ids(CHATS[1])
+    stream = {"prompt": prompt, **GREEDY_OPENAI, "stream": True, "return_token_ids": True}
+    status, events = _sse(real.url + "/v1/completions", stream)
+    assert status == 200
+    chunks = [e["choices"][0] for e in events if e.get("choices")]
+    whole = "".join(c["text"] for c in chunks)
+    ids = [i for c in chunks for i in (c.get("token_ids") or [])]
+    sent, text_sent = [], ""
+    for c in chunks:
+        if len(sent) >= 5:
+            break
+        sent += c.get("token_ids") or []
+        text_sent += c["text"]
+    rest = {
+        "prompt": prompt + sent,
+        **GREEDY_OPENAI,
+        "max_tokens": GREEDY_OPENAI["max_tokens"] - len(sent),
+        "return_token_ids": True,
+    }
+    status, answer = _post(real.url + "/v1/completions", rest)
+    assert status == 200, answer
+    assert sent + answer["choices"][0]["token_ids"] == ids
+    rebuilt = tokenizer.decode(ids)
+    assert rebuilt.startswith(text_sent)
+    assert text_sent + rebuilt[len(text_sent) :] == whole
+
+
 def test_an_out_of_vocabulary_id_kills_the_server(server):
     """What the router's validation prevents: SGLang 0.5.23 checks no input id against the
     vocabulary, and the embedding's IndexError takes the whole server down. Last: it kills it."""
