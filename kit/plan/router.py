@@ -3,7 +3,7 @@ Gateway, both rendered here from the one table of router options
 (`kit.topology.router_options`). Pure.
 
 Both take the same worker flags; the Plan stores them (`worker_args`) apart from the router's
-own settings (`settings_args`), and composes `command.args` from the two: `pdkit up` changes
+own settings (`settings`), and composes `command.flags` from the two: `pdkit up` changes
 the workers through the router's API, and restarts the router only when its settings change.
 
 pdkit's router gets each option the topology sets (`plan=` in the table) where it differs
@@ -105,18 +105,19 @@ def build_router(
     router = topology.router
     host = topology.host(topology.router_host)
     policies = {role: router_policy(topology, role) for role in ("prefill", "decode")}
-    workers_ = flatten(worker_flags(workers))
+    workers_ = tuple(worker_flags(workers))
     has_key = bool(router.api_key_env or router.api_key_file)
     if router.kind == "pdkit":
-        settings = flatten(pdkit_settings(topology))
-        command = Command(module=LB_MODULE, args=(*workers_, *settings))
+        settings = tuple(pdkit_settings(topology))
+        command = Command(module=LB_MODULE, flags=(*workers_, *settings))
         metrics_port = None
     else:
-        rest = flatten(smg_settings(topology))
-        settings = (*SMG_LAUNCH, *rest)
+        launch = tuple((word,) for word in SMG_LAUNCH)
+        rest = tuple(smg_settings(topology))
+        settings = (*launch, *rest)
         command = Command(
             executable=SMG_EXECUTABLE,
-            args=(*SMG_LAUNCH, *workers_, *rest),
+            flags=(*launch, *workers_, *rest),
             secret_args=(("--api-key", ROUTER_API_KEY_ENV),) if has_key else (),
         )
         metrics_port = router.metrics_port
@@ -139,8 +140,8 @@ def build_router(
         unit=unit_name(topology.name, ROUTER_PROCESS),
         log_path=layout.log_file(ROUTER_PROCESS),
         command=command,
-        worker_args=workers_,
-        settings_args=settings,
+        worker_args=flatten(workers_),
+        settings=settings,
         env={},
         hold_timeout_s=router.faults.hold_timeout_s if router.kind == "pdkit" else 0.0,
     )
