@@ -32,6 +32,7 @@ OWNED_FLAGS: dict[str, str] = {
     "pp-size": "<role>.pp",
     "ep-size": "<role>.ep",
     "enable-dp-attention": "<role>.dp_attention",
+    "attn-dp-size": "<role>.dp with <role>.dp_attention: true",
     "nnodes": "the hosts' GPU counts (pdkit spans hosts when an instance needs it)",
     "node-rank": "placement (pdkit assigns node ranks)",
     "dist-init-addr": "<role>.dist_init_port",

@@ -193,10 +193,12 @@ def worker_args(
     if device:
         args += ["--disaggregation-ib-device", device]
     args += ["--tp-size", str(spec.tp)]
-    if spec.dp > 1:
-        args += ["--dp-size", str(spec.dp)]
     if spec.dp_attention:
-        args.append("--enable-dp-attention")
+        # SGLang 0.5.23's spelling: `--dp-size N --enable-dp-attention` is deprecated (removed
+        # after 2026-12-31) and `--dp-size` now counts replicas.
+        args += ["--attn-dp-size", str(spec.dp)]
+    elif spec.dp > 1:
+        args += ["--dp-size", str(spec.dp)]
     if spec.ep > 1:
         args += ["--ep-size", str(spec.ep)]
     if spec.pp > 1:

@@ -61,7 +61,8 @@ def run_sglang_tool(
 def parse_with_sglang(argvs: list[list[str]]) -> list[dict[str, Any]]:
     """Parse each argv (the arguments after `python -m sglang.launch_server`) with SGLang.
 
-    Returns one `{"ok": bool, "error": str | None, "args": {dest: value}}` per argv, in order;
+    Returns one `{"ok": bool, "error": str | None, "args": {dest: value}, "deprecations":
+    [message]}` per argv, in order;
     `args` holds every ServerArgs field (unresolved input values) when `ok`, else is empty.
     """
     done = run_sglang_tool(PARSE_TOOL, stdin=json.dumps(argvs))

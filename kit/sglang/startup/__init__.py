@@ -62,10 +62,11 @@ def launch_values(
             ("transfer", "backend"),
         ),
         "tp-size": (spec.tp, (role, "tp")),
-        "dp-size": (spec.dp, (role, "dp")),
+        # As render.py spells it: attention DP is --attn-dp-size, --dp-size counts replicas.
+        "dp-size": (1 if spec.dp_attention else spec.dp, (role, "dp")),
+        "attn-dp-size": (spec.dp if spec.dp_attention else 1, (role, "dp")),
         "pp-size": (spec.pp, (role, "pp")),
         "ep-size": (spec.ep, (role, "ep")),
-        "enable-dp-attention": (spec.dp_attention, (role, "dp_attention")),
         "served-model-name": (
             model.served_name or model.path,
             ("model", "served_name") if model.served_name else ("model", "path"),
