@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Annotated
 
-from kit.cli.app import app, console, resolve_plan
+import typer
+
+from kit.cli.app import app, console, err_console, resolve_plan
 from kit.cli.options import JsonOpt, TopologyArg
+
+StrictOpt = Annotated[
+    bool,
+    typer.Option("--strict", help="Refuse what is only a warning too (flags SGLang deprecates)."),
+]
 
 
 @app.command(
     epilog="Examples:\n\n  pdkit validate topologies/local.yaml\n\n"
-    "Exit status 0 when the topology can be deployed, 1 with every problem listed otherwise."
+    "  pdkit validate topologies/local.yaml --strict\n\n"
+    "Exit status 0 when the topology can be deployed (warnings printed), 1 with every problem "
+    "listed otherwise."
 )
-def validate(topology: TopologyArg) -> None:
+def validate(topology: TopologyArg, strict: StrictOpt = False) -> None:
     """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
-    plan = resolve_plan(topology)
+    from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
+
+    plan = resolve(topology, strict=strict)
+    for warning in warnings(topology):
+        err_console.print(f"warning: {warning}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "

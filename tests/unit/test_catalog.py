@@ -186,3 +186,17 @@ def test_a_mapping_for_a_json_flag_is_told_to_be_quoted(catalog):
     assert catalog.check_value(spec, "[1]") == "expects a JSON object, got '[1]'"
     problem = catalog.check_value(spec, {"decode": {}})
     assert problem == "expects a single value, got a mapping; quote it as a JSON string"
+
+
+@pytest.mark.parametrize(
+    ("flag", "replacement"),
+    [
+        ("disable-cuda-graph", "--cuda-graph-backend-{decode,prefill}=disabled"),
+        ("enable-dp-attention", "--attn-dp-size <dp-size>"),
+        ("grpc-mode", "--smg-grpc-mode"),
+        ("enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend=auto"),
+        ("tp-size", None),
+    ],
+)
+def test_a_deprecated_flag_names_sglangs_replacement(catalog, flag, replacement):
+    assert spec_of(catalog, flag).replacement == replacement
