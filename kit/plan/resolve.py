@@ -97,15 +97,18 @@ def resolve_surge(path: str | Path, role: str) -> Plan | str:
     return problems[0].message.rstrip(".")
 
 
-def resolve(path: str | Path, *, strict: bool = False) -> Plan:
+def resolve(path: str | Path, *, strict: bool = False, sglang_version: str | None = None) -> Plan:
     """The Plan of the topology at `path`; `TopologyError` with every problem, each located
     at its file:line:col and listed in file order, when it cannot be deployed. `strict`:
-    warnings (`warnings`) are problems too.
+    warnings (`warnings`) are problems too. `sglang_version`: as if the topology pinned that
+    version (`pdkit validate --upgrade-to`).
 
     Relative paths in the topology (host roots, `router.api_key_file`) are taken from the
     topology file's folder, so every later stage finds the same files wherever pdkit runs."""
     file = str(path)
     topology, positions = parse_topology(read_topology_text(path), file)
+    if sglang_version is not None:
+        topology = topology.model_copy(update={"sglang_version": sglang_version})
     placed = placement(topology)
     problems = _problems(topology, placed)
     if strict:

@@ -1,24 +1,27 @@
-"""Every rendered SGLang argv of every example topology parses with SGLang 0.5.23's own parser,
-and none uses a flag SGLang deprecates (its deprecated-flag actions stay silent)."""
+"""Every rendered SGLang argv of every example topology, rendered for each supported SGLang
+version, parses with that version's own parser, and none uses a flag SGLang deprecates (its
+deprecated-flag actions stay silent)."""
 
 from __future__ import annotations
 
 import pytest
 
 from kit.plan.resolve import resolve
+from kit.sglang.catalog import supported_versions
 from tests.conftest import TOPOLOGIES
 from tests.oracles.sglang_parser import parse_with_sglang
 
 pytestmark = pytest.mark.sglang
 
 
-def test_every_rendered_argv_parses_with_sglang():
+@pytest.mark.parametrize("version", supported_versions())
+def test_every_rendered_argv_parses_with_sglang(version):
     cases = [
         (f"{topology.stem}/{w.name}", list(w.command.args))
         for topology in TOPOLOGIES
-        for w in resolve(topology).workers
+        for w in resolve(topology, sglang_version=version).workers
     ]
-    results = parse_with_sglang([argv for _, argv in cases])
+    results = parse_with_sglang([argv for _, argv in cases], version)
     failures = [
         (name, r["error"]) for (name, _), r in zip(cases, results, strict=True) if not r["ok"]
     ]

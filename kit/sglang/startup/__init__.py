@@ -21,14 +21,17 @@ from __future__ import annotations
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
 from kit.sglang.hicache import POOL_KEYS, pool_args
-from kit.sglang.startup import v0_5_23
+from kit.sglang.startup import v0_5_22, v0_5_23
 from kit.sglang.startup.rules import LaunchValues, StartupRule
 from kit.topology.args import normalize_flag
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 KeyPath = tuple[str | int, ...]
 
-STARTUP_RULES: dict[str, tuple[StartupRule, ...]] = {"0.5.23": v0_5_23.RULES}
+STARTUP_RULES: dict[str, tuple[StartupRule, ...]] = {
+    "0.5.22": v0_5_22.RULES,
+    "0.5.23": v0_5_23.RULES,
+}
 """SGLang version -> the values that version refuses at start. A version without a table gets
 no start-up checks (its flags are still checked against its catalog)."""
 
