@@ -160,3 +160,19 @@ def test_args_from_refuses_a_parameter_without_a_field_and_a_field_without_one()
     with pytest.raises(TypeError, match=r"no parameter for \['seed'\], no field for \['sed'\]"):
         args_from(Args, {"sed": 3})
     assert args_from(Args, {"seed": 3, "per_gpu": True}, cli_only={"per_gpu"}) == Args(seed=3)
+
+
+def test_validate_upgrade_to_lists_what_changes(write_topology):
+    data = base_topology()
+    data["sglang_version"] = "0.5.22"
+    data["decode"]["args"] = {"speculative-skip-dp-mlp-sync": True}
+    result = pdkit("validate", str(write_topology(data)), "--upgrade-to", "0.5.23")
+    # 0.5.23 has no --speculative-skip-dp-mlp-sync: the topology does not validate there.
+    assert result.returncode == 1
+    assert "is not a flag of SGLang 0.5.23" in result.stderr
+    data["decode"]["args"] = {}
+    result = pdkit("validate", str(write_topology(data)), "--upgrade-to", "0.5.23")
+    assert result.returncode == 0, result.stderr
+    assert "upgrade SGLang 0.5.22 -> 0.5.23" in result.stdout
+    assert "--enable-tf32-matmul: default False -> None" in result.stdout
+    assert "provisioning: sglang_kernel 0.4.9 -> 0.4.10." in result.stdout

@@ -19,9 +19,7 @@ DIALECT = Dialect(
         min_driver_branch=580,
     ),
     notes=(
-        "--enable-decoder-swa-bounded-replay, --enable-fused-qk-norm-rope, --enable-tf32-matmul "
-        "and --mm-enable-dp-encoder default to None (SGLang decides per model) instead of false, "
-        "each with a --no- form to keep it off.",
-        "--enable-hierarchical-cache gains the alias --enable-hicache.",
+        "the switches whose default goes from false to None let SGLang decide per model; each "
+        "has a --no- form to keep it off.",
     ),
 )
