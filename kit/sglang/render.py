@@ -14,6 +14,7 @@ import json
 
 from kit.net import bare_host, host_port
 from kit.sglang import cpu, hicache
+from kit.sglang.dialects import dialect
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
@@ -193,10 +194,11 @@ def worker_args(
     if device:
         args += ["--disaggregation-ib-device", device]
     args += ["--tp-size", str(spec.tp)]
-    if spec.dp > 1:
-        args += ["--dp-size", str(spec.dp)]
-    if spec.dp_attention:
-        args.append("--enable-dp-attention")
+    # `--dp-size N --enable-dp-attention` is deprecated (removed after 2026-12-31); the
+    # dialect spells attention DP and replicas as the pinned version does.
+    args += dialect(topology.sglang_version).parallel_flags(
+        dp=spec.dp, dp_attention=spec.dp_attention
+    )
     if spec.ep > 1:
         args += ["--ep-size", str(spec.ep)]
     if spec.pp > 1:
