@@ -20,7 +20,7 @@ from kit.plan.build import build_plan
 from kit.plan.launch import launch_problems
 from kit.plan.router import router_problems
 from kit.sglang.catalog import UnsupportedVersion, load_catalog
-from kit.sglang.check import check
+from kit.sglang.check import check, deprecations
 from kit.topology.load import locate, parse_topology, read_topology_text
 from kit.topology.place import Placement, placement
 from kit.topology.plan import Plan
@@ -40,6 +40,28 @@ def _problems(topology: Topology, placed: Placement) -> list[Problem]:
     return problems
 
 
+def _warnings(topology: Topology) -> list[Problem]:
+    """What still runs but should change: flags SGLang's pinned version deprecates."""
+    try:
+        catalog = load_catalog(topology.sglang_version)
+    except UnsupportedVersion:
+        return []  # a problem already
+    return deprecations(topology, catalog)
+
+
+def warnings(path: str | Path) -> list[Problem]:
+    """The warnings of the topology at `path`, located and in file order (`pdkit validate`
+    prints them; `--strict` makes them problems)."""
+    file = str(path)
+    topology, positions = parse_topology(read_topology_text(path), file)
+    return _in_file_order([locate(p, positions, file) for p in _warnings(topology)])
+
+
+def _in_file_order(problems: list[Problem]) -> list[Problem]:
+    """As a reader goes through the topology; unplaced ones last."""
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
+
+
 def resolve_surge(path: str | Path, role: str) -> Plan | str:
     """The Plan of the topology at `path` with one more instance of `role` (`pdkit restart`'s
     and `pdkit up`'s surge: a stand-in on free GPUs and ports while the role's only instance is
@@ -57,19 +79,22 @@ def resolve_surge(path: str | Path, role: str) -> Plan | str:
     return problems[0].message.rstrip(".")
 
 
-def resolve(path: str | Path) -> Plan:
+def resolve(path: str | Path, *, strict: bool = False, sglang_version: str | None = None) -> Plan:
     """The Plan of the topology at `path`; `TopologyError` with every problem, each located
-    at its file:line:col and listed in file order, when it cannot be deployed.
+    at its file:line:col and listed in file order, when it cannot be deployed. `strict`:
+    warnings (`warnings`) are problems too. `sglang_version`: as if the topology pinned that
+    version (`pdkit validate --upgrade-to`).
 
     Relative paths in the topology (host roots, `router.api_key_file`) are taken from the
     topology file's folder, so every later stage finds the same files wherever pdkit runs."""
     file = str(path)
     topology, positions = parse_topology(read_topology_text(path), file)
+    if sglang_version is not None:
+        topology = topology.model_copy(update={"sglang_version": sglang_version})
     placed = placement(topology)
     problems = _problems(topology, placed)
+    if strict:
+        problems += _warnings(topology)
     if problems:
-        located = [locate(p, positions, file) for p in problems]
-        # In file order, as a reader goes through the topology; unplaced ones last.
-        located.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))
-        raise TopologyError(located)
+        raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
     return build_plan(topology, Path(path).absolute().parent, placed)

@@ -14,6 +14,7 @@ import json
 
 from kit.net import bare_host, host_port
 from kit.sglang import cpu, hicache
+from kit.sglang.dialects import dialect
 from kit.topology.args import Flag, flag_groups, normalize_flag
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
@@ -193,10 +194,11 @@ def worker_flags(
     if device:
         flags.append(("--disaggregation-ib-device", device))
     flags.append(("--tp-size", str(spec.tp)))
-    if spec.dp > 1:
-        flags.append(("--dp-size", str(spec.dp)))
-    if spec.dp_attention:
-        flags.append(("--enable-dp-attention",))
+    # `--dp-size N --enable-dp-attention` is deprecated (removed after 2026-12-31); the
+    # dialect spells attention DP and replicas as the pinned version does.
+    flags += dialect(topology.sglang_version).parallel_flags(
+        dp=spec.dp, dp_attention=spec.dp_attention
+    )
     if spec.ep > 1:
         flags.append(("--ep-size", str(spec.ep)))
     if spec.pp > 1:
