@@ -6,8 +6,9 @@ Every command and every library caller (kit.deploy, kit.observe, kit.bench) goes
 `resolve`, so all get the same checks: the shape, the meaning (GPUs, ports, addresses, NICs),
 SGLang's flags and values for the pinned version, and the options of pdkit's router. This
 module composes the checks of the layers that own them (`kit.topology` for the meaning,
-`kit.sglang` for SGLang, `kit.lb` for the router's command line). The topology is placed once
-and that placement is what validation checks and what the Plan is built from.
+`kit.sglang` for SGLang, `kit.plan.router` for the values pdkit's router is given). The
+topology is placed once and that placement is what validation checks and what the Plan is
+built from.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.errors import Problem, TopologyError
-from kit.lb.config import argv_problem
 from kit.plan.build import build_plan
 from kit.plan.launch import launch_problems
+from kit.plan.router import router_problems
 from kit.sglang.catalog import UnsupportedVersion, load_catalog
 from kit.sglang.check import check, deprecations
 from kit.topology.load import locate, parse_topology, read_topology_text
@@ -29,7 +30,7 @@ from kit.topology.validate import validate
 
 def _problems(topology: Topology, placed: Placement) -> list[Problem]:
     """Every problem of a topology whose shape is right, placed as `placed`."""
-    problems = validate(topology, placed) + launch_problems(topology)
+    problems = validate(topology, placed) + launch_problems(topology) + router_problems(topology)
     try:
         catalog = load_catalog(topology.sglang_version)
     except UnsupportedVersion as exc:  # one problem, on the key
@@ -61,22 +62,6 @@ def _in_file_order(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
 
 
-def _router_problems(plan: Plan) -> list[Problem]:
-    """The pdkit router's own parser on the command line the Plan gives it (router.args)."""
-    if plan.router.kind != "pdkit":
-        return []
-    problem = argv_problem(plan.router.command.args)
-    if problem is None:
-        return []
-    return [
-        Problem(
-            ("router", "args"),
-            f"pdkit's router would refuse its options: {problem}.",
-            "fix router.args (every option: `pdkit lb --help`).",
-        )
-    ]
-
-
 def resolve_surge(path: str | Path, role: str) -> Plan | str:
     """The Plan of the topology at `path` with one more instance of `role` (`pdkit restart`'s
     and `pdkit up`'s surge: a stand-in on free GPUs and ports while the role's only instance is
@@ -90,10 +75,7 @@ def resolve_surge(path: str | Path, role: str) -> Plan | str:
     placed = placement(grown)
     problems = _problems(grown, placed)
     if not problems:
-        plan = build_plan(grown, Path(path).absolute().parent, placed)
-        problems = _router_problems(plan)
-        if not problems:
-            return plan
+        return build_plan(grown, Path(path).absolute().parent, placed)
     return problems[0].message.rstrip(".")
 
 
@@ -113,10 +95,6 @@ def resolve(path: str | Path, *, strict: bool = False, sglang_version: str | Non
     problems = _problems(topology, placed)
     if strict:
         problems += _warnings(topology)
-    plan = None
-    if not problems:
-        plan = build_plan(topology, Path(path).absolute().parent, placed)
-        problems = _router_problems(plan)
-    if problems or plan is None:
+    if problems:
         raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
-    return plan
+    return build_plan(topology, Path(path).absolute().parent, placed)

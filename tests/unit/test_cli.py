@@ -128,8 +128,8 @@ def test_validate_checks_the_pdkit_router_options(write_topology):
     result = pdkit("validate", str(write_topology(data)))
     assert result.returncode == 1
     assert (
-        "router.args: pdkit's router would refuse its options: unrecognized arguments: "
-        "--health-intervall 0.2" in result.stderr
+        "router.args.health-intervall: pdkit's router has no option --health-intervall. "
+        "To fix: did you mean health-interval?" in result.stderr
     )
 
 

@@ -25,8 +25,8 @@ def test_an_unknown_version_names_the_supported_ones():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_dp_spellings(version):
     d = dialect(version)
-    assert d.parallel_flags(dp=8, dp_attention=True) == ["--attn-dp-size", "8"]
-    assert d.parallel_flags(dp=2, dp_attention=False) == ["--dp-size", "2"]
+    assert d.parallel_flags(dp=8, dp_attention=True) == [("--attn-dp-size", "8")]
+    assert d.parallel_flags(dp=2, dp_attention=False) == [("--dp-size", "2")]
     assert d.parallel_flags(dp=1, dp_attention=False) == []
     for flag in ("--attn-dp-size", "--dp-size"):
         assert d.catalog.lookup(flag) is not None

@@ -3,7 +3,7 @@
     d = dialect("0.5.23")          # kit.sglang.dialects
     d.catalog                      # its flags (catalogs/0.5.23.json, from its own parser)
     d.startup_rules                # the values it refuses at start (kit/sglang/startup/v0_5_23.py)
-    d.parallel_flags(dp=8, dp_attention=True)   # ["--attn-dp-size", "8"]
+    d.parallel_flags(dp=8, dp_attention=True)   # [("--attn-dp-size", "8")]
     d.packages.torch               # what provisioning installs for it
 
 The renderer asks the dialect for every spelling that has changed between versions; a new
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from kit.sglang.catalog import Catalog, load_catalog
 from kit.sglang.startup.rules import StartupRule
+from kit.topology.args import Flag
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,11 @@ class Dialect:
     def catalog(self) -> Catalog:
         return load_catalog(self.version)
 
-    def parallel_flags(self, *, dp: int, dp_attention: bool) -> list[str]:
+    def parallel_flags(self, *, dp: int, dp_attention: bool) -> list[Flag]:
         """The data-parallel flags of an instance of `dp` ranks."""
         if dp_attention:
-            return [self.attention_dp_flag, str(dp)]
-        return [self.replicas_flag, str(dp)] if dp > 1 else []
+            return [(self.attention_dp_flag, str(dp))]
+        return [(self.replicas_flag, str(dp))] if dp > 1 else []
 
     def env_name(self, name: str) -> str:
         return self.env.get(name, name)
