@@ -36,7 +36,7 @@ from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig
 from kit.lb.cache_aware import CacheAware
-from kit.lb.config import LbConfig, Role, prompt_vocab
+from kit.lb.config import LbConfig, Role, prompt_tokenizer_path, prompt_vocab
 from kit.lb.dispatch import Dispatcher, Exchange, path_headers
 from kit.lb.errors import ApiError, error_body
 from kit.lb.health import HealthMonitor
@@ -47,6 +47,7 @@ from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, parse_request
 from kit.lb.recent import RecentRequests
+from kit.lb.tokenizer import ModelTokenizer, load_for_router
 from kit.lb.upstream import Upstream
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
@@ -100,7 +101,12 @@ class LoadBalancer:
         self.kv_index: KvIndex | None = None
         self.cache_aware: CacheAware | None = None
         prefill_policy: Policy
+        self.tokenizer: ModelTokenizer | None = None
         if config.prefill_policy == "cache_aware":
+            if config.prompt_tokens and prompt_vocab(config) is None:
+                # Said once, at start-up: whether text prompts get exact ids.
+                self.tokenizer, note = load_for_router(prompt_tokenizer_path(config))
+                log.log(logging.INFO if self.tokenizer else logging.WARNING, "%s", note)
             self.kv_index = KvIndex(
                 silence_s=config.kv_silence,
                 silence_requests=config.kv_silence_requests,
@@ -111,6 +117,7 @@ class LoadBalancer:
                 self.rng,
                 load_factor=config.affinity_load_factor,
                 vocab=prompt_vocab(config),
+                tokenizer=self.tokenizer,
             )
             self.metrics.cache_aware = self.cache_aware
         else:

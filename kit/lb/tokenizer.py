@@ -382,6 +382,27 @@ class ModelTokenizer:
         return None
 
 
+def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
+    """The tokenizer of ``--prompt-tokens model:PATH`` and the line the router logs once at
+    start-up about it. Without one the router does what it does without a tokenizer: text
+    prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)."""
+    fallback = (
+        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)"
+    )
+    if folder is None:
+        return None, f"no model tokenizer (--prompt-tokens model:PATH): {fallback}"
+    try:
+        tokenizer = ModelTokenizer.load(Path(folder))
+    except TokenizerUnavailable as exc:
+        return None, f"no model tokenizer: {exc}; {fallback}"
+    chat = "with its chat template" if tokenizer.chat_template else "without a chat template"
+    verified = "" if tokenizer.verified else " (its tokenizer class is unverified against SGLang)"
+    return tokenizer, (
+        f"model tokenizer from {folder} {chat}, vocabulary {tokenizer.limits.vocab_size}"
+        f"{verified}: text prompts get their token ids here"
+    )
+
+
 def _part_text(part: object) -> str | None:
     if isinstance(part, Mapping) and part.get("type") in _TEXT_PART_TYPES:
         text = part.get("text")

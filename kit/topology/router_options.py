@@ -363,12 +363,13 @@ class RouterOptions:
         group="routing",
         bound="> 0",
     )
-    # cache_aware: the prompt tokenizer ("sim:VOCAB", or "" for input_ids only) and when a
-    # worker's events count as stopped (kit.lb.kv_index).
+    # cache_aware: the prompt tokenizer ("model:PATH", "sim:VOCAB", or "" for input_ids only)
+    # and when a worker's events count as stopped (kit.lb.kv_index).
     prompt_tokens: str = option(
         "",
-        "cache_aware: how to get a text prompt's token ids: sim:VOCAB (the emulated "
-        "model's tokenizer); default: only /generate input_ids are hashed",
+        "cache_aware: how to get a text prompt's token ids: model:PATH (the served model's "
+        "tokenizer from the folder PATH, as SGLang 0.5.23 tokenizes) or sim:VOCAB (the "
+        "emulated model's); default: only token ids a client sent are hashed",
         group="routing",
     )
     kv_silence: float = option(
@@ -464,6 +465,12 @@ def sim_vocab(spec: str) -> int | None:
     return int(vocab) if kind == "sim" and vocab.isdigit() and int(vocab) > 0 else None
 
 
+def model_tokenizer_path(spec: str) -> str | None:
+    """PATH of a --prompt-tokens model:PATH, else None."""
+    kind, _, path = spec.partition(":")
+    return path if kind == "model" and path else None
+
+
 def option_problems(values: RouterOptions) -> list[str]:
     """Why the router would refuse these values (each says how to fix), in table order;
     empty when it would start with them."""
@@ -479,10 +486,11 @@ def option_problems(values: RouterOptions) -> list[str]:
         problems.append("--eject-backoff-max must be at least --eject-backoff.")
     if values.affinity_load_factor < 1.0:
         problems.append("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
-    if values.prompt_tokens and not sim_vocab(values.prompt_tokens):
+    spec = values.prompt_tokens
+    if spec and not sim_vocab(spec) and not model_tokenizer_path(spec):
         problems.append(
-            f"--prompt-tokens {values.prompt_tokens!r}: expected sim:VOCAB (a positive "
-            "integer). To fix: use sim:VOCAB, or leave it out (input_ids only)."
+            f"--prompt-tokens {spec!r}: expected model:PATH (the model's folder) or sim:VOCAB "
+            "(a positive integer). To fix: use one, or leave it out (token ids only)."
         )
     if not values.health_path.startswith("/"):
         problems.append(f"--health-path {values.health_path!r} must start with '/'.")

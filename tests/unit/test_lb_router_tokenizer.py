@@ -1,0 +1,51 @@
+"""The model tokenizer in the router (`--prompt-tokens model:PATH`): cache_aware's ids for text,
+and what the router says at start-up when it has or lacks one."""
+
+from __future__ import annotations
+
+import json
+
+from kit.lb.cache_aware import prompt_ids
+from kit.lb.protocol import parse_request
+from kit.lb.tokenizer import ModelTokenizer, load_for_router
+from kit.topology.router_options import RouterOptions, model_tokenizer_path, option_problems
+from tests.support.tokenizer_model import make_model
+
+CHAT = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
+
+
+def test_cache_aware_hashes_the_models_ids_for_a_chat(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m"))
+    pd = parse_request("/v1/chat/completions", json.dumps(CHAT).encode())
+    assert prompt_ids(pd, None, tokenizer) == tokenizer.chat_ids(CHAT)
+    # Without the model's tokenizer the router knows no ids for chat text (prefix_affinity).
+    assert prompt_ids(pd, None) is None
+
+
+def test_cache_aware_text_prompts_and_sent_ids(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m"))
+    text = parse_request("/v1/completions", json.dumps({"prompt": "the fox"}).encode())
+    assert prompt_ids(text, None, tokenizer) == tokenizer.encode_text("the fox")
+    ids = parse_request("/generate", json.dumps({"input_ids": [5, 6, 7]}).encode())
+    assert prompt_ids(ids, None, tokenizer) == [5, 6, 7]
+
+
+def test_the_start_up_line_says_what_the_router_has(tmp_path):
+    tokenizer, note = load_for_router(str(make_model(tmp_path / "m")))
+    assert tokenizer is not None
+    assert "with its chat template" in note
+    assert "text prompts get their token ids here" in note
+    missing, note = load_for_router(str(tmp_path / "nowhere"))
+    assert missing is None
+    assert "tokenizer.json: no such file" in note
+    assert "routed by prefix_affinity" in note
+    none, note = load_for_router(None)
+    assert none is None and note.startswith("no model tokenizer")
+
+
+def test_prompt_tokens_takes_a_model_folder():
+    assert model_tokenizer_path("model:/srv/models/llama") == "/srv/models/llama"
+    assert model_tokenizer_path("sim:512") is None
+    assert option_problems(RouterOptions(prompt_tokens="model:/srv/m")) == []
+    problems = option_problems(RouterOptions(prompt_tokens="model:"))
+    assert any("expected model:PATH" in p for p in problems)
