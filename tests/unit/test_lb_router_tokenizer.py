@@ -4,9 +4,12 @@ and what the router says at start-up when it has or lacks one."""
 from __future__ import annotations
 
 import json
+import logging
 
 from kit.lb.cache_aware import prompt_ids
+from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
+from kit.lb.server import LoadBalancer
 from kit.lb.tokenizer import ModelTokenizer, load_for_router
 from kit.topology.router_options import RouterOptions, model_tokenizer_path, option_problems
 from tests.support.tokenizer_model import make_model
@@ -49,3 +52,22 @@ def test_prompt_tokens_takes_a_model_folder():
     assert option_problems(RouterOptions(prompt_tokens="model:/srv/m")) == []
     problems = option_problems(RouterOptions(prompt_tokens="model:"))
     assert any("expected model:PATH" in p for p in problems)
+
+
+def test_the_router_loads_it_and_says_so_once(tmp_path, caplog):
+    folder = make_model(tmp_path / "m")
+    argv = ["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"]
+    argv += ["--prefill-policy", "cache_aware", "--prompt-tokens", f"model:{folder}"]
+    with caplog.at_level(logging.INFO, logger="kit.lb"):
+        lb = LoadBalancer(parse_args(argv, {}))
+    assert lb.cache_aware is not None and lb.cache_aware.tokenizer is lb.tokenizer
+    assert lb.tokenizer is not None
+    lines = [r.getMessage() for r in caplog.records if "model tokenizer" in r.getMessage()]
+    assert len(lines) == 1 and str(folder) in lines[0]
+    argv[-1] = f"model:{tmp_path / 'missing'}"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kit.lb"):
+        lb = LoadBalancer(parse_args(argv, {}))
+    assert lb.tokenizer is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("no model tokenizer" in r.getMessage() for r in warnings)
