@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kit.kvevents.prompt import encode, render_chat
+from kit.byte_tokenizer import encode, render_chat
 from kit.lb.kv_index import KvIndex, Pending, WorkerCache
 from kit.lb.policies import PrefixAffinity, _mix64, prefix_hash
 from kit.lb.protocol import CHAT, GENERATE, PdRequest

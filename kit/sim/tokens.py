@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 
 # The tokenizer itself lives below the sim, where pdkit's router can use it too.
-from kit.kvevents.prompt import BYTES_PER_TOKEN, WORD_ID_BASE, encode, render_chat
+from kit.byte_tokenizer import BYTES_PER_TOKEN, WORD_ID_BASE, encode, render_chat
 
 EOS_TOKEN_ID = 2
 
