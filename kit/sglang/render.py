@@ -19,6 +19,7 @@ from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
 from kit.topology.plan import Command
 from kit.topology.schema import ArgValue, Host, Role, Topology
+from kit.topology.sim_env import SIM_GPU_ENV
 from kit.topology.timeouts import timeouts_env, user_env
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -145,7 +146,7 @@ def worker_env(
     env: dict[str, str] = dict(collective or {})
     env.update(hicache.pool_env(topology, role, host, pool_clients))
     if topology.engine == "sim" and host.gpu_type:
-        env["PDKIT_SIM_GPU"] = host.gpu_type
+        env[SIM_GPU_ENV] = host.gpu_type
     # The address the transfer engine advertises to its peers.
     env["SGLANG_HOST_IP"] = bare_host(host.address)
     if host.device == "cpu":

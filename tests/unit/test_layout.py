@@ -88,9 +88,9 @@ KIT_LAYERS: dict[str, set[str]] = {
     "sglang": {"errors", "net", "topology"},
     "lb": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "secrets", "topology"},
     "sim": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "perf", "topology"},
-    "plan": {"errors", "lb", "net", "sglang", "sim", "topology"},
+    "plan": {"errors", "lb", "net", "sglang", "topology"},
     "observe": {"errors", "net", "perf", "topology"},
-    "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},
+    "bench": {"aio", "byte_tokenizer", "errors", "net", "perf", "secrets", "topology"},
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
     "deploy": {"errors", "net", "observe", "perf", "plan", "secrets", "topology"},
     "autoscale": {
