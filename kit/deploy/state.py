@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kit.deploy.inventory import DeployHost, host_vars
 from kit.errors import DeployError
+from kit.hosts.inventory import DeployHost, host_vars
 from kit.topology.plan import KvPoolProcess, MonitoringProcess, Plan
 
 RECORD_FILE = "deployed.json"
