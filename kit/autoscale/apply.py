@@ -38,7 +38,7 @@ from kit.errors import DeployError
 from kit.hosts.context import DeployContext, deployment_lock
 from kit.observe.doctor import Instance, instances, probe_pair
 from kit.observe.probe import Prober
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 SWITCH_TIMEOUT_S = 120.0
 """Seconds a role switch (the POST) may take."""

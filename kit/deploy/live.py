@@ -63,7 +63,7 @@ from kit.errors import DeployError
 from kit.hosts.context import DeployContext
 from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve_surge
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 Mode = Literal["up", "restart"]
 ROUTED_TIMEOUT_S = 60.0

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kit.errors import DeployError
 from kit.hosts.inventory import DeployHost, host_vars
-from kit.topology.plan import KvPoolProcess, MonitoringProcess, Plan
+from kit.topology.plan_types import KvPoolProcess, MonitoringProcess, Plan
 
 RECORD_FILE = "deployed.json"
 RECORD_FORMAT = 1

@@ -31,7 +31,7 @@ from kit.observe.trace import (
     parse_access,
     parse_worker,
 )
-from kit.topology.plan import WorkerProcess
+from kit.topology.plan_types import WorkerProcess
 
 
 @dataclass(frozen=True)

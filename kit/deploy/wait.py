@@ -22,7 +22,7 @@ from kit.deploy.readiness import (
 from kit.deploy.services import host_processes
 from kit.hosts.inventory import DeployHost
 from kit.observe.probe import Prober
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 POLL_INTERVAL_S = 0.5
 REQUEST_TIMEOUT_S = 2.0

@@ -19,7 +19,7 @@ from kit.hosts.inventory import DeployHost, build_inventory, deploy_hosts
 from kit.hosts.logs import LogFile
 from kit.hosts.state_dir import state_dir
 from kit.plan.resolve import resolve
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from kit.hosts.progress import AnsibleView
 from kit.hosts.provision import FactsCollector, fp8_model
 from kit.plan.router import SMG_REQUIREMENT
 from kit.topology import ports
-from kit.topology.plan import Plan, PortUse, WorkerProcess
+from kit.topology.plan_types import Plan, PortUse, WorkerProcess
 
 Verdict = Literal["ok", "install", "fail"]
 

@@ -36,7 +36,7 @@ from kit.hosts.transfer_check import measure_rails, raise_on_failed
 from kit.hosts.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.plan.router import SMG_REQUIREMENT
 from kit.topology.nics import RDMA_BACKENDS
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 ROLES = ("base", "nvidia", "rdma", "python", "model")
 """Role tags of provision.yml, in the order they run."""

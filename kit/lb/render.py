@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from kit.lb.config import LbConfig, stall_timeout_for
 from kit.net import bare_host
 from kit.topology.args import normalize_flag, render_args
-from kit.topology.plan import WorkerProcess
+from kit.topology.plan_types import WorkerProcess
 from kit.topology.schema import Topology
 from kit.topology.timeouts import handoff_limit_s
 

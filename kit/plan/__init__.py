@@ -9,4 +9,7 @@ SGLang's in `kit.sglang.check`, the router's own parser in `kit.lb.config`), and
 Plan (`build`): each worker's argv and env from `kit.sglang.render`, its launch record
 (`launch`), the router's command from `kit.lb.render` or smg's (`router`), Prometheus
 (`monitoring`). The modules are imported on their own: loading SGLang's catalog is not free.
+
+The Plan's types are `kit.topology.plan_types` (and the launch records `kit.topology.launch`):
+below this package, so that the layers it asks for argv can read them too.
 """

@@ -13,7 +13,7 @@ from kit.errors import Problem
 from kit.sglang.render import host_args, role_env
 from kit.topology.launch import WorkerLaunch
 from kit.topology.place import InstancePlacement
-from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
+from kit.topology.schema import ROLE_NAMES, ArgValue, RoleSpec, Topology
 from kit.topology.sim_env import SIM_GPU_ENV, SPEED_ENV, SettingsError, speed_from_env
 
 # sglang.srt.utils.common.human_readable_int: 32k = 32000, 32Ki = 32768.
@@ -50,7 +50,7 @@ def _text(value: object) -> str | None:
 
 def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
     """The launch record of instance `p` (its rank-0 host's GPU type)."""
-    spec: Role = getattr(topology, p.role)
+    spec: RoleSpec = getattr(topology, p.role)
     host = topology.host(p.nodes[0].host)
     args = host_args(topology, p.role, host)
     env = role_env(topology, p.role)
@@ -89,7 +89,7 @@ def launch_problems(topology: Topology) -> list[Problem]:
         return []
     problems = []
     for role in ROLE_NAMES:
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         try:
             speed_from_env(role_env(topology, role))
         except SettingsError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 from kit.lb import render as lb
 from kit.net import bare_host
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, unit_name
-from kit.topology.plan import Command, RouterProcess, WorkerProcess
+from kit.topology.plan_types import Command, RouterProcess, WorkerProcess
 from kit.topology.policies import DEFAULT_POLICIES
 from kit.topology.schema import Topology
 

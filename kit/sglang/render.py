@@ -17,8 +17,8 @@ from kit.sglang import cpu, hicache
 from kit.topology.args import normalize_flag, render_args
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
-from kit.topology.plan import Command
-from kit.topology.schema import ArgValue, Host, Role, Topology
+from kit.topology.plan_types import Command
+from kit.topology.schema import ArgValue, Host, RoleSpec, Topology
 from kit.topology.sim_env import SIM_GPU_ENV
 from kit.topology.timeouts import timeouts_env, user_env
 
@@ -35,7 +35,7 @@ PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
     """The user's args for a role: pdkit defaults < the pool's HiCache flags (`kv_pool:`, which
     `args` may not set) < defaults.args < role.args, normalized."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     merged: dict[str, ArgValue] = {}
     pool = hicache.pool_args(topology, role)
     for source in (PDKIT_DEFAULT_ARGS, pool, topology.defaults.args, spec.args):
@@ -176,7 +176,7 @@ def worker_command(
 def worker_args(
     topology: Topology, p: InstancePlacement, node: Node, device: str | None
 ) -> list[str]:
-    spec: Role = getattr(topology, p.role)
+    spec: RoleSpec = getattr(topology, p.role)
     host = topology.host(node.host)
     model = topology.model
     args = ["--model-path", model.path]
@@ -227,7 +227,7 @@ def kv_events_config(port: int, topic: str) -> str:
     )
 
 
-def bind_address(spec: Role, host: Host) -> str:
+def bind_address(spec: RoleSpec, host: Host) -> str:
     """What a role's servers bind on `host` (--host): the role's `bind`, else the host's
     address; bare, as SGLang's uvicorn takes it."""
     return bare_host(spec.bind or host.address)

@@ -15,7 +15,7 @@ from kit.observe.doctor import DoctorOptions, Instance, Matrix, PairResult, Tran
 from kit.observe.signatures import SIGNATURES, Match
 from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout
-from kit.topology.plan import HostPlan
+from kit.topology.plan_types import HostPlan
 from tests.conftest import REPO
 
 REFUSED = next(s for s in SIGNATURES if s.name == "rpc_refused")
