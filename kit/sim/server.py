@@ -263,7 +263,7 @@ class Api:
                     "gpu": e.gpu.name,
                     "gpus": e.gpus,
                     "model": e.model.describe(),
-                    # The tokenizer's vocabulary (kit.kvevents.prompt): what a router hashes
+                    # The tokenizer's vocabulary (kit.byte_tokenizer): what a router hashes
                     # text prompts with to look them up in this worker's KV events.
                     "vocab": e.model.vocab,
                     "speed": e.settings.speed,
