@@ -40,7 +40,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -57,6 +57,7 @@ from kit.lb.admission import (
 from kit.lb.cache_aware import CacheAware, Choice
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
+from kit.lb.exchange import Exchange, client_request_id, path_headers
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
 from kit.lb.policies import Policy
@@ -69,57 +70,9 @@ from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
 
-# Request ids taken from the client: visible ASCII without quotes or backslashes (they go into
-# headers and the access log as they are), at most this long; others get a new id.
-MAX_REQUEST_ID = 128
 TURN_POLL_S = 0.5
 """Seconds between two looks at the prefills by a request waiting for its turn (a prefill
 that joins wakes no one)."""
-
-
-def client_request_id(value: str | None) -> str | None:
-    """The client's X-Request-Id when it is usable as is, else None."""
-    if (
-        value
-        and len(value) <= MAX_REQUEST_ID
-        and value.isascii()
-        and value.isprintable()
-        and " " not in value
-        and '"' not in value
-        and "\\" not in value
-    ):
-        return value
-    return None
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One client request in flight: what the server needs to finish, count and log it.
-
-    Times are `time.monotonic()` seconds; durations of legs are seconds (None: not run)."""
-
-    request: web.BaseRequest
-    pd: PdRequest
-    started: float
-    request_id: str = ""
-    path: PathRecord | None = None  # the prefill, decode and room chosen (last attempt)
-    out: web.StreamResponse | None = None
-    relay: StreamRelay | None = None
-    # Metrics labels of what went wrong on the way (retries, a lost client...), counted once.
-    causes: list[str] = field(default_factory=list)
-    sent_at: float | None = None  # both legs of the last attempt were sent
-    prefill_s: float | None = None
-    prefill_end: float | None = None
-    decode_s: float | None = None
-    cause: str = ""  # why the request failed (a metrics cause), for the access log
-    admission: str = "off"  # admitted, rejected:REASON, or off
-    ticket: Ticket | None = None
-    retries: int = 0  # attempts sent again on a fresh pair before the client got a byte
-    migrations: int = 0  # times the stream was continued on another pair
-    held_s: float = 0.0  # seconds spent waiting for a worker of a role with none routable
-    kv: Choice | None = None  # cache_aware's choice for the last attempt
-    claimed: bool = False  # holds a promised prefill slot (--prefill-max-inflight)
-    cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1112,22 +1065,3 @@ def first_event_error(first: bytes) -> int | None:
     error = event.get("error", event) if isinstance(event, dict) else {}
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, int) and 400 <= code <= 599 else 502
-
-
-def path_headers(ex: Exchange) -> dict[str, str]:
-    """The request id and the PD path chosen for it, for the client (`pdkit bench` records
-    them; `GET /requests?id=` answers the same after the fact)."""
-    headers = {"X-Request-Id": ex.request_id} if ex.request_id else {}
-    if ex.path is not None:
-        headers["X-PDKit-Prefill"] = ex.path.prefill
-        headers["X-PDKit-Decode"] = ex.path.decode
-        headers["X-PDKit-Bootstrap-Room"] = str(ex.path.bootstrap_room)
-    kv = ex.kv
-    if kv is not None:  # cache_aware: the rank chosen, and the cached tokens foreseen and seen
-        if kv.dp_rank is not None:
-            headers["X-PDKit-Prefill-DP-Rank"] = str(kv.dp_rank)
-        if kv.predicted >= 0:
-            headers["X-PDKit-Cached-Predicted"] = str(kv.predicted)
-        if ex.cached_actual is not None:
-            headers["X-PDKit-Cached-Actual"] = str(ex.cached_actual)
-    return headers
