@@ -38,7 +38,6 @@ import math
 import random
 import re
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,6 +60,7 @@ from kit.lb.exchange import Exchange, client_request_id, path_headers
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
 from kit.lb.policies import Policy
+from kit.lb.prefill_queue import PrefillQueue
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.recent import PathRecord, RecentRequests
 from kit.lb.stream import ClientGone, StreamRelay
@@ -69,10 +69,6 @@ from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
-
-TURN_POLL_S = 0.5
-"""Seconds between two looks at the prefills by a request waiting for its turn (a prefill
-that joins wakes no one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,8 +215,7 @@ class Dispatcher:
         self._on_connection_error = on_connection_error
         self._on_worker_failure = on_worker_failure
         self.held = 0  # requests waiting for a worker now
-        self._turns: deque[asyncio.Future[None]] = deque()  # waiting for a prefill with room
-        self._passing = 0  # requests past their turn whose prefill leg has not started yet
+        self._queue = PrefillQueue(config.prefill_max_inflight, pool, metrics)
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
         self._background: set[asyncio.Task[bytes]] = set()
@@ -263,7 +258,7 @@ class Dispatcher:
         if exclude:
             workers = [w for w in workers if w.url not in exclude] or workers
         if role == "prefill" and self._config.prefill_max_inflight > 0:
-            workers = self._with_room(workers) or workers
+            workers = self._queue.with_room(workers) or workers
         if role == "prefill" and self._cache_aware is not None:
             ex.kv = self._cache_aware.plan(workers, ex.pd, key)
             return ex.kv.worker
@@ -293,65 +288,6 @@ class Dispatcher:
             self.held -= 1
             self._metrics.held = self.held
             ex.held_s += time.monotonic() - started
-
-    # -- the prefill queue (--prefill-max-inflight) ------------------------------------------
-
-    def _with_room(self, workers: list[Worker]) -> list[Worker]:
-        limit = self._config.prefill_max_inflight
-        return [w for w in workers if w.inflight < limit]
-
-    def _room(self) -> bool:
-        """A prefill slot free for one more request: the routable prefills' free slots less
-        those already promised to requests on their way to a prefill."""
-        limit = self._config.prefill_max_inflight
-        free = sum(max(0, limit - w.inflight) for w in self._pool.routable("prefill"))
-        return free > self._passing
-
-    async def _prefill_turn(self, ex: Exchange) -> None:
-        """Wait, behind the requests that came first, until a routable prefill has room
-        (returns at once without a limit); the slot is promised to `ex` until its prefill leg
-        starts (`_claim`). A turn is handed on as a prefill leg ends; a prefill that joins is
-        seen within `TURN_POLL_S`."""
-        if self._config.prefill_max_inflight <= 0:
-            return
-        if not self._turns and self._room():
-            self._claim(ex, True)
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._turns.append(turn)
-        self._metrics.queued = len(self._turns)
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(turn), TURN_POLL_S)
-                first = self._turns[0] is turn
-                if (turn.done() or first) and self._room():
-                    self._claim(ex, True)
-                    return
-                if turn.done():  # woken, but the room went to a request that did not wait
-                    turn = asyncio.get_running_loop().create_future()
-                    self._turns.appendleft(turn)
-        finally:
-            with contextlib.suppress(ValueError):
-                self._turns.remove(turn)
-            self._metrics.queued = len(self._turns)
-            self._next_turn()
-
-    def _claim(self, ex: Exchange, take: bool) -> None:
-        """Promise `ex` a prefill slot (`take`), or end the promise: its prefill leg started,
-        or the attempt ended before one did."""
-        if take and not ex.claimed:
-            self._passing += 1
-        elif not take and ex.claimed:
-            self._passing -= 1
-        ex.claimed = take
-
-    def _next_turn(self) -> None:
-        """Wake the oldest waiting request when a prefill has room."""
-        if self._turns and self._room():
-            turn = self._turns[0]
-            if not turn.done():
-                turn.set_result(None)
 
     def _no_worker(self, role: Role, exclude: set[str], *, held: bool) -> ApiError:
         all_workers = self._pool.role(role)
@@ -440,11 +376,11 @@ class Dispatcher:
         self._metrics.receive(prompt_tokens(pd.body, pd.path))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
-        await self._prefill_turn(ex)
+        await self._queue.turn(ex)
         try:
             return await self._attempts(ex, pd, key, admission, priority)
         finally:
-            self._claim(ex, False)
+            self._queue.claim(ex, False)
 
     async def _attempts(
         self,
@@ -592,13 +528,13 @@ class Dispatcher:
             worker.inflight -= 1
             worker.progress_at = time.monotonic()
             if role == "prefill":
-                self._next_turn()
+                self._queue.next_turn()
 
     async def _prefill_leg(
         self, ex: Exchange, worker: Worker, send: _Send, keep: bool, conn: Connection | None
     ) -> bytes:
         leg = _Leg()
-        self._claim(ex, False)  # its slot is taken for real now (worker.inflight)
+        self._queue.claim(ex, False)  # its slot is taken for real now (worker.inflight)
         # This attempt's choice: a retry replaces ex.kv while this leg may still be finishing.
         choice = ex.kv if ex.kv is not None and ex.kv.worker is worker else None
         status = 0
