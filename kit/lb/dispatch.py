@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -57,6 +56,7 @@ from kit.lb.cache_aware import CacheAware, Choice
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
 from kit.lb.exchange import Exchange, client_request_id, path_headers
+from kit.lb.hold import Hold
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
 from kit.lb.policies import Policy
@@ -214,7 +214,7 @@ class Dispatcher:
         self._rng = rng
         self._on_connection_error = on_connection_error
         self._on_worker_failure = on_worker_failure
-        self.held = 0  # requests waiting for a worker now
+        self._hold = Hold(config, pool, metrics)
         self._queue = PrefillQueue(config.prefill_max_inflight, pool, metrics)
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
@@ -254,7 +254,7 @@ class Dispatcher:
         prefill's DP rank (`ex.kv`)."""
         workers = self._pool.routable(role)
         if not workers:
-            workers = await self._hold(ex, role, exclude)
+            workers = await self._hold.wait(ex, role, exclude)
         if exclude:
             workers = [w for w in workers if w.url not in exclude] or workers
         if role == "prefill" and self._config.prefill_max_inflight > 0:
@@ -263,56 +263,6 @@ class Dispatcher:
             ex.kv = self._cache_aware.plan(workers, ex.pd, key)
             return ex.kv.worker
         return self._policies[role].choose(workers, key)
-
-    async def _hold(self, ex: Exchange, role: Role, exclude: set[str]) -> list[Worker]:
-        """Wait up to `hold_timeout` s for a routable worker of `role` (a restart, a worker
-        coming back from an ejection); the 503 with Retry-After when none comes."""
-        config = self._config
-        if not self._pool.role(role) or config.hold_timeout <= 0 or self.held >= config.hold_max:
-            raise self._no_worker(role, exclude, held=False)
-        started = time.monotonic()
-        deadline = started + config.hold_timeout
-        self.held += 1
-        self._metrics.held = self.held
-        self._metrics.hold(role)
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._no_worker(role, exclude, held=True)
-                await self._pool.wait_change(left)
-                workers = self._pool.routable(role)
-                if workers:
-                    return workers
-        finally:
-            self.held -= 1
-            self._metrics.held = self.held
-            ex.held_s += time.monotonic() - started
-
-    def _no_worker(self, role: Role, exclude: set[str], *, held: bool) -> ApiError:
-        all_workers = self._pool.role(role)
-        if not all_workers:
-            return ApiError(503, f"no {role} worker is configured", f"no_{role}")
-        why = "; ".join(
-            f"{w.url} {w.state.value} ({w.reason})"
-            + (", failed in this request" if w.url in exclude else "")
-            for w in all_workers
-        )
-        config = self._config
-        if held:
-            waited = f" (waited {config.hold_timeout:g} s, --hold-timeout)"
-        elif config.hold_timeout > 0 and self.held >= config.hold_max:
-            waited = f" ({self.held} requests already wait for a worker, --hold-max)"
-        else:
-            waited = ""
-        now = time.monotonic()
-        back = min((max(w.next_probe_at - now, 0.0) for w in all_workers), default=0.0)
-        return ApiError(
-            503,
-            f"no healthy {role} worker available{waited}: {why}",
-            f"no_{role}",
-            headers={"Retry-After": str(max(1, math.ceil(back)))},
-        )
 
     # -- entry point -------------------------------------------------------------------------
 
