@@ -40,7 +40,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from kit.lb import migrate
 from kit.lb.admission import (
     PRIORITIES,
     PRIORITY_HEADER,
@@ -58,6 +57,7 @@ from kit.lb.hold import Hold
 from kit.lb.legs import Leg, Legs, Pair, Send, first_event_error
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
+from kit.lb.migrate import Migration
 from kit.lb.policies import Policy
 from kit.lb.prefill_queue import PrefillQueue
 from kit.lb.protocol import Merge, PdRequest, affinity_key
@@ -111,6 +111,15 @@ class Dispatcher:
         )
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
+        self._migration = Migration(
+            config,
+            pool=pool,
+            metrics=metrics,
+            recent=recent,
+            rng=rng,
+            legs=self._legs,
+            pairs=self,
+        )
         self._needs_key = any(p.needs_key for p in policies.values())
         prefill_policy = policies["prefill"]
         self._cache_aware = prefill_policy if isinstance(prefill_policy, CacheAware) else None
@@ -121,7 +130,7 @@ class Dispatcher:
 
     # -- selection ---------------------------------------------------------------------------
 
-    async def _pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
+    async def pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
         """A worker of `role` for the next attempt: one that has not failed in this request
         when there is such, else any routable one; with none routable, hold. A prefill has
         room (`--prefill-max-inflight`) where the limit is set. cache_aware also chooses the
@@ -218,8 +227,8 @@ class Dispatcher:
         excluded: set[str] = set()
         deadline = ex.started + self._config.retry_deadline
         while True:
-            prefill = await self._pick(ex, "prefill", key, excluded)
-            decode = await self._pick(ex, "decode", key, excluded)
+            prefill = await self.pick(ex, "prefill", key, excluded)
+            decode = await self.pick(ex, "decode", key, excluded)
             if admission is not None:
                 prefill = self._admit(
                     ex,
@@ -249,7 +258,7 @@ class Dispatcher:
                 return await self._unary(ex, prefill, decode, send)
             except LegError as error:
                 worker = prefill if error.blame == prefill.url else decode
-                self._blame(worker, error)
+                self.blame(worker, error)
                 excluded.add(worker.url)
                 if not self._may_retry(ex, error, deadline):
                     raise
@@ -258,7 +267,7 @@ class Dispatcher:
                 self._metrics.retry(error.role)
                 log.info("sending again on a fresh pair: %s", error.message)
 
-    def _blame(self, worker: Worker, error: LegError) -> None:
+    def blame(self, worker: Worker, error: LegError) -> None:
         """Count a failed leg against the worker it blames (a 4xx is the request's fault)."""
         if error.unsent:
             self._on_connection_error(worker, str(error))
@@ -323,7 +332,7 @@ class Dispatcher:
                 ex.kv.worker.url, ex.kv.prompt_tokens, ex.kv.predicted, ex.cached_actual
             )
 
-    def _start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair:
+    def start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair:
         """Send the prefill leg (at once when a pooled connection is idle, so it goes out
         before the decode's) and let a task read its answer; the decode leg is the caller's."""
         conn = self._legs.send_now(prefill, send)
@@ -351,7 +360,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep)
+        pair = self.start(ex, prefill, send, keep)
         finished = False
         try:
             leg = pair.decode
@@ -391,7 +400,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep)
+        pair = self.start(ex, prefill, send, keep)
         guard = pair.guard = self._legs.watchdog.watch(
             pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
         )
@@ -462,9 +471,9 @@ class Dispatcher:
                 cut = self._legs.stream_failure(pair, decode, exc)
                 pair.cancel()  # a stalled leg is cancelled before the stream moves on
                 if isinstance(cut, LegError):
-                    self._blame(decode, cut)
+                    self.blame(decode, cut)
                 try:
-                    failure = await self._migrate(ex, relay, cut)
+                    failure = await self._migration.migrate(ex, relay, cut)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
                     return out
@@ -488,132 +497,6 @@ class Dispatcher:
             self._legs.watchdog.release(guard)
             decode.inflight -= 1
             ex.decode_s = time.monotonic() - pair.decode.started
-            if not finished:
-                pair.cancel()
-            elif upstream is not None:
-                upstream.release()
-
-    # -- migration ---------------------------------------------------------------------------
-
-    def _migration_refusal(self, ex: Exchange, cut: ApiError) -> tuple[str, str] | None:
-        """(label, why) when a cut stream is not continued; None when it is."""
-        if not self._config.migrate:
-            return "off", "migration is off (--no-migrate)"
-        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
-            return "limit", "the request ran out of time"
-        if ex.retries + ex.migrations >= self._config.retries:
-            return "budget", f"the request used its {self._config.retries} retries (--retries)"
-        why = migrate.refusal(ex.pd)
-        if why is not None:
-            return "inexact", f"a continuation would not be exact: {why}"
-        return None
-
-    async def _migrate(self, ex: Exchange, relay: StreamRelay, cut: ApiError) -> ApiError | None:
-        """Continue a stream whose decode died or stalled on fresh pairs, with the prompt
-        plus the tokens the client got (`kit.lb.migrate`); None when the stream ended well,
-        else the error its last event reports. ClientGone when the client left."""
-        excluded = {cut.blame} if isinstance(cut, LegError) else set()
-        while True:
-            refused = self._migration_refusal(ex, cut)
-            if refused is not None:
-                label, why = refused
-                self._metrics.migration_refused(label)
-                return ApiError(
-                    cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
-                )
-            sent = migrate.sent_so_far(ex.pd, relay.last_data)
-            following = migrate.continuation(ex.pd, sent)
-            if following is None:  # every token was sent: only the end was missing
-                await relay.finish()
-                return None
-            ex.migrations += 1
-            self._metrics.migrate("stalled" if cut.cause == "decode_stalled" else "died")
-            log.info("continuing a stream on another pair: %s", cut.message)
-            try:
-                prefill = await self._pick(ex, "prefill", None, excluded)
-                decode = await self._pick(ex, "decode", None, excluded)
-            except ApiError as error:
-                return ApiError(
-                    error.status,
-                    f"{cut.message}; the stream could not be continued: {error.message}",
-                    error.cause,
-                )
-            body, room = following.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
-            ex.path = PathRecord(
-                ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
-            )
-            self._recent.chose(ex.path)
-            send = self._legs.send(ex.pd.path_bytes, body, ex.request_id)
-            try:
-                await self._continue(
-                    ex,
-                    relay,
-                    prefill=prefill,
-                    decode=decode,
-                    send=send,
-                    rejoin=migrate.Rejoin(sent),
-                )
-                return None
-            except LegError as error:
-                worker = prefill if error.blame == prefill.url else decode
-                self._blame(worker, error)
-                excluded.add(worker.url)
-                cut = error
-            except ApiError as error:
-                return error
-
-    async def _continue(
-        self,
-        ex: Exchange,
-        relay: StreamRelay,
-        *,
-        prefill: Worker,
-        decode: Worker,
-        send: Send,
-        rejoin: migrate.Rejoin,
-    ) -> None:
-        """One attempt at the rest of a stream: both legs, then the new decode's events
-        rewritten into the client's stream; raises the attempt's error (LegError)."""
-        pair = self._start(ex, prefill, send, False)
-        guard = pair.guard = self._legs.watchdog.watch(
-            pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
-        )
-        if not decode.inflight:
-            decode.progress_at = guard.last
-        decode.inflight += 1
-        finished = False
-        upstream: Connection | None = None
-        try:
-            try:
-                upstream = await self._legs.open("decode", decode, send, pair.decode)
-            except LegError as error:
-                raise self._legs.decode_failed(pair, decode, error) from None
-            try:
-                if upstream.status >= 300:
-                    data = await upstream.read()
-                    raise self._legs.decode_status(
-                        pair, decode, upstream.status, upstream.content_type, data
-                    )
-                first = await upstream.first()
-                failed = first_event_error(first)
-                if failed is not None:
-                    raise self._legs.decode_status(pair, decode, failed, "application/json", first)
-                guard.idle = self._legs.stall_timeout
-                relay.rebind(guard, decode, rejoin)
-                await relay.run(upstream, first)
-            except (UpstreamError, TimeoutError) as exc:
-                raise self._legs.stream_failure(pair, decode, exc) from None
-            except LegError as exc:
-                if exc is pair.prefill_error or pair.guard.expired:
-                    raise self._legs.stream_failure(pair, decode, exc) from None
-                raise
-            if decode.failures:
-                self._pool.record_served(decode)
-            finished = True
-            self._legs.finish_in_background(pair)
-        finally:
-            self._legs.watchdog.release(guard)
-            decode.inflight -= 1
             if not finished:
                 pair.cancel()
             elif upstream is not None:
