@@ -1,31 +1,35 @@
 """Dual dispatch: one PD request to a prefill and a decode, concurrently, and the answer back.
 
-For each attempt: choose a prefill and a decode, encode the body once with fresh bootstrap
-fields, send it to both on the same path, and answer with the decode's response. The legs are
-bound by a `Pair`: the prefill's answer is read by a task, the decode's by the handler itself
-(one task and one loop turn fewer per request); a prefill that fails ends the decode leg (which
-would otherwise wait for KV that never comes) with the prefill's error; a decode that fails
-cancels the prefill; a client that goes away cancels the handler and with it both legs
-(closing an upstream connection makes SGLang abort the request). On pooled connections both
-requests go out at once, the prefill's first.
+A request's path (`Dispatcher.dispatch`), each attempt from step 2:
+
+1. Its turn: with --prefill-max-inflight, it waits behind the requests that came first until a
+   prefill has room (`kit.lb.prefill_queue`).
+2. Pick: a prefill and a decode by the roles' policies (`pick`), avoiding the workers that
+   failed in this request while others are routable; with no routable worker of a role it
+   waits for one (`kit.lb.hold`). cache_aware also chooses the prefill's DP rank.
+3. Admit: with admission on, the request is admitted on that prefill or a better one, or
+   refused with a 429 (`kit.lb.admission`).
+4. Send: the body is encoded once with fresh bootstrap fields and sent to both on the same
+   path (`kit.lb.legs`); on pooled connections both requests go out at once, the prefill's
+   first.
+5. The prefill leg: its answer is read by a task (`start`); a prefill that fails ends the
+   decode leg (which would otherwise wait for KV that never comes) with the prefill's error.
+6. The decode leg: read by the handler itself (one task and one loop turn fewer per
+   request); a decode that fails cancels the prefill; a client that goes away cancels the
+   handler and with it both legs (closing an upstream connection makes SGLang abort the
+   request).
+7. Relay: the answer is the decode's response. A stream is committed at the decode's first
+   bytes, which come after the prefill is done, so a failing prefill still gets a clean HTTP
+   error (or a retry) instead of a broken stream; its events are relayed as they come
+   (`kit.lb.stream`), and a stream cut later is continued on another pair (`kit.lb.migrate`).
 
 Retries: an attempt that fails before anything reached the client (a worker unreachable or
 resetting the connection, a 5xx or an error event as a stream's first bytes, a transfer failure,
-no first token within --first-token-timeout) is sent again on a freshly chosen pair (workers
-that failed in this request are avoided while others are routable) with new rooms, within the
-request's budget (`retries`) and deadline (`retry_deadline`). Never after the first byte
-reached the client, never for a client that went away (its task is cancelled), never for a
-4xx that the worker meant. Each failure counts against the worker it blames (outlier
-ejection, `WorkerPool.record_failure`). For streams the response is committed at the decode's
-first bytes, which come after the prefill is done, so a failing prefill still gets a clean HTTP
-error (or a retry) instead of a broken stream; a stream cut later is migrated
-(`kit.lb.migrate`).
-
-Hold: a request that finds no routable worker of a role waits for one up to `hold_timeout` s
-(at most `hold_max` requests at once), then gets a 503 with Retry-After.
-
-The legs go through `kit.lb.upstream` (the router's own HTTP/1.1 client); their time limits
-are the watchdog's (a guard per leg, no timer per request).
+no first token within --first-token-timeout) is sent again on a freshly chosen pair with new
+rooms, within the request's budget (`retries`) and deadline (`retry_deadline`). Never after the
+first byte reached the client, never for a client that went away (its task is cancelled), never
+for a 4xx that the worker meant. Each failure counts against the worker it blames (outlier
+ejection, `WorkerPool.record_failure`).
 """
 
 from __future__ import annotations
@@ -284,7 +288,17 @@ class Dispatcher:
             and time.monotonic() < deadline
         )
 
-    # -- legs --------------------------------------------------------------------------------
+    # -- the prefill leg ---------------------------------------------------------------------
+
+    def start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair:
+        """Send the prefill leg (at once when a pooled connection is idle, so it goes out
+        before the decode's) and let a task read its answer; the decode leg is the caller's."""
+        conn = self._legs.send_now(prefill, send)
+        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep, conn))
+        if ex.ticket is not None:
+            prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
+        ex.sent_at = time.monotonic()
+        return Pair(prefill_task, Leg(), prefill.url)
 
     async def _prefill_leg(
         self, ex: Exchange, worker: Worker, send: Send, keep: bool, conn: Connection | None
@@ -332,16 +346,6 @@ class Dispatcher:
                 ex.kv.worker.url, ex.kv.prompt_tokens, ex.kv.predicted, ex.cached_actual
             )
 
-    def start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair:
-        """Send the prefill leg (at once when a pooled connection is idle, so it goes out
-        before the decode's) and let a task read its answer; the decode leg is the caller's."""
-        conn = self._legs.send_now(prefill, send)
-        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep, conn))
-        if ex.ticket is not None:
-            prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
-        ex.sent_at = time.monotonic()
-        return Pair(prefill_task, Leg(), prefill.url)
-
     def _prefill_ended(self, ex: Exchange, task: asyncio.Task[bytes]) -> None:
         """Admission's accounting of a prefill leg (started when admitted): it left the queue,
         and if it was served, how long it took against the prediction."""
@@ -353,7 +357,7 @@ class Dispatcher:
         if served and not ex.pd.stream and ticket.prefill_done and ex.prefill_s is not None:
             self._metrics.ttft_error.observe(ex.prefill_s / ticket.prefill_done)
 
-    # -- non-streaming -----------------------------------------------------------------------
+    # -- the decode leg, not streamed --------------------------------------------------------
 
     async def _unary(
         self, ex: Exchange, prefill: Worker, decode: Worker, send: Send
@@ -393,7 +397,7 @@ class Dispatcher:
             if not finished:
                 pair.cancel()
 
-    # -- streaming ---------------------------------------------------------------------------
+    # -- the decode leg, streamed, and the relay ---------------------------------------------
 
     async def _stream(
         self, ex: Exchange, prefill: Worker, decode: Worker, send: Send
