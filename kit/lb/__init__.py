@@ -26,7 +26,7 @@ admin      `/workers` at run time; info: routes that ask the workers; recent: ea
 metrics    Prometheus metrics; access: the access log
 """
 
-from kit.lb.config import LbConfig, WorkerSpec, argv_problem, parse_args
+from kit.lb.config import LbConfig, WorkerSpec, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.run import main, serve
 from kit.lb.server import LoadBalancer
@@ -37,7 +37,6 @@ __all__ = [
     "LbError",
     "LoadBalancer",
     "WorkerSpec",
-    "argv_problem",
     "main",
     "parse_args",
     "serve",
