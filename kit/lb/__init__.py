@@ -8,7 +8,7 @@ event loop.
 Modules:
 
 run        the process: parse the command line, serve, drain on SIGTERM; config: LbConfig and
-           the command line; render: the command line the Plan gives
+           the command line (its options: `kit.topology.router_options`)
 server     the aiohttp server: routes, keys, errors, shared state; errors: the one error shape
 protocol   a client body read and given its bootstrap fields (pure); exchange: one request in
            flight (Exchange) and the path headers the client gets
