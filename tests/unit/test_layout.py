@@ -135,8 +135,6 @@ EMULATOR_USERS = {"cli"}
 MAX_MODULE_LINES = 700
 LONG_MODULES_ALLOWED = ("kit/sglang/startup/",)
 """Generated and rule tables, one row per SGLang refusal."""
-SPLITS_PENDING = ("kit/lb/dispatch.py", "kit/sim/engine.py")
-"""Modules over MAX_MODULE_LINES that issue 33's other moves split; remove with the xfail below."""
 
 
 def kit_unit(path: Path) -> str:
@@ -245,18 +243,8 @@ def long_modules() -> list[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="kit/lb/dispatch.py and kit/sim/engine.py are over 700 lines until issue 33's "
-    "Dispatcher split and sim engine split land (kit/lb/config.py came under with the router "
-    "options table); remove this mark (and SPLITS_PENDING) then",
-)
 def test_no_kit_module_is_over_700_lines():
     assert long_modules() == []
-
-
-def test_no_module_but_those_being_split_is_over_700_lines():
-    assert [m for m in long_modules() if m not in SPLITS_PENDING] == []
 
 
 @pytest.mark.parametrize("package", sorted(KIT_LAYERS))
