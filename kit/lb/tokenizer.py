@@ -73,7 +73,7 @@ SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
 
 
-class TokenizerUnavailable(LbError):
+class TokenizerError(LbError):
     """The model folder has no usable tokenizer; the message says which file and why."""
 
 
@@ -99,9 +99,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TokenizerUnavailable(f"{path}: cannot read it ({exc})") from exc
+        raise TokenizerError(f"{path}: cannot read it ({exc})") from exc
     if not isinstance(data, dict):
-        raise TokenizerUnavailable(f"{path}: not a JSON object")
+        raise TokenizerError(f"{path}: not a JSON object")
     return data
 
 
@@ -217,16 +217,16 @@ class ModelTokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> ModelTokenizer:
-        """The tokenizer of the model in `folder`; TokenizerUnavailable names what is missing."""
+        """The tokenizer of the model in `folder`; TokenizerError names what is missing."""
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise TokenizerUnavailable(
+            raise TokenizerError(
                 f"{path}: no such file (the router needs the model's fast tokenizer)"
             )
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception on a bad file
-            raise TokenizerUnavailable(f"{path}: not a tokenizer ({exc})") from exc
+            raise TokenizerError(f"{path}: not a tokenizer ({exc})") from exc
         config_path = folder / "tokenizer_config.json"
         config = _read_json(config_path) if config_path.is_file() else {}
         model_config = _read_json(folder / "config.json")
@@ -393,7 +393,7 @@ def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
         return None, f"no model tokenizer (--prompt-tokens model:PATH): {fallback}"
     try:
         tokenizer = ModelTokenizer.load(Path(folder))
-    except TokenizerUnavailable as exc:
+    except TokenizerError as exc:
         return None, f"no model tokenizer: {exc}; {fallback}"
     chat = "with its chat template" if tokenizer.chat_template else "without a chat template"
     verified = "" if tokenizer.verified else " (its tokenizer class is unverified against SGLang)"

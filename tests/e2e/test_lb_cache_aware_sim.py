@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kit.kvevents.prompt import encode
+from kit.byte_tokenizer import encode
 from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
 from kit.lb.server import LoadBalancer

@@ -8,7 +8,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from kit.lb.tokenizer import ModelTokenizer, TokenizerUnavailable, content_format
+from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.tokenizer_model import TEMPLATE, make_model
 
@@ -159,10 +159,10 @@ def test_limits_come_from_config_json(tmp_path):
 
 
 def test_a_missing_tokenizer_is_named(tmp_path):
-    with pytest.raises(TokenizerUnavailable, match=r"tokenizer\.json: no such file"):
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json: no such file"):
         ModelTokenizer.load(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(TokenizerUnavailable, match="not a tokenizer"):
+    with pytest.raises(TokenizerError, match="not a tokenizer"):
         ModelTokenizer.load(tmp_path)
 
 

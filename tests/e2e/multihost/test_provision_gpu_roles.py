@@ -18,7 +18,7 @@ import yaml
 
 from tests.e2e.multihost.conftest import run_pdkit
 from tests.support.netns import NetnsHost, TestBed
-from tests.unit.deploy.test_deploy_provision_probes import PROPRIETARY, fake_device, fake_proc
+from tests.unit.hosts.test_hosts_provision_probes import PROPRIETARY, fake_device, fake_proc
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kit.deploy.discover import HostFacts, gpu_type, propose
+from kit.hosts.discover import HostFacts, gpu_type, propose
 from tests.conftest import REPO
-from tests.unit.deploy.test_deploy_provision_probes import write
+from tests.unit.hosts.test_hosts_provision_probes import write
 
 ROLES = REPO / "playbooks" / "roles"
 
