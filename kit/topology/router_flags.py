@@ -31,6 +31,15 @@ SMG_REQUEST_TIMEOUT = 1800
 _SLO = SLO()
 
 
+def model_tokenizer(topology: Topology) -> str | None:
+    """--prompt-tokens for the served model's tokenizer: ``model:PATH`` where the model is a
+    folder every host sees (an absolute path, so the router's host too) served by real SGLang;
+    None otherwise (a Hugging Face repo id, the sim's emulated model): the router then counts
+    and routes as it did without one."""
+    path = topology.model.path
+    return f"model:{path}" if topology.engine == "sglang" and path.startswith("/") else None
+
+
 def stall_timeout_for(tpot: float) -> float:
     """The default stall timeout (s) for a TPOT objective of `tpot` s: 50 token times, at
     least 2 s (a decode step that long is a stopped worker, not a busy one)."""

@@ -35,6 +35,7 @@ from kit.topology.router_flags import (
     backoff_max,
     faults,
     handoff_at_least,
+    model_tokenizer,
     option,
     policy,
     smg_breaker_open,
@@ -363,14 +364,17 @@ class RouterOptions:
         group="routing",
         bound="> 0",
     )
-    # cache_aware: the prompt tokenizer ("model:PATH", "sim:VOCAB", or "" for input_ids only)
-    # and when a worker's events count as stopped (kit.lb.kv_index).
+    # The prompt tokenizer ("model:PATH", "sim:VOCAB", or "" for input_ids only): the Plan
+    # gives the served model's folder (`model_tokenizer`). Then when a worker's events count
+    # as stopped (kit.lb.kv_index).
     prompt_tokens: str = option(
         "",
-        "cache_aware: how to get a text prompt's token ids: model:PATH (the served model's "
-        "tokenizer from the folder PATH, as SGLang 0.5.23 tokenizes) or sim:VOCAB (the "
-        "emulated model's); default: only token ids a client sent are hashed",
+        "how to get a text prompt's token ids (cache_aware, request checks, token counts): "
+        "model:PATH (the served model's tokenizer from the folder PATH, as SGLang 0.5.23 "
+        "tokenizes) or sim:VOCAB (the emulated model's); default: only token ids a client "
+        "sent are known, other prompts are estimated",
         group="routing",
+        plan=model_tokenizer,
     )
     kv_silence: float = option(
         5.0,

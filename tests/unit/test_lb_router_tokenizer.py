@@ -11,7 +11,9 @@ from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
 from kit.lb.server import LoadBalancer
 from kit.lb.tokenizer import ModelTokenizer, load_for_router
+from kit.plan.resolve import resolve
 from kit.topology.router_options import RouterOptions, model_tokenizer_path, option_problems
+from tests.conftest import base_topology
 from tests.support.tokenizer_model import make_model
 
 CHAT = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
@@ -71,3 +73,17 @@ def test_the_router_loads_it_and_says_so_once(tmp_path, caplog):
     assert lb.tokenizer is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert any("no model tokenizer" in r.getMessage() for r in warnings)
+
+
+def test_the_plan_gives_pdkits_router_the_served_models_folder(write_topology, tmp_path):
+    data = base_topology()
+    data["model"] = {"path": str(tmp_path / "model")}
+    args = resolve(write_topology(data, "a.yaml")).router.command.args
+    assert f"model:{tmp_path / 'model'}" in args
+    assert parse_args(list(args), environ={}).prompt_tokens == f"model:{tmp_path / 'model'}"
+    # A Hugging Face repo id (no folder on the router's host) or the sim's model: none.
+    data["model"] = {"path": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert "--prompt-tokens" not in resolve(write_topology(data, "b.yaml")).router.command.args
+    data["model"] = {"path": str(tmp_path / "model")}
+    data["engine"] = "sim"
+    assert "--prompt-tokens" not in resolve(write_topology(data, "c.yaml")).router.command.args
