@@ -84,8 +84,8 @@ def prompt_ids(
     """The prompt's token ids as the workers see them, or None when the router cannot know
     them (text without a tokenizer, a batch, a chat shape the model tokenizer does not
     reproduce). The model's tokenizer wins over the sim's."""
-    if pd.batch_size is not None:
-        return None
+    if pd.ids is not None or pd.batch_size is not None:
+        return pd.ids
     body = pd.body
     if tokenizer is not None:
         return tokenizer.prompt_ids(pd.path, body)

@@ -14,6 +14,10 @@ Found in SGLang 0.5.23's source (docs/router.md lists them with the same referen
 3. An empty id list (`input_ids: []`): refused by SGLang as "input_ids cannot be empty."
    (managers/io_struct.py:499) and by the sim; refused here with the same words.
 
+The router (`kit.lb.server`) runs `check_request` on every PD request before it picks a worker,
+unless started with ``--no-validate``, with the vocabulary and context of its tokenizer
+(``--prompt-tokens``) and ``--context-length``.
+
 `check_ids` and `check_length` are pure: they return the problem as a `Refusal` (the message and
 the request field it names) or None; the router turns a refusal into a 400 in OpenAI's shape.
 """
@@ -111,12 +115,13 @@ def check_request(
     body: Mapping[str, Any],
     prompt_ids: Sequence[int] | None,
     *,
-    vocab_size: int,
+    vocab_size: int | None,
     context_length: int | None,
 ) -> Refusal | None:
-    """Every check for one request: the ids it sent, then its length (when known)."""
-    sent = sent_ids(path, body)
-    if sent is not None:
+    """Every check for one request: the ids it sent (when the vocabulary is known), then its
+    length (when its ids and the context are known)."""
+    sent = sent_ids(path, body) if vocab_size is not None else None
+    if sent is not None and vocab_size is not None:
         field, rows = sent
         for row in rows:
             if refusal := check_ids(row, vocab_size, param=field):

@@ -45,6 +45,7 @@ from kit.topology.router_flags import (
     stall,
     stall_timeout_for,
     with_admission,
+    worker_context_length,
 )
 from kit.topology.schema import SLO, Admission, Faults
 
@@ -375,6 +376,22 @@ class RouterOptions:
         "sent are known, other prompts are estimated",
         group="routing",
         plan=model_tokenizer,
+    )
+    # The checks before any worker sees a request (kit.lb.validate).
+    validate: bool = option(
+        True,
+        "refuse with a 400, before any worker sees it, a request SGLang 0.5.23 would crash on "
+        "or refuse: token ids outside the vocabulary, a prompt past the context, prompt + "
+        "max_tokens past it (default on; off only to test what the workers do)",
+        group="routing",
+    )
+    context_length: int = option(
+        0,
+        "tokens of context the request checks use (default 0: the served model's config.json, "
+        "with --prompt-tokens model:PATH; otherwise lengths are left to the workers)",
+        group="routing",
+        bound=">= 0",
+        plan=worker_context_length,
     )
     kv_silence: float = option(
         5.0,
