@@ -3,6 +3,9 @@ would crash on or refuse gets a 400 in OpenAI's error shape before any worker se
 
 from __future__ import annotations
 
+import json
+import logging
+
 from tests.support.lb_cluster import run, running_cluster
 from tests.support.tokenizer_model import make_model
 
@@ -60,5 +63,24 @@ def test_a_prompt_past_the_context_and_max_tokens_past_it(tmp_path):
             short["max_tokens"] = 4
             status, _, _ = await c.post("/v1/chat/completions", short)
             assert status == 200
+
+    run(scenario())
+
+
+def test_known_ids_are_counted_as_they_are(tmp_path, caplog):
+    folder = make_model(tmp_path / "m")
+    args = [*RR, "--prompt-tokens", f"model:{folder}"]
+    chat = {"messages": [{"role": "user", "content": "the quick brown fox " * 8}]}
+
+    async def scenario():
+        async with running_cluster(1, 1, args=args) as c:
+            with caplog.at_level(logging.INFO, logger="kit.lb.access"):
+                status, _, _ = await c.post("/v1/chat/completions", chat)
+            assert status == 200
+            ids = c.lb.tokenizer.chat_ids(chat)
+            line = next(r.getMessage() for r in caplog.records if r.name == "kit.lb.access")
+            assert json.loads(line.removeprefix("access "))["prompt_tokens"] == len(ids)
+            _, metrics, _ = await c.get("/metrics")
+            assert f"pdkit_lb_received_prompt_tokens_total {float(len(ids))}".encode() in metrics
 
     run(scenario())
