@@ -205,7 +205,7 @@ class LiveChange:
             raise DeployError(
                 f"{'; '.join(refused)}. Nothing was changed. To fix: free GPUs for one more "
                 "instance of the role (pdkit then starts a stand-in first), scale the role up "
-                "first, or raise router.faults.hold_timeout_s above the start time; or run "
+                "first, or raise router.faults.hold_timeout_s above its time away; or run "
                 f"`{command}` again with --force to accept the gap."
             )
         return covers

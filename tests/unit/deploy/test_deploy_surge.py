@@ -94,7 +94,7 @@ def test_an_instance_that_starts_within_the_hold_relies_on_it(local):
     assert not isinstance(cover, str) and cover.path == "hold"
     assert "hold: it is expected back within the router's hold (30 s" in cover.line()
     assert (
-        "(away 11 s: stop 2.5 s, start 4.2 s, gate 3.0 s, readmission 1.0 s: start measured on "
+        "(away 8 s: stop 3.0 s, start 4.2 s, gate 0.5 s, readmission 0.5 s: start measured on "
         "these hosts, the rest pdkit's figures for engine sim)"
     ) in cover.line()
 
