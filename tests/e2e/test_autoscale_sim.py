@@ -14,8 +14,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.e2e.test_up_local import pdkit
-from tests.support.local_deploy import start_bench, write_topology
+from tests.support.local_deploy import pdkit, start_bench, write_topology
 
 pytestmark = pytest.mark.e2e
 

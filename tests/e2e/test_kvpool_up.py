@@ -26,8 +26,15 @@ from kit.observe.probe import Prober
 from kit.observe.prom import parse_metrics
 from kit.observe.targets import KvPoolTarget
 from kit.plan.resolve import resolve
-from tests.e2e.test_up_local import layout, pdkit, pids
-from tests.support.local_deploy import free_ports, processes_of, start_bench, write_topology
+from tests.support.local_deploy import (
+    free_ports,
+    layout,
+    pdkit,
+    pids,
+    processes_of,
+    start_bench,
+    write_topology,
+)
 
 pytestmark = pytest.mark.e2e
 

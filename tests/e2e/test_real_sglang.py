@@ -34,9 +34,8 @@ from kit.deploy.services import supervisor_processes
 from kit.observe.prom import parse_metrics
 from kit.observe.signatures import diagnose
 from kit.plan.resolve import resolve
-from kit.topology.layout import HostLayout, host_root
-from tests.conftest import run_pdkit
-from tests.support.local_deploy import free_ports, processes_of
+from kit.topology.layout import HostLayout
+from tests.support.local_deploy import free_ports, layout, pdkit, pids, processes_of
 from tests.support.real_sglang import (
     GREEDY,
     RealServer,
@@ -59,11 +58,6 @@ KEEP_GOING = {"ignore_eos": True}
 stop), and these tests count tokens."""
 
 
-def pdkit(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    return run_pdkit(*args, timeout=timeout, env=env)
-
-
 @dataclass
 class Deployment:
     topology: Path
@@ -80,13 +74,10 @@ class Deployment:
 
     @property
     def layout(self) -> HostLayout:
-        root = host_root(self.data["hosts"][0]["root"], self.topology.absolute().parent)
-        return HostLayout(self.name, root)
+        return layout(self.topology, self.name)
 
     def pids(self) -> dict[str, int]:
-        view = supervisor_processes(self.layout.supervisord_socket)
-        assert view is not None, "supervisord of the deployment does not answer"
-        return {n: i.pid for n, i in view.items() if i.state in ("STARTING", "RUNNING")}
+        return pids(self.topology, self.name)
 
     def log(self, process: str) -> str:
         return Path(self.layout.log_file(process)).read_text(errors="replace")
@@ -123,14 +114,10 @@ def real(tmp_path_factory):
     finally:
         colocated.stop()
         odd.stop()
-        if supervisor_processes(HostLayout(name, _root(topology, data)).supervisord_socket):
+        if supervisor_processes(layout(topology, name).supervisord_socket):
             pdkit("down", str(topology), timeout=300)
         if deployment is not None:
             print(f"\nreal SGLang start times (s): {deployment.start_s}")
-
-
-def _root(topology: Path, data: dict) -> str:
-    return host_root(data["hosts"][0]["root"], topology.absolute().parent)
 
 
 def test_up_gates_the_real_pair_and_serves_the_openai_client(real):

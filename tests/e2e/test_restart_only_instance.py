@@ -11,8 +11,7 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.test_live_ops import BENCH_RATE, _bench
-from tests.e2e.test_up_local import deployment, pdkit, pids  # noqa: F401  (a fixture)
+from tests.support.local_deploy import BENCH_RATE, bench_under_load, pdkit, pids
 
 pytestmark = pytest.mark.e2e
 
@@ -29,13 +28,13 @@ def _deploy(deployment_, gpus: int, hold: float | None = None):
 
 
 def test_restarting_the_only_decode_with_a_free_gpu_surges_and_fails_no_request(
-    deployment,  # noqa: F811
+    deployment,
     tmp_path,
 ):
     # 4 GPUs, 2P1D: prefills on GPUs 0 and 1, decode-0 on 3, GPU 2 free for the stand-in.
     topology, name = _deploy(deployment, gpus=4)
     before = pids(topology, name)
-    bench = _bench(topology, tmp_path / "bench")
+    bench = bench_under_load(topology, tmp_path / "bench")
     started = time.monotonic()
     try:
         time.sleep(3.0)  # the load runs before the restart begins
@@ -72,7 +71,7 @@ def test_restarting_the_only_decode_with_a_free_gpu_surges_and_fails_no_request(
 
 
 def test_without_a_free_gpu_a_start_longer_than_the_hold_is_refused_unless_forced(
-    deployment,  # noqa: F811
+    deployment,
 ):
     # 3 GPUs, 2P1D: none free; a hold of 0.5 s is shorter than any sim start with its playbook.
     topology, name = _deploy(deployment, gpus=3, hold=0.5)
@@ -93,7 +92,7 @@ def test_without_a_free_gpu_a_start_longer_than_the_hold_is_refused_unless_force
 
 
 def test_a_stand_in_that_cannot_start_is_taken_away_and_the_decode_left_serving(
-    deployment,  # noqa: F811
+    deployment,
 ):
     topology, name = _deploy(deployment, gpus=4)
     before = pids(topology, name)

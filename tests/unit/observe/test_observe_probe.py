@@ -16,7 +16,7 @@ from kit.observe.probe import Prober
 from kit.observe.targets import RouterTarget, Targets
 from kit.observe.worker import evaluate_worker
 from kit.topology.schema import SLO
-from tests.unit.observe.builders import worker_target
+from tests.support.observe_builders import worker_target
 
 
 def free_port() -> int:

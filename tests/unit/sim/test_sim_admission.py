@@ -12,7 +12,7 @@ import pytest
 from kit.sim.admission import Limits, check_lengths, sampling_params
 from kit.sim.args import parse_args
 from kit.sim.errors import RequestRefused
-from tests.unit.sim.test_sim_api import serve
+from tests.support.sim_server import serve
 
 LIMITS = Limits(context_len=256, vocab=1000, kv_capacity=10_000)
 TRUNCATE = Limits(context_len=256, vocab=1000, kv_capacity=10_000, allow_auto_truncate=True)
