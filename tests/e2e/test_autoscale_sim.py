@@ -11,12 +11,9 @@ import re
 import subprocess
 import uuid
 
-import pytest
 import yaml
 
 from tests.support.local_deploy import pdkit, start_bench, write_topology
-
-pytestmark = pytest.mark.e2e
 
 
 def bench(topology, out, seconds: float) -> subprocess.Popen[str]:

@@ -16,8 +16,6 @@ from tests.conftest import REPO, run_pdkit
 from tests.support.lb_cluster import FAST_HEALTH
 from tests.support.sim_launch import PdCluster
 
-pytestmark = pytest.mark.e2e
-
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "4", "PDKIT_SIM_GPU": "H100-SXM"}
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -18,7 +18,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kit.observe.kvpool import evaluate_kv_pool, kv_pool_line
@@ -35,8 +34,6 @@ from tests.support.local_deploy import (
     start_bench,
     write_topology,
 )
-
-pytestmark = pytest.mark.e2e
 
 PAGE = 16
 

@@ -14,7 +14,6 @@ import os
 import time
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from kit.kvevents.prompt import encode
@@ -23,8 +22,6 @@ from kit.lb.protocol import parse_request
 from kit.lb.server import LoadBalancer
 from tests.support.lb_cluster import FAST_HEALTH, run
 from tests.support.sim_launch import SimProcess, free_port, worker_argv
-
-pytestmark = pytest.mark.e2e
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}

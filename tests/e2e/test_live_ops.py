@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
@@ -26,8 +25,6 @@ from tests.support.local_deploy import (
     pids,
     write_topology,
 )
-
-pytestmark = pytest.mark.e2e
 
 
 def _counts(topology: Path, data: dict, prefill: int, decode: int) -> None:

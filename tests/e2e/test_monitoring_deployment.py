@@ -30,8 +30,6 @@ from kit.observe.prometheus import query, scrape_health
 from tests.support.local_deploy import API_KEY, free_ports, layout, pdkit, processes_of
 from tests.support.requires import require_command
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(autouse=True)
 def _prometheus_installed():

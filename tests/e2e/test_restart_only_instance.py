@@ -8,12 +8,9 @@ import json
 import socket
 import time
 
-import pytest
 import yaml
 
 from tests.support.local_deploy import BENCH_RATE, bench_under_load, pdkit, pids
-
-pytestmark = pytest.mark.e2e
 
 
 def _deploy(deployment_, gpus: int, hold: float | None = None):

@@ -8,14 +8,11 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
 from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
-
-pytestmark = pytest.mark.e2e
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}

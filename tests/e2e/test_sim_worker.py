@@ -13,8 +13,6 @@ import pytest
 from kit.observe.prom import parse_metrics
 from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
 
-pytestmark = pytest.mark.e2e
-
 FAST = {"PDKIT_SIM_SPEED": "20", "PDKIT_SIM_LOAD_SECONDS": "1.0", "PDKIT_SIM_SEED": "3"}
 
 

@@ -29,13 +29,10 @@ import yaml
 from kit.plan.resolve import resolve
 from kit.topology.plan import Plan, WorkerProcess
 from tests.conftest import REPO, run_pdkit
-from tests.support.requires import require_file
-
-pytestmark = pytest.mark.e2e
+from tests.support.requires import require_smg
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama-test"
-SMG = Path(os.environ.get("PDKIT_SMG") or REPO / ".venv-smg" / "bin" / "smg")
 FAST_SIM = {"PDKIT_SIM_LOAD_SECONDS": "0.2"}
 ADMIN_KEY = "test-admin-key"
 LONG_PROMPT = 60_000  # tokens: seconds of emulated prefill, time to kill the prefill mid-way
@@ -174,7 +171,7 @@ class Cluster:
     def start_router(self, **env: str) -> None:
         argv = self.plan.router.command.argv(sys.executable)
         if self.plan.router.kind == "smg":
-            argv[0] = str(SMG)
+            argv[0] = require_smg()
         self._spawn("router", argv, {**self.plan.router.env, **env})
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
@@ -476,7 +473,7 @@ def test_wrong_model_still_loading_and_no_healthy_decode(tmp_path):
 
 
 def test_smg_router_ready_then_no_healthy_decode(tmp_path):
-    require_file(SMG, "make deps (the smg venv, .venv-smg)")
+    require_smg()
     topology = write_topology(tmp_path, "smg", router="smg")
     with running(topology, tmp_path) as cluster:
         for w in cluster.plan.workers:

@@ -15,13 +15,10 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
 from tests.support.local_deploy import API_KEY, chat, layout, pdkit, pids, processes_of
-
-pytestmark = pytest.mark.e2e
 
 
 def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_nothing(deployment):

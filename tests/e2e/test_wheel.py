@@ -18,7 +18,6 @@ import uuid
 import zipfile
 from pathlib import Path
 
-import pytest
 from packaging.utils import canonicalize_name
 
 from kit.deploy.wheels import (
@@ -29,8 +28,6 @@ from kit.deploy.wheels import (
 )
 from tests.conftest import REPO
 from tests.support.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
-
-pytestmark = pytest.mark.e2e
 
 UP_TIMEOUT_S = 240
 

@@ -16,8 +16,6 @@ from tests.support.fake_hosts import EXPECTED_NICS, fake_nvidia_smi, fake_sys
 from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
 
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
-
 
 @pytest.fixture
 def fake_hosts(testbed: TestBed):

@@ -11,8 +11,6 @@ import pytest
 from tests.support.multihost import require_testbed
 from tests.support.netns import TestBed, remove_stale
 
-pytestmark = pytest.mark.netns
-
 
 def test_every_host_answers_over_ssh_with_strict_host_keys(testbed: TestBed):
     for host in testbed.hosts:

@@ -29,8 +29,6 @@ from kit.deploy.context import load_context
 from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
 
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
-
 
 @pytest.fixture(scope="module")
 def topology(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -20,8 +20,6 @@ from tests.support.fake_hosts import PROPRIETARY, fake_device, fake_proc
 from tests.support.multihost import run_pdkit
 from tests.support.netns import NetnsHost, TestBed
 
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
-
 FAKE_NVIDIA_SMI = """#!/bin/sh
 # Two H100s; persistence mode is remembered in the host's home, like the driver would.
 state="$HOME/nvidia-persistence"

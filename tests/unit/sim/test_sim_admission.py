@@ -1,5 +1,5 @@
 """The context-length rules and --allow-auto-truncate, as SGLang's tokenizer manager and
-scheduler apply them (the differential test, tests/e2e/test_sim_matches_sglang_requests.py,
+scheduler apply them (the differential test, tests/e2e/sglang/test_sim_matches_sglang_requests.py,
 holds the sim to SGLang's own code; these pin the numbers)."""
 
 from __future__ import annotations

@@ -43,15 +43,15 @@ from tests.support.real_sglang import (
     tiny_model,
     write_topology,
 )
+from tests.support.requires import require_smg
 from tests.support.sim_launch import request_json
 
 # Starting real servers takes minutes here: the module's set-up (the pair and the colocated
 # server) and the live change (two starts of a decode) get more than the suite's 300 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 UP_TIMEOUT_S = 900
 MODEL = "tiny-llama"
-SMG = os.environ.get("PDKIT_SMG") or str(Path(__file__).resolve().parents[2] / ".venv-smg/bin/smg")
 PROMPTS = ["The quick brown fox", "Hello world, this is", "Once upon a time"]
 KEEP_GOING = {"ignore_eos": True}
 """SGLang's extension: the tiny model samples its EOS now and then (seen: 2 of 6 tokens, then
@@ -208,14 +208,13 @@ def test_a_short_bench_point_against_the_real_pair(real, tmp_path):
 
 
 def test_smg_serves_the_openai_client_through_the_real_pair(real, tmp_path):
-    if not Path(SMG).exists():
-        pytest.fail(f"smg is not at {SMG}: run `make .venv-smg/.stamp` (pip install smg==1.13.0)")
+    smg = require_smg()
     plan = resolve(real.topology)
     (prefill,), (decode,) = plan.role("prefill"), plan.role("decode")
     port, metrics = free_ports(2)
     with (tmp_path / "smg.log").open("wb") as log:
         router = subprocess.Popen(
-            [SMG, "launch", "--pd-disaggregation", "--prefill", prefill.url,
+            [smg, "launch", "--pd-disaggregation", "--prefill", prefill.url,
              str(prefill.bootstrap_port), "--decode", decode.url, "--host", "127.0.0.1",
              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
              str(metrics), "--worker-startup-check-interval", "1",

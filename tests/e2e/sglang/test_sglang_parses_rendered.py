@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from kit.plan.resolve import resolve
 from tests.conftest import TOPOLOGIES
 from tests.oracles.sglang_parser import parse_with_sglang
-
-pytestmark = pytest.mark.sglang
 
 
 def test_every_rendered_argv_parses_with_sglang():

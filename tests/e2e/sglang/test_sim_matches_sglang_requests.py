@@ -30,8 +30,6 @@ from tests.oracles.request_corpus import CASES, MODEL, SERVERS, SHORT, Case
 from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
 from tests.support.sim_launch import SimProcess, free_port, worker_argv
 
-pytestmark = [pytest.mark.e2e, pytest.mark.sglang]
-
 REQUESTS_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_requests.py"
 FAST = {"PDKIT_SIM_SPEED": "50", "PDKIT_SIM_LOAD_SECONDS": "0.2", "PDKIT_SIM_SEED": "1"}
 
