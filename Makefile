@@ -6,6 +6,10 @@ SGLANG_VENV := .venv-sglang
 SMG_VENV := .venv-smg
 ROUTER_VENV := .venv-sglang-router
 SGLANG_VERSION := 0.5.23
+# The other SGLang versions pdkit supports (kit/sglang/dialects/): each gets its own parser venv,
+# .venv-sglang-<version>, for its catalog and the tests that parse rendered argv with it.
+SGLANG_OTHER_VERSIONS := 0.5.22
+SGLANG_OTHER_VENVS := $(foreach v,$(SGLANG_OTHER_VERSIONS),.venv-sglang-$(v)/.stamp)
 TORCH_VERSION := 2.13.0
 # Small pure dependencies that SGLang's argument parser imports (see reference section 8), and its
 # request path (tests/oracles/sglang_requests.py): openai at SGLang's pin, regex,
@@ -17,7 +21,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -44,6 +48,14 @@ $(SGLANG_VENV)/.stamp:
 	$(SGLANG_VENV)/bin/pip install -q $(SGLANG_PARSER_DEPS)
 	touch $@
 
+# Another SGLang version's parser venv, built as .venv-sglang is.
+.venv-sglang-%/.stamp:
+	$(PYTHON) -m venv .venv-sglang-$*
+	.venv-sglang-$*/bin/pip install -q torch==$(TORCH_VERSION)
+	.venv-sglang-$*/bin/pip install -q --no-deps sglang==$*
+	.venv-sglang-$*/bin/pip install -q $(SGLANG_PARSER_DEPS)
+	touch $@
+
 $(SMG_VENV)/.stamp:
 	$(PYTHON) -m venv $(SMG_VENV)
 	$(SMG_VENV)/bin/pip install -q smg==1.13.0
@@ -62,7 +74,7 @@ TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-clien
 os-packages:
 	@tools/os_packages.sh $(TEST_OS_PACKAGES)
 
-deps: os-packages $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
+deps: os-packages $(VENV)/.stamp $(SGLANG_VENV)/.stamp $(SGLANG_OTHER_VENVS) $(SMG_VENV)/.stamp sglang-cpu
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check kit tests tools benchmarks
@@ -81,8 +93,18 @@ test-unit: $(VENV)/.stamp
 
 check: lint typecheck test
 
-catalog: $(SGLANG_VENV)/.stamp
+catalog: $(SGLANG_VENV)/.stamp $(SGLANG_OTHER_VENVS)
 	$(SGLANG_VENV)/bin/python tools/gen_catalog.py --out kit/sglang/catalogs/$(SGLANG_VERSION).json
+	for v in $(SGLANG_OTHER_VERSIONS); do \
+		.venv-sglang-$$v/bin/python tools/gen_catalog.py --out kit/sglang/catalogs/$$v.json || exit 1; \
+	done
+
+# A new SGLang version (docs/development.md): its parser venv, its catalog, and the review of
+# the newest start-up rule table against its source, e.g. `make sglang-version V=0.5.24`.
+sglang-version: $(VENV)/.stamp .venv-sglang-$(V)/.stamp
+	.venv-sglang-$(V)/bin/python tools/gen_catalog.py --out kit/sglang/catalogs/$(V).json
+	$(PY) -m tools.review_startup_rules --base $(SGLANG_VERSION) \
+		--srt .venv-sglang-$(V)/lib/python3.11/site-packages/sglang/srt
 
 # From a fresh machine: OS packages (as root, else the apt-get line to run), .venv, then pdkit up.
 up:
@@ -130,7 +152,7 @@ bench-autoscale: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_autoscale
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) $(SMG_VENV) $(ROUTER_VENV) $(SGLANG_CPU_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) .venv-sglang-[0-9]* $(SMG_VENV) $(ROUTER_VENV) $(SGLANG_CPU_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # Real SGLang 0.5.23 on a CPU-only host (tools/sglang_cpu/): the engine itself, not only its
 # parser. One venv, rebuilt only when the installer or its patches change; the tiny model and

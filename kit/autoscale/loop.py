@@ -49,6 +49,7 @@ from kit.errors import DeployError, PdkitError
 from kit.observe.probe import Fetched, Prober, auth_headers
 from kit.observe.prom import MetricSet, parse_metrics
 from kit.observe.targets import targets_from_plan
+from kit.perf.timing import Efficiency
 from kit.plan.resolve import resolve
 from kit.topology.load import parse_topology, read_topology_text
 from kit.topology.place import role_switchable
@@ -95,7 +96,12 @@ class Autoscaler:
         cluster, speed = plan_cluster(self.plan)
         assert cluster.prefill is not None and cluster.decode is not None  # a PD Plan
         self.model = PoolModel(
-            cluster.prefill.config, cluster.decode.config, self.topology.slo, self.topology, speed
+            cluster.prefill.config,
+            cluster.decode.config,
+            self.topology.slo,
+            self.topology,
+            speed,
+            Efficiency.for_gpu(cluster.prefill.config.gpu),
         )
         self.switch = role_switchable(self.topology, "prefill") and role_switchable(
             self.topology, "decode"

@@ -212,7 +212,7 @@ class PoolModel:
         # of what was seen, the rest is what the roofline does not model (HTTP hops, the
         # router, Mooncake handshakes), and fitting it into an efficiency would misjudge
         # longer requests (short prompts' TTFT would make every long prefill look slow).
-        sourced = predicted(Efficiency())
+        sourced = predicted(Efficiency.for_gpu(self.prefill.gpu))
         current = start
         for factor, metrics in FITS.items():
             explained = [

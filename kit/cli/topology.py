@@ -5,24 +5,75 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import Annotated
 
-from kit.cli.app import app, console, resolve_plan
+import typer
+
+from kit.cli.app import app, console, err_console, resolve_plan
 from kit.cli.options import JsonOpt, TopologyArg
+
+UpgradeToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--upgrade-to",
+        help="Also list what changes when the topology moves to this SGLang version "
+        "(flags removed, renamed or deprecated, defaults, packages).",
+        metavar="VERSION",
+        show_default=False,
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option("--strict", help="Refuse what is only a warning too (flags SGLang deprecates)."),
+]
 
 
 @app.command(
     epilog="Examples:\n\n  pdkit validate topologies/local.yaml\n\n"
-    "Exit status 0 when the topology can be deployed, 1 with every problem listed otherwise."
+    "  pdkit validate topologies/local.yaml --strict\n\n"
+    "Exit status 0 when the topology can be deployed (warnings printed), 1 with every problem "
+    "listed otherwise."
 )
-def validate(topology: TopologyArg) -> None:
+def validate(
+    topology: TopologyArg, strict: StrictOpt = False, upgrade_to: UpgradeToOpt = None
+) -> None:
     """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
-    plan = resolve_plan(topology)
+    from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
+
+    plan = resolve(topology, strict=strict)
+    for warning in warnings(topology):
+        err_console.print(f"warning: {warning}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
         f"{len({w.host for w in plan.workers})} host(s), {len(plan.workers)} worker process(es), "
         f"router {plan.router.kind} at {plan.router.url}"
     )
+    if upgrade_to is not None:
+        _upgrade_report(topology, upgrade_to)
+
+
+def _upgrade_report(path: Path, version: str) -> None:
+    """What moving the topology to SGLang `version` changes; the topology is validated as if
+    it pinned `version` first (every problem listed, exit 1)."""
+    from kit.plan.resolve import resolve  # noqa: PLC0415
+    from kit.sglang.dialects import dialect  # noqa: PLC0415
+    from kit.sglang.upgrade import changes  # noqa: PLC0415
+    from kit.topology.load import parse_topology, read_topology_text  # noqa: PLC0415
+
+    target = dialect(version)
+    resolve(path, sglang_version=version)
+    topology, _ = parse_topology(read_topology_text(path), str(path))
+    found = changes(topology, target)
+    console.print(
+        f"upgrade SGLang {topology.sglang_version} -> {version}: "
+        f"{len(found)} change(s) for this topology",
+        markup=False,
+        highlight=False,
+    )
+    for line in found:
+        console.print(f"  - {line}", markup=False, highlight=False)
 
 
 @app.command(

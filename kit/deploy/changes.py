@@ -31,6 +31,7 @@ from typing import Literal
 
 from kit.deploy.state import DeploymentRecord, ProcessRecord
 from kit.errors import DeployError
+from kit.topology.args import Flag
 
 StepKind = Literal["add", "replace", "remove"]
 KIND_ORDER: dict[StepKind, int] = {"add": 0, "replace": 1, "remove": 2}
@@ -222,7 +223,7 @@ def _process_reasons(was: ProcessRecord, now: ProcessRecord) -> list[str]:
     if was.url != now.url:
         reasons.append(f"URL {was.url} -> {now.url}")
     # The GPUs and the URL said it for these flags already.
-    reasons += _arg_changes(was.args, now.args, skip=("--base-gpu-id", "--port"))
+    reasons += _arg_changes(was.flags, now.flags, skip=("--base-gpu-id", "--port"))
     keys = sorted(k for k in was.env.keys() | now.env.keys() if was.env.get(k) != now.env.get(k))
     if keys:  # names only: a value may be a token
         reasons.append(f"env {', '.join(keys)}")
@@ -235,21 +236,13 @@ def _gpus(gpus: tuple[int, ...]) -> str:
     return ",".join(map(str, gpus)) or "none"
 
 
-def _flag_groups(args: Iterable[str]) -> dict[str, str]:
-    """Display only: rendered args as flag -> value text (`--tp-size 2` -> {"--tp-size": "2"})."""
-    groups: dict[str, list[str]] = {}
-    current = ""
-    for arg in args:
-        if re.match(r"^--[a-z]", arg):
-            current = arg
-            groups.setdefault(current, [])
-        else:
-            groups.setdefault(current, []).append(arg)
-    return {flag: " ".join(values) for flag, values in groups.items()}
+def _flag_values(flags: Iterable[Flag]) -> dict[str, str]:
+    """Display only: each flag's values as one text (`("--tp-size", "2")` -> {"--tp-size": "2"})."""
+    return {flag[0]: " ".join(flag[1:]) for flag in flags if flag}
 
 
-def _arg_changes(was: Sequence[str], now: Sequence[str], skip: Sequence[str]) -> list[str]:
-    old, new = _flag_groups(was), _flag_groups(now)
+def _arg_changes(was: Sequence[Flag], now: Sequence[Flag], skip: Sequence[str]) -> list[str]:
+    old, new = _flag_values(was), _flag_values(now)
     out = []
     for flag in [*old, *(f for f in new if f not in old)]:
         if flag in skip or old.get(flag) == new.get(flag):

@@ -13,7 +13,6 @@ can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
 
 from __future__ import annotations
 
-import itertools
 import json
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -74,12 +73,11 @@ def fp8_model(plan: Plan) -> bool:
     path = plan.model.path.lower()
     if "fp8" in path or any(name in path for name in ("deepseek-v3", "deepseek-r1")):
         return True
-    for worker in plan.workers:
-        args = list(worker.command.args)
-        for flag, value in itertools.pairwise(args):
-            if flag == "--quantization" and value in FP8_QUANTIZATIONS:
-                return True
-    return False
+    return any(
+        flag[0] == "--quantization" and flag[1:] in {(q,) for q in FP8_QUANTIZATIONS}
+        for worker in plan.workers
+        for flag in worker.command.flags
+    )
 
 
 def deep_gemm_workers(plan: Plan, host: str) -> list[str]:

@@ -2,15 +2,18 @@
 
 `pdkit up` and `pdkit restart` write it as they go (after each instance has joined, been replaced
 or been removed), so the next `pdkit up` compares the topology with what really runs instead of
-guessing. Per process it keeps where it runs (host, GPUs, ports, URL), what it runs (argv and
-environment, for the reasons `pdkit up --diff` prints) and a fingerprint of everything its files
+guessing. Per process it keeps where it runs (host, GPUs, ports, URL), what it runs (its
+command's flags as the Plan holds them, each with its values, and its environment: the reasons
+`pdkit up --diff` prints) and a fingerprint of everything its files
 on the host are made of: its inventory record, the host's layout and interpreter, and the
 templates of the pdkit_process role. Two records with equal fingerprints mean the playbook would
 write the same files, so the process needs no restart. The router's fingerprint leaves out its
 worker list, which changes live through its worker API.
 
 The record holds no secret: the inventory names secrets only by variable. Written atomically,
-0600, like the rest of the state dir.
+0600, like the rest of the state dir. A record of format 1 (pdkit before the flags were kept)
+holds each command as its rendered argv: `_flags_of_format_1` reads it, the one place where an
+argv pdkit wrote is split again, so that a deployment made by that release can still change.
 """
 
 from __future__ import annotations
@@ -18,19 +21,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from kit.deploy.inventory import DeployHost, host_vars
 from kit.errors import DeployError
+from kit.topology.args import Flag
 from kit.topology.plan import KvPoolProcess, MonitoringProcess, Plan
 
 RECORD_FILE = "deployed.json"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+"""2: each process's `flags`; 1: its rendered `args` (still read)."""
 STARTS_FILE = "starts.json"
 """Each instance's last measured start, seconds (`kit.deploy.surge` estimates from it)."""
 TEMPLATES = Path("roles") / "pdkit_process" / "templates"
@@ -58,9 +64,30 @@ class ProcessRecord(_Frozen):
     url: str | None = None
     """The HTTP URL clients and the router use (node rank 0 of a worker instance, the router)."""
     bootstrap_port: int | None = None
-    args: tuple[str, ...] = ()
+    flags: tuple[Flag, ...] = ()
+    """Its command's flags, each with its values (the router: its settings, not its workers)."""
     env: dict[str, str] = {}
     fingerprint: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_1(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "args" in data and "flags" not in data:
+            rest = {k: v for k, v in data.items() if k != "args"}
+            return {**rest, "flags": _flags_of_format_1(data["args"])}
+        return data
+
+
+def _flags_of_format_1(args: Iterable[str]) -> list[list[str]]:
+    """The flags of an argv that a format-1 record kept (pdkit wrote it, one flag and its
+    values after another): a new flag at each `--name`, as that release's diff read it."""
+    flags: list[list[str]] = []
+    for arg in args:
+        if re.match(r"^--[a-z]", arg) or not flags:
+            flags.append([arg])
+        else:
+            flags[-1].append(arg)
+    return flags
 
 
 class DeploymentRecord(_Frozen):
@@ -72,6 +99,14 @@ class DeploymentRecord(_Frozen):
     transfer_backend: str
     router_kind: str
     processes: tuple[ProcessRecord, ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_as_current(cls, data: Any) -> Any:
+        # An older record is read into this format (`ProcessRecord` turns its argv into flags).
+        if isinstance(data, dict) and data.get("format", RECORD_FORMAT) < RECORD_FORMAT:
+            return {**data, "format": RECORD_FORMAT}
+        return data
 
     def process(self, name: str) -> ProcessRecord | None:
         return next((p for p in self.processes if p.name == name), None)
@@ -146,14 +181,14 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
                 http_port=worker.http_port,
                 url=worker.url if worker.serves_http else None,
                 bootstrap_port=worker.bootstrap_port if worker.serves_http else None,
-                args=worker.command.args,
+                flags=worker.command.flags,
                 env=worker.env,
                 fingerprint=_fingerprint(record, host, templates),
             )
         )
     router = plan.router
     record, host = records[router.name]
-    settings = {**record, "args": list(router.settings_args)}
+    settings = {**record, "args": list(router.settings_args)}  # the fingerprint's form
     out.append(
         ProcessRecord(
             name=router.name,
@@ -163,7 +198,7 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
             unit=router.unit,
             http_port=router.port,
             url=router.url,
-            args=router.settings_args,
+            flags=router.settings,
             env=router.env,
             fingerprint=_fingerprint(settings, host, templates),
         )
@@ -185,7 +220,7 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
                 unit=process.unit,
                 http_port=port,
                 url=url,
-                args=process.command.args,
+                flags=process.command.flags,
                 env=process.env,
                 fingerprint=_fingerprint(record, host, templates),
             )

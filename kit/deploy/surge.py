@@ -136,7 +136,7 @@ def stand_in(
 def _where_key(processes: tuple[ProcessRecord, ...] | None) -> object:
     if processes is None:
         return None
-    return [(p.name, p.host, p.gpus, p.http_port, p.bootstrap_port, p.args) for p in processes]
+    return [(p.name, p.host, p.gpus, p.http_port, p.bootstrap_port, p.flags) for p in processes]
 
 
 def decide(

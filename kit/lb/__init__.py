@@ -6,7 +6,7 @@ tests; call `start()` first and `close()` after); `serve(config)` runs it inside
 event loop.
 """
 
-from kit.lb.config import LbConfig, WorkerSpec, argv_problem, parse_args
+from kit.lb.config import LbConfig, WorkerSpec, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.run import main, serve
 from kit.lb.server import LoadBalancer
@@ -17,7 +17,6 @@ __all__ = [
     "LbError",
     "LoadBalancer",
     "WorkerSpec",
-    "argv_problem",
     "main",
     "parse_args",
     "serve",

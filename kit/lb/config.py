@@ -2,17 +2,16 @@
 
 `parse_args(argv, environ)` is the only way an `LbConfig` is built from the outside: it checks
 every option and reads the secrets (API keys come from the environment or a file, never from
-the command line, so they do not show in `ps`).
+the command line, so they do not show in `ps`). The options themselves, their parser entries
+and their checks come from the one table, `kit.topology.router_options`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -21,22 +20,25 @@ from yarl import URL
 from kit.lb.errors import LbConfigError
 from kit.net import url_host
 from kit.secrets import SecretError, SecretSource, read_secret
-from kit.topology import ports
-from kit.topology.policies import DEFAULT_POLICIES, PDKIT_POLICIES
-from kit.topology.schema import SLO
+from kit.topology.router_flags import RouterOption
+from kit.topology.router_options import (
+    DEFAULTS,
+    GROUPS,
+    KEY_FILES,
+    ROUTER_OPTIONS,
+    RouterOptions,
+    option_problems,
+    sim_vocab,
+)
 
 Role = Literal["prefill", "decode"]
 
-POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity", "cache_aware")
-PREFILL_ONLY_POLICIES = frozenset(PDKIT_POLICIES["prefill"]) - frozenset(PDKIT_POLICIES["decode"])
-DEFAULT_PREFILL_POLICY = DEFAULT_POLICIES["pdkit"]["prefill"]
-DEFAULT_DECODE_POLICY = DEFAULT_POLICIES["pdkit"]["decode"]
+DEFAULT_PREFILL_POLICY = DEFAULTS.prefill_policy
+DEFAULT_DECODE_POLICY = DEFAULTS.decode_policy
 
-API_KEY_ENV = "PDKIT_LB_API_KEY"
-ADMIN_KEY_ENV = "PDKIT_LB_ADMIN_KEY"
-WORKER_KEY_ENV = "PDKIT_LB_WORKER_API_KEY"
-
-MIB = 1024 * 1024
+API_KEY_ENV = KEY_FILES["--api-key-file"]
+ADMIN_KEY_ENV = KEY_FILES["--admin-key-file"]
+WORKER_KEY_ENV = KEY_FILES["--worker-api-key-file"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,91 +59,16 @@ class WorkerSpec:
         return url_host(URL(self.url).raw_host or "")
 
 
-@dataclass(frozen=True, slots=True)
-class LbConfig:
-    """Everything the load balancer needs; durations in seconds, sizes in bytes."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LbConfig(RouterOptions):
+    """Everything the load balancer needs: its workers, its keys and its options (the fields
+    of `RouterOptions`); durations in seconds, sizes in bytes."""
 
     prefill: tuple[WorkerSpec, ...]
     decode: tuple[WorkerSpec, ...]
-    host: str = "0.0.0.0"
-    port: int = ports.ROUTER
-    prefill_policy: str = DEFAULT_PREFILL_POLICY
-    decode_policy: str = DEFAULT_DECODE_POLICY
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     worker_api_key: str | None = field(default=None, repr=False)
-    # Timeouts per phase (0 disables the one that allows it).
-    connect_timeout: float = 5.0
-    prefill_timeout: float = 600.0
-    idle_timeout: float = 300.0
-    request_timeout: float = 3600.0
-    # Worker health.
-    health_interval: float = 5.0
-    health_timeout: float = 5.0
-    health_path: str = "/health"
-    eject_after: int = 3
-    readmit_after: int = 2
-    eject_backoff: float = 1.0
-    eject_backoff_max: float = 30.0
-    # Requests. A failure before the client got a byte is retried on a fresh pair, and a
-    # stream whose decode dies or stalls is migrated, `retries` times in all per request, and
-    # no new attempt starts `retry_deadline` s after arrival. A request that finds no routable
-    # worker of a role waits up to `hold_timeout` s for one (at most `hold_max` at once).
-    retries: int = 3
-    retry_deadline: float = 60.0
-    hold_timeout: float = 5.0
-    hold_max: int = 256
-    # At most this many requests out on one prefill (0: no limit); the rest wait here, in
-    # arrival order, for the first prefill with room (late binding: a prefill that joins, or
-    # one that frees, takes the oldest waiting request instead of queueing behind its peers).
-    prefill_max_inflight: int = 0
-    eject_after_failures: int = 3
-    # Streams: the longest wait for the first token (0: --idle-timeout), and for each later
-    # one (0: derived from the TPOT objective, `stall_timeout_for`).
-    first_token_timeout: float = 30.0
-    stall_timeout: float = 0.0
-    migrate: bool = True
-    max_body_bytes: int = 64 * MIB
-    drain_grace: float = 30.0
-    prefix_chars: int = 256
-    affinity_load_factor: float = 1.25
-    # cache_aware: the prompt tokenizer ("sim:VOCAB", or "" for input_ids only) and when a
-    # worker's events count as stopped (kit.lb.kv_index).
-    prompt_tokens: str = ""
-    kv_silence: float = 5.0
-    kv_silence_requests: int = 8
-    # cache_aware: the longest a routed request's blocks count as pending on its prefill rank
-    # before its KV events report them (kit.lb.kv_index).
-    kv_pending_timeout: float = 30.0
-    # A worker whose probe times out while it still finishes requests stays in for this long.
-    busy_grace: float = 20.0
-    # Upstream connection pool.
-    max_connections: int = 0
-    upstream_keepalive: float = 4.0
-    # SLO-aware admission (off by default); SLO targets in seconds.
-    admission: bool = False
-    slo_ttft: float = SLO().ttft_ms / 1000
-    slo_tpot: float = SLO().tpot_ms / 1000
-    admission_margin: float = 0.2
-    admission_poll: float = 1.0
-    access_log: bool = True
-    log_level: str = "info"
-    seed: int | None = None
-
-    @property
-    def stall_after(self) -> float:
-        """Seconds without a token after which a stream is stalled (migrated or ended)."""
-        return self.stall_timeout or stall_timeout_for(self.slo_tpot)
-
-
-STALL_TPOTS = 50
-MIN_STALL = 2.0
-
-
-def stall_timeout_for(tpot: float) -> float:
-    """The default stall timeout (s) for a TPOT objective of `tpot` s: 50 token times, at
-    least 2 s (a decode step that long is a stopped worker, not a busy one)."""
-    return max(STALL_TPOTS * tpot, MIN_STALL)
 
 
 EPILOG = """\
@@ -242,24 +169,44 @@ def normalize_url(raw: str, parser: argparse.ArgumentParser | None = None) -> st
     return str(url).rstrip("/")
 
 
-def _positive(
-    kind: type[float] | type[int], allow_zero: bool = False
-) -> Callable[[str], float | int]:
-    def check(text: str) -> float | int:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0 or (value == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>= 0' if allow_zero else '> 0'}")
-        return value
+def _typed(option: RouterOption) -> Callable[[str], object]:
+    """argparse's type for `option`: its value from the flag's text, bounds checked."""
 
-    return check
+    def convert(text: str) -> object:
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _add_option(group: argparse._ArgumentGroup, option: RouterOption) -> None:
+    """`option` as argparse takes it; unset options stay out of the namespace (SUPPRESS), so
+    that their default is the table's, not a round trip through the flag's unit."""
+    if option.kind is bool:
+        action = argparse.BooleanOptionalAction if option.negatable else "store_true"
+        group.add_argument(
+            *option.spellings,
+            dest=option.name,
+            action=action,
+            default=argparse.SUPPRESS,
+            help=option.help,
+        )
+        return
+    group.add_argument(
+        *option.spellings,
+        dest=option.name,
+        type=_typed(option),
+        choices=option.choices or None,
+        metavar=option.metavar,
+        default=argparse.SUPPRESS,
+        help=option.help,
+    )
 
 
 def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
-    """The argparse parser; defaults come from `LbConfig`."""
-    d = LbConfig(prefill=(), decode=())
+    """The argparse parser: the workers and key files, then every option of the table."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="pdkit's prefill/decode load balancer for SGLang PD disaggregation.",
@@ -271,7 +218,8 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key", "--admin-key", "--worker-api-key", action=_RefuseSecret, help=argparse.SUPPRESS
     )
-    w = p.add_argument_group("workers")
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+    w = groups["workers"]
     w.add_argument(
         "--prefill",
         action=_WorkerAction,
@@ -289,282 +237,15 @@ def build_parser(prog: str = "pdkit lb") -> argparse.ArgumentParser:
         default=[],
         help="decode worker URL; repeat per decode",
     )
-    w.add_argument(
-        "--prefill-policy",
-        choices=POLICIES,
-        default=d.prefill_policy,
-        help=f"prefill selection (default {d.prefill_policy})",
-    )
-    w.add_argument(
-        "--decode-policy",
-        choices=POLICIES,
-        default=d.decode_policy,
-        help=f"decode selection (default {d.decode_policy})",
-    )
-    s = p.add_argument_group("server")
-    s.add_argument("--host", default=d.host, help=f"bind address (default {d.host})")
-    s.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
-    s.add_argument(
-        "--api-key-file", type=Path, help=f"file with the client key (or ${API_KEY_ENV})"
-    )
-    s.add_argument(
-        "--admin-key-file",
-        type=Path,
-        help=f"file with the /workers admin key (or ${ADMIN_KEY_ENV})",
-    )
-    s.add_argument(
-        "--worker-api-key-file",
-        type=Path,
-        help=f"file with the key sent to workers (or ${WORKER_KEY_ENV})",
-    )
-    s.add_argument(
-        "--max-body-mb",
-        type=_positive(float),
-        default=d.max_body_bytes / MIB,
-        help=f"largest request body, MiB (default {d.max_body_bytes // MIB})",
-    )
-    s.add_argument(
-        "--drain-grace",
-        type=_positive(float, True),
-        default=d.drain_grace,
-        help=f"on SIGTERM, seconds to let in-flight requests finish (default {d.drain_grace:g})",
-    )
-    s.add_argument(
-        "--access-log",
-        action=argparse.BooleanOptionalAction,
-        default=d.access_log,
-        help="one `access {json}` line per PD request on stderr (default on)",
-    )
-    s.add_argument(
-        "--log-level",
-        default=d.log_level,
-        choices=("debug", "info", "warning", "error"),
-        help="default info",
-    )
-    t = p.add_argument_group("timeouts (seconds; 0 = none where allowed)")
-    t.add_argument(
-        "--connect-timeout",
-        type=_positive(float),
-        default=d.connect_timeout,
-        help=f"TCP connect to a worker (default {d.connect_timeout:g})",
-    )
-    t.add_argument(
-        "--prefill-timeout",
-        type=_positive(float, True),
-        default=d.prefill_timeout,
-        help=f"whole prefill leg (default {d.prefill_timeout:g})",
-    )
-    t.add_argument(
-        "--idle-timeout",
-        type=_positive(float, True),
-        default=d.idle_timeout,
-        help=f"longest wait for the next bytes of a decode response (default {d.idle_timeout:g})",
-    )
-    t.add_argument(
-        "--request-timeout",
-        type=_positive(float, True),
-        default=d.request_timeout,
-        help=f"whole request, streams included (default {d.request_timeout:g})",
-    )
-    h = p.add_argument_group("worker health")
-    h.add_argument(
-        "--health-interval",
-        type=_positive(float),
-        default=d.health_interval,
-        help=f"seconds between probes of each worker (default {d.health_interval:g})",
-    )
-    h.add_argument(
-        "--health-timeout",
-        type=_positive(float),
-        default=d.health_timeout,
-        help=f"probe timeout (default {d.health_timeout:g})",
-    )
-    h.add_argument("--health-path", default=d.health_path, help=f"default {d.health_path}")
-    h.add_argument(
-        "--eject-after",
-        type=_positive(int),
-        default=d.eject_after,
-        help=f"consecutive failed probes to eject (default {d.eject_after})",
-    )
-    h.add_argument(
-        "--readmit-after",
-        type=_positive(int),
-        default=d.readmit_after,
-        help=f"consecutive good probes to readmit (default {d.readmit_after})",
-    )
-    h.add_argument(
-        "--busy-grace",
-        type=_positive(float, True),
-        default=d.busy_grace,
-        help="a probe that times out does not count against a worker that finished a request "
-        f"or streamed within this many seconds (default {d.busy_grace:g}, SGLang's own health "
-        "window; 0 = every timeout counts)",
-    )
-    h.add_argument(
-        "--eject-backoff",
-        type=_positive(float),
-        default=d.eject_backoff,
-        help=f"first ejection after a connection error, doubling per repeat "
-        f"(default {d.eject_backoff:g})",
-    )
-    h.add_argument(
-        "--eject-backoff-max",
-        type=_positive(float),
-        default=d.eject_backoff_max,
-        help=f"longest such ejection (default {d.eject_backoff_max:g})",
-    )
-    r = p.add_argument_group("routing")
-    r.add_argument(
-        "--retries",
-        type=_positive(int, True),
-        default=d.retries,
-        help="attempts after the first, per request: a failure before the client got a byte "
-        "(connection refused or reset, a 5xx, a transfer failure, no first token) is sent "
-        f"again on a fresh pair, a stream cut mid-way is migrated (default {d.retries})",
-    )
-    r.add_argument(
-        "--retry-deadline",
-        type=_positive(float),
-        default=d.retry_deadline,
-        help="seconds after arrival past which no new attempt starts "
-        f"(default {d.retry_deadline:g})",
-    )
-    r.add_argument(
-        "--hold-timeout",
-        type=_positive(float, True),
-        default=d.hold_timeout,
-        help="a request that finds no healthy prefill or decode waits this many seconds for "
-        f"one, then gets a 503 with Retry-After (default {d.hold_timeout:g}; 0 = no hold)",
-    )
-    r.add_argument(
-        "--hold-max",
-        type=_positive(int, True),
-        default=d.hold_max,
-        help=f"requests held at once; more get the 503 at once (default {d.hold_max})",
-    )
-    r.add_argument(
-        "--prefill-max-inflight",
-        type=_positive(int, True),
-        default=d.prefill_max_inflight,
-        help="requests out on one prefill at most; more wait in the router, oldest first, "
-        "for the first prefill with room, so a prefill that joins or frees takes waiting "
-        "work (default 0: no limit, every request goes to a prefill at once)",
-    )
-    r.add_argument(
-        "--eject-after-failures",
-        type=_positive(int),
-        default=d.eject_after_failures,
-        help="failed requests in a row that eject a worker for a growing backoff "
-        f"(--eject-backoff); never the last one of its role (default {d.eject_after_failures})",
-    )
-    r.add_argument(
-        "--first-token-timeout",
-        type=_positive(float, True),
-        default=d.first_token_timeout,
-        help="streams: longest wait for the decode's first bytes before the request is sent "
-        f"again elsewhere (default {d.first_token_timeout:g}; 0 = --idle-timeout)",
-    )
-    r.add_argument(
-        "--stall-timeout",
-        type=_positive(float, True),
-        default=d.stall_timeout,
-        help=f"streams: seconds without a token after which the stream is stalled: migrated "
-        f"(or ended); default 0 = {STALL_TPOTS} x --slo-tpot-ms, at least {MIN_STALL:g} s",
-    )
-    r.add_argument(
-        "--migrate",
-        action=argparse.BooleanOptionalAction,
-        default=d.migrate,
-        help="continue a stream whose decode died or stalled on another pair, where the "
-        "continuation is exact (default on)",
-    )
-    r.add_argument(
-        "--prefix-chars",
-        type=_positive(int),
-        default=d.prefix_chars,
-        help=f"prompt characters that form the prefix_affinity key "
-        f"(default {d.prefix_chars}; a quarter as many token ids)",
-    )
-    r.add_argument(
-        "--affinity-load-factor",
-        type=_positive(float),
-        default=d.affinity_load_factor,
-        help=f"prefix_affinity leaves a worker above this multiple of the mean "
-        f"in-flight load (default {d.affinity_load_factor:g})",
-    )
-    r.add_argument(
-        "--prompt-tokens",
-        default=d.prompt_tokens,
-        help="cache_aware: how to get a text prompt's token ids: sim:VOCAB (the emulated "
-        "model's tokenizer); default: only /generate input_ids are hashed",
-    )
-    r.add_argument(
-        "--kv-silence",
-        type=_positive(float),
-        default=d.kv_silence,
-        help=f"cache_aware: seconds after which a worker that got --kv-silence-requests "
-        f"requests and sent no KV event is routed as if uncached (default {d.kv_silence:g})",
-    )
-    r.add_argument(
-        "--kv-silence-requests",
-        type=_positive(int),
-        default=d.kv_silence_requests,
-        help=f"see --kv-silence (default {d.kv_silence_requests})",
-    )
-    r.add_argument(
-        "--kv-pending-timeout",
-        type=_positive(float),
-        default=d.kv_pending_timeout,
-        help=f"cache_aware: seconds a routed request's prompt blocks count as cached on its "
-        f"prefill rank at most, until that rank's KV events report them; its failed prefill "
-        f"ends them sooner (default {d.kv_pending_timeout:g})",
-    )
-    r.add_argument(
-        "--max-connections",
-        type=_positive(int, True),
-        default=d.max_connections,
-        help="cap on pooled upstream connections (default 0 = no cap)",
-    )
-    r.add_argument(
-        "--upstream-keepalive",
-        type=_positive(float),
-        default=d.upstream_keepalive,
-        help=f"seconds an idle upstream connection is kept; keep it below the "
-        f"workers' own keep-alive (uvicorn: 5) (default {d.upstream_keepalive:g})",
-    )
-    r.add_argument("--seed", type=int, help="seed for random choices and bootstrap rooms (tests)")
-    a = p.add_argument_group("admission (SLO-aware: 429 at once for requests predicted to miss)")
-    a.add_argument(
-        "--admission",
-        action="store_true",
-        help="refuse requests whose predicted TTFT or TPOT misses the SLO (default off)",
-    )
-    a.add_argument(
-        "--slo-ttft-ms",
-        type=_positive(float),
-        default=d.slo_ttft * 1000,
-        help=f"time to first token target, ms (default {d.slo_ttft * 1000:g})",
-    )
-    a.add_argument(
-        "--slo-tpot-ms",
-        type=_positive(float),
-        default=d.slo_tpot * 1000,
-        help=f"time per output token target, ms (default {d.slo_tpot * 1000:g})",
-    )
-    a.add_argument(
-        "--admission-margin",
-        type=_positive(float, True),
-        default=d.admission_margin,
-        help="share of the SLO kept free for prediction error: normal requests may use "
-        "1 - margin of it, low 1 - 2 x margin, high all of it "
-        f"(default {d.admission_margin:g})",
-    )
-    a.add_argument(
-        "--admission-poll",
-        type=_positive(float),
-        default=d.admission_poll,
-        help=f"seconds between reads of the workers' /v1/loads (default {d.admission_poll:g})",
-    )
+    for flag, env in KEY_FILES.items():
+        what = {"--api-key-file": "the client key", "--admin-key-file": "the /workers admin key"}
+        groups["server"].add_argument(
+            flag,
+            type=Path,
+            help=f"file with {what.get(flag, 'the key sent to workers')} (or ${env})",
+        )
+    for option in ROUTER_OPTIONS:
+        _add_option(groups[option.group], option)
     return p
 
 
@@ -577,27 +258,6 @@ def _read_secret(
         return read_secret(source, environ)
     except SecretError as exc:
         raise LbConfigError(str(exc)) from exc
-
-
-def argv_problem(argv: Sequence[str]) -> str | None:
-    """Why this router command line would not start (None when it would), without exiting:
-    lets `pdkit validate` check a topology's `router.args` before anything is deployed.
-    Key files are not read (they live on the router host)."""
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            unknown = build_parser().parse_known_args(list(argv))[1]
-    except SystemExit:
-        lines = stderr.getvalue().strip().splitlines()
-        return lines[-1].split("error: ", 1)[-1] if lines else "invalid arguments"
-    if unknown:
-        return f"unrecognized arguments: {' '.join(unknown)}"
-    try:
-        parse_args(argv, environ={})
-    except LbConfigError as exc:
-        if not isinstance(exc.__cause__, SecretError):  # key files live on the router host
-            return str(exc)
-    return None
 
 
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> LbConfig:
@@ -615,89 +275,22 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     dupes = sorted({u for u in urls if urls.count(u) > 1})
     if dupes:
         raise LbConfigError(f"worker listed twice: {', '.join(dupes)}. To fix: list each once.")
-    if ns.decode_policy in PREFILL_ONLY_POLICIES:
-        raise LbConfigError(
-            f"--decode-policy {ns.decode_policy} is for prefill only (decode "
-            "holds no prompt cache). To fix: use least_inflight."
-        )
-    if not 1 <= ns.port <= 65535:
-        raise LbConfigError(f"--port {ns.port} is out of range 1-65535.")
-    if ns.eject_backoff_max < ns.eject_backoff:
-        raise LbConfigError("--eject-backoff-max must be at least --eject-backoff.")
-    if ns.affinity_load_factor < 1.0:
-        raise LbConfigError("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
-    if ns.prompt_tokens and not _sim_vocab(ns.prompt_tokens):
-        raise LbConfigError(
-            f"--prompt-tokens {ns.prompt_tokens!r}: expected sim:VOCAB (a positive integer). "
-            "To fix: use sim:VOCAB, or leave it out (input_ids only)."
-        )
-    if not ns.health_path.startswith("/"):
-        raise LbConfigError(f"--health-path {ns.health_path!r} must start with '/'.")
-    if ns.admission_margin >= 0.5:
-        raise LbConfigError(
-            f"--admission-margin {ns.admission_margin:g} leaves low-priority requests no "
-            "share of the SLO. To fix: use a margin below 0.5 (0.2 by default)."
-        )
-    return LbConfig(
+    given = {o.name: getattr(ns, o.name) for o in ROUTER_OPTIONS if hasattr(ns, o.name)}
+    problems = option_problems(replace(DEFAULTS, **given))
+    if problems:
+        raise LbConfigError(problems[0])
+    config = LbConfig(
         prefill=tuple(prefill),
         decode=tuple(decode),
-        host=ns.host,
-        port=ns.port,
-        prefill_policy=ns.prefill_policy,
-        decode_policy=ns.decode_policy,
         api_key=_read_secret(ns.api_key_file, "--api-key-file", API_KEY_ENV, env),
         admin_key=_read_secret(ns.admin_key_file, "--admin-key-file", ADMIN_KEY_ENV, env),
         worker_api_key=_read_secret(
             ns.worker_api_key_file, "--worker-api-key-file", WORKER_KEY_ENV, env
         ),
-        connect_timeout=ns.connect_timeout,
-        prefill_timeout=ns.prefill_timeout,
-        idle_timeout=ns.idle_timeout,
-        request_timeout=ns.request_timeout,
-        health_interval=ns.health_interval,
-        health_timeout=ns.health_timeout,
-        health_path=ns.health_path,
-        eject_after=ns.eject_after,
-        readmit_after=ns.readmit_after,
-        eject_backoff=ns.eject_backoff,
-        eject_backoff_max=ns.eject_backoff_max,
-        retries=ns.retries,
-        retry_deadline=ns.retry_deadline,
-        hold_timeout=ns.hold_timeout,
-        hold_max=ns.hold_max,
-        prefill_max_inflight=ns.prefill_max_inflight,
-        eject_after_failures=ns.eject_after_failures,
-        first_token_timeout=ns.first_token_timeout,
-        stall_timeout=ns.stall_timeout,
-        migrate=ns.migrate,
-        max_body_bytes=int(ns.max_body_mb * MIB),
-        drain_grace=ns.drain_grace,
-        prefix_chars=ns.prefix_chars,
-        affinity_load_factor=ns.affinity_load_factor,
-        prompt_tokens=ns.prompt_tokens,
-        kv_silence=ns.kv_silence,
-        kv_silence_requests=ns.kv_silence_requests,
-        kv_pending_timeout=ns.kv_pending_timeout,
-        max_connections=ns.max_connections,
-        upstream_keepalive=ns.upstream_keepalive,
-        busy_grace=ns.busy_grace,
-        admission=ns.admission,
-        slo_ttft=ns.slo_ttft_ms / 1000,
-        slo_tpot=ns.slo_tpot_ms / 1000,
-        admission_margin=ns.admission_margin,
-        admission_poll=ns.admission_poll,
-        access_log=ns.access_log,
-        log_level=ns.log_level,
-        seed=ns.seed,
     )
-
-
-def _sim_vocab(spec: str) -> int | None:
-    """VOCAB of a --prompt-tokens sim:VOCAB, else None."""
-    kind, _, vocab = spec.partition(":")
-    return int(vocab) if kind == "sim" and vocab.isdigit() and int(vocab) > 0 else None
+    return replace(config, **given)
 
 
 def prompt_vocab(config: LbConfig) -> int | None:
     """The sim tokenizer's vocabulary size, when the router hashes text prompts with it."""
-    return _sim_vocab(config.prompt_tokens) if config.prompt_tokens else None
+    return sim_vocab(config.prompt_tokens) if config.prompt_tokens else None

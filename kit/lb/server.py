@@ -77,11 +77,11 @@ class LoadBalancer:
         rules = HealthRules(
             interval=config.health_interval,
             busy_grace=config.busy_grace,
-            eject_after=config.eject_after,
+            eject_after_failed_probes=config.eject_after_failed_probes,
             readmit_after=config.readmit_after,
             backoff=config.eject_backoff,
             backoff_max=config.eject_backoff_max,
-            eject_after_failures=config.eject_after_failures,
+            eject_after_failed_requests=config.eject_after_failed_requests,
         )
         self.pool = WorkerPool(rules, listener=self._on_transition)
         now = time.monotonic()

@@ -3,14 +3,14 @@
 A worker is routable only when `healthy`. The transitions, all driven through `WorkerPool` so
 that the routable lists stay current:
 
-    pending ──first good probe──▶ healthy ──`eject_after` failed probes──▶ unhealthy
+    pending ──first good probe──▶ healthy ─`eject_after_failed_probes`──▶ unhealthy
                                   (a probe that times out while the worker has requests in
                                    flight and made progress within `busy_grace` s is not a
                                    failure: a busy SGLang answers /health late)
        ▲                            │  ▲                                      │
        │                            │  └──────`readmit_after` good probes─────┘
        │                            ├──connection error: out for a backoff──▶ unhealthy
-       │                            └──`eject_after_failures` failed requests in a row──▶ unhealthy
+       │                            └──`eject_after_failed_requests` in a row──▶ unhealthy
        │                               (5xx, transport, timeouts, stalls: outlier detection as
        │                               in Envoy), while another worker of its role is routable;
        │                               out for a backoff growing with each such ejection
@@ -53,11 +53,11 @@ class HealthRules:
 
     interval: float = 5.0
     busy_grace: float = 20.0
-    eject_after: int = 3
+    eject_after_failed_probes: int = 3
     readmit_after: int = 2
     backoff: float = 1.0
     backoff_max: float = 30.0
-    eject_after_failures: int = 3
+    eject_after_failed_requests: int = 3
 
     @property
     def recovery_interval(self) -> float:
@@ -230,7 +230,10 @@ class WorkerPool:
         worker.last_probe_error = detail
         if worker.state is State.PENDING:
             worker.reason = f"not ready: {detail}"
-        elif worker.state is State.HEALTHY and worker.failed_probes >= rules.eject_after:
+        elif (
+            worker.state is State.HEALTHY
+            and worker.failed_probes >= rules.eject_after_failed_probes
+        ):
             reason = f"health check failed {worker.failed_probes} times in a row: {detail}"
             self._set(worker, State.UNHEALTHY, reason, "health_check", now)
 
@@ -258,14 +261,18 @@ class WorkerPool:
 
     def record_failure(self, worker: Worker, detail: str, now: float) -> float | None:
         """Outlier detection: one more request failed on `worker` (a 5xx, a broken
-        connection, a timeout, a stall). After `eject_after_failures` in a row it is out for
-        a backoff that grows with each such ejection, unless it is the last routable worker
-        of its role (then the failures only count: ejecting it would fail every request).
+        connection, a timeout, a stall). After `eject_after_failed_requests` in a row it is
+        out for a backoff that grows with each such ejection, unless it is the last routable
+        worker of its role (then the failures only count: ejecting it would fail every
+        request).
 
         Returns the backoff in seconds when this failure ejected it, else None.
         """
         worker.failures += 1
-        if worker.state is not State.HEALTHY or worker.failures < self.rules.eject_after_failures:
+        if (
+            worker.state is not State.HEALTHY
+            or worker.failures < self.rules.eject_after_failed_requests
+        ):
             return None
         if not any(w is not worker for w in self._routable[worker.role]):
             return None
@@ -275,7 +282,7 @@ class WorkerPool:
         worker.good_probes = 0
         worker.next_probe_at = now + backoff
         reason = (
-            f"{self.rules.eject_after_failures} requests failed in a row: {detail} "
+            f"{self.rules.eject_after_failed_requests} requests failed in a row: {detail} "
             f"(out for at least {backoff:g} s)"
         )
         self._set(worker, State.UNHEALTHY, reason, "failures", now)

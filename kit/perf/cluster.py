@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from kit.perf.clock import Clock, VirtualClock
@@ -66,7 +66,8 @@ class InstanceConfig:
     decode_extra_slots: int | None = None
     """--disaggregation-decode-extra-slots (None: SGLang's default, `extra_slots`)."""
     kv_dtype_bytes: float = 2.0
-    efficiency: Efficiency = field(default_factory=Efficiency)
+    efficiency: Efficiency | None = None
+    """None: the GPU's own (`Efficiency.for_gpu`)."""
 
     @classmethod
     def from_launch(
@@ -107,7 +108,7 @@ class InstanceConfig:
             ),
             decode_extra_slots=launch.disaggregation_decode_extra_slots,
             kv_dtype_bytes=kv_dtype_bytes(launch.kv_cache_dtype),
-            efficiency=efficiency or Efficiency(),
+            efficiency=efficiency,
         )
 
     @property

@@ -16,6 +16,26 @@ DEFAULT_GPU = "H100-SXM"
 """The GPU modelled when a deployment does not say its GPU type (nor engine sim's PDKIT_SIM_GPU)."""
 
 
+# Measured on one H200 SXM (driver 580.159, torch 2.11 cu130) on 2026-12-04 by
+# tools/gpu_calibrate.py; raw timings in benchmarks/data/h200-calibration.json, fitted by
+# tools/fit_perf.py (docs/sim.md, "Calibration on an H200"). Random-weights Llama-3.1-8B, the
+# same with 4 layers, and Llama-3.2-1B in plain PyTorch (cuBLAS GEMMs, torch's FA2 attention,
+# unfused norms and rotary), decode steps replayed from CUDA graphs: not SGLang's kernels.
+# * Memory: each byte a decode step streams cost 1 / (0.83 x 4.8 TB/s) (least squares over 60
+#   steps, batch 1-256, context 512-32k, relative RMS error 6.9%; a plain copy reached 0.88).
+#   The weights' GEMMs are the cuBLAS ones SGLang runs for bf16 layers: kept for the H200.
+# * Compute: long prefills reached 0.55-0.59 of peak on the 8B's layers, 0.50 over all three
+#   shapes and cached prefixes, whose attention ran through torch's FA2 at about 0.35 (SGLang
+#   runs FA3 or FlashInfer on Hopper): the sourced 0.6 stands.
+# * Fixed costs: 50 us a step and 85 us a layer, plain PyTorch's ~30 unfused kernels a layer
+#   and no scheduler, not SGLang's fused kernels and overlap scheduler: the sourced overheads
+#   stand.
+H200_MEASURED = (
+    "plain-PyTorch prefill and CUDA-graph decode timings on one H200, 2026-12-04 "
+    "(benchmarks/data/h200-calibration.json, tools/fit_perf.py)"
+)
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU. FLOP/s are dense (no sparsity); bandwidths are per direction."""
@@ -27,6 +47,11 @@ class GpuSpec:
     memory_bytes: float
     link_bandwidth: float  # GPU-to-GPU within a node: NVLink, or PCIe where there is none
     source: str
+    # Measured on this GPU (`measured` says how): the achieved fractions of peak that replace
+    # kit.perf.timing's sourced COMPUTE_EFFICIENCY / MEMORY_EFFICIENCY for it (None: keep them).
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    measured: str = ""
 
     def flops(self, weight_bytes: float) -> float:
         """Peak dense FLOP/s for weights of `weight_bytes` per element."""
@@ -71,6 +96,8 @@ GPUS: dict[str, GpuSpec] = {
             141 * GIB,
             450e9,
             "NVIDIA H200 Tensor Core GPU datasheet (SXM; NVLink 900 GB/s total)",
+            memory_efficiency=0.83,
+            measured=H200_MEASURED,
         ),
         GpuSpec(
             "B200",

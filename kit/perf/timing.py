@@ -17,7 +17,9 @@ Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023):
   prefill's compute time in every decoding request's inter-token latency: the interference
   PD disaggregation removes.
 
-Every constant is named here with its source; GPU numbers are in `kit.perf.gpus`.
+Every constant is named here with its source; GPU numbers are in `kit.perf.gpus`, with the
+efficiencies measured on a GPU where one was (`Efficiency.for_gpu`; docs/sim.md, "Calibration on
+an H200").
 Units: seconds, bytes, FLOP/s, bytes/s, tokens.
 """
 
@@ -94,17 +96,28 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of peak; the defaults are the sourced constants above. Other values
-    calibrate the model to a measured system (a planner fits them to benchmarks)."""
+    """Achieved fractions of peak; the defaults are the sourced constants above, `for_gpu` the
+    factors a GPU was measured at. Other values calibrate the model to a measured system (a
+    planner fits them to benchmarks)."""
 
     compute: float = COMPUTE_EFFICIENCY
     memory: float = MEMORY_EFFICIENCY
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuSpec) -> Efficiency:
+        """The uncalibrated factors for `gpu`: what was measured on it (`GpuSpec.measured`),
+        else the sourced constants above."""
+        return cls(
+            compute=gpu.compute_efficiency or COMPUTE_EFFICIENCY,
+            memory=gpu.memory_efficiency or MEMORY_EFFICIENCY,
+        )
 
 
 class TimingModel:
     """Step times and KV capacity for one DP rank of one instance launched with `par`, on
     `gpus_per_node` GPUs per host: the rank's `par.attn_tp` GPUs run its attention and hold
-    its KV, its `par.tp` GPUs share the MLP/expert weights, its `par.pp` stages the layers."""
+    its KV, its `par.tp` GPUs share the MLP/expert weights, its `par.pp` stages the layers;
+    `efficiency` None: the GPU's own (`Efficiency.for_gpu`)."""
 
     def __init__(
         self,
@@ -112,7 +125,7 @@ class TimingModel:
         gpu: GpuSpec,
         par: Parallelism,
         kv_dtype_bytes: float = 2.0,
-        efficiency: Efficiency = Efficiency(),
+        efficiency: Efficiency | None = None,
         *,
         gpus_per_node: int = 8,
     ) -> None:
@@ -121,7 +134,7 @@ class TimingModel:
         self.par = par
         self.gpus_per_node = gpus_per_node
         self.kv_dtype_bytes = kv_dtype_bytes
-        self.efficiency = efficiency
+        self.efficiency = efficiency = efficiency or Efficiency.for_gpu(gpu)
         m = model
         self._flops = gpu.flops(m.weight_bytes) * efficiency.compute * par.attn_tp
         self._mem_bw = gpu.hbm_bandwidth * efficiency.memory
@@ -161,6 +174,17 @@ class TimingModel:
         tokens = step.tokens
         if tokens == 0:
             return 0.0
+        compute_s, memory_s = self.roofline_seconds(step)
+        return max(compute_s, memory_s) + self._comm_seconds(tokens) + self.overhead_seconds()
+
+    def overhead_seconds(self) -> float:
+        """The fixed cost of one step on one pipeline stage's layers."""
+        return STEP_OVERHEAD_S + LAYER_OVERHEAD_S * self.model.layers / self.par.pp
+
+    def roofline_seconds(self, step: StepShape) -> tuple[float, float]:
+        """The step's two roofline terms, in seconds at this model's efficiencies: (FLOPs over
+        achieved FLOP/s, bytes moved over achieved bandwidth)."""
+        tokens = step.tokens
         m = self.model
         pairs = float(step.decode_context)
         for new, cached in step.prefill:
@@ -177,9 +201,7 @@ class TimingModel:
             + self._touched_experts(tokens) * m.moe_layers * self._expert_bytes
             + (kv_read + tokens) * self.kv_bytes_per_token_per_gpu
         )
-        memory_s = moved / self._mem_bw
-        overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers / self.par.pp
-        return max(compute_s, memory_s) + self._comm_seconds(tokens) + overhead
+        return compute_s, moved / self._mem_bw
 
     def _touched_experts(self, tokens: int) -> float:
         """Expected distinct experts per MoE layer that `tokens` tokens route to, with

@@ -5,8 +5,10 @@
 
 `resolve` loads the topology (`kit.topology`), places it and chooses its RDMA devices once
 (`kit.topology.place.placement`), runs every check on that placement (`kit.topology.validate`,
-SGLang's in `kit.sglang.check`, the router's own parser in `kit.lb.config`), and assembles the
-Plan (`build`): each worker's argv and env from `kit.sglang.render`, its launch record
-(`launch`), the router's command from `kit.lb.render` or smg's (`router`), Prometheus
-(`monitoring`). The modules are imported on their own: loading SGLang's catalog is not free.
+SGLang's in `kit.sglang.check`, the router's on the values it would be given in `router`), and
+assembles the Plan (`build`): each worker's argv and env from `kit.sglang.render`, its launch
+record (`launch`), the command of pdkit's router or smg's from the one table of router options
+(`router`, `kit.topology.router_options`), Prometheus (`monitoring`). The modules are imported
+on their own: loading SGLang's catalog is not free; the router's runtime (`kit.lb`) is not
+imported at all.
 """

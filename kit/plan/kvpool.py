@@ -78,6 +78,7 @@ def build_kv_pool(
         capacity_bytes=capacity,
         unit=unit_name(topology.name, KV_POOL_PROCESS),
         log_path=layouts[host.name].log_file(KV_POOL_PROCESS),
-        command=Command(module=MASTER_MODULE, args=master_args(topology)),
+        # gflags' --name=value: each flag is one word.
+        command=Command(module=MASTER_MODULE, flags=tuple((a,) for a in master_args(topology))),
         env={},
     )

@@ -144,15 +144,11 @@ def build_monitoring(
     jobs = scrape_jobs(
         topology, workers, router, (host.name, address, spec.port), spec.node_exporter_port
     )
-    args = (
-        "--config.file",
-        layout.prometheus_config,
-        "--storage.tsdb.path",
-        layout.prometheus_data_dir,
-        "--storage.tsdb.retention.time",
-        spec.retention,
-        "--web.listen-address",
-        host_port(bind, spec.port),
+    flags = (
+        ("--config.file", layout.prometheus_config),
+        ("--storage.tsdb.path", layout.prometheus_data_dir),
+        ("--storage.tsdb.retention.time", spec.retention),
+        ("--web.listen-address", host_port(bind, spec.port)),
     )
     return MonitoringProcess(
         name=MONITORING_PROCESS,
@@ -167,7 +163,7 @@ def build_monitoring(
         jobs=jobs,
         unit=unit_name(topology.name, MONITORING_PROCESS),
         log_path=layout.log_file(MONITORING_PROCESS),
-        command=Command(executable=PROMETHEUS_EXECUTABLE, args=args),
+        command=Command(executable=PROMETHEUS_EXECUTABLE, flags=flags),
         env={},
     )
 

@@ -6,8 +6,9 @@ Every command and every library caller (kit.deploy, kit.observe, kit.bench) goes
 `resolve`, so all get the same checks: the shape, the meaning (GPUs, ports, addresses, NICs),
 SGLang's flags and values for the pinned version, and the options of pdkit's router. This
 module composes the checks of the layers that own them (`kit.topology` for the meaning,
-`kit.sglang` for SGLang, `kit.lb` for the router's command line). The topology is placed once
-and that placement is what validation checks and what the Plan is built from.
+`kit.sglang` for SGLang, `kit.plan.router` for the values pdkit's router is given). The
+topology is placed once and that placement is what validation checks and what the Plan is
+built from.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.errors import Problem, TopologyError
-from kit.lb.config import argv_problem
 from kit.plan.build import build_plan
 from kit.plan.launch import launch_problems
+from kit.plan.router import router_problems
 from kit.sglang.catalog import UnsupportedVersion, load_catalog
-from kit.sglang.check import check
+from kit.sglang.check import check, deprecations
 from kit.topology.load import locate, parse_topology, read_topology_text
 from kit.topology.place import Placement, placement
 from kit.topology.plan import Plan
@@ -29,7 +30,7 @@ from kit.topology.validate import validate
 
 def _problems(topology: Topology, placed: Placement) -> list[Problem]:
     """Every problem of a topology whose shape is right, placed as `placed`."""
-    problems = validate(topology, placed) + launch_problems(topology)
+    problems = validate(topology, placed) + launch_problems(topology) + router_problems(topology)
     try:
         catalog = load_catalog(topology.sglang_version)
     except UnsupportedVersion as exc:  # one problem, on the key
@@ -39,20 +40,26 @@ def _problems(topology: Topology, placed: Placement) -> list[Problem]:
     return problems
 
 
-def _router_problems(plan: Plan) -> list[Problem]:
-    """The pdkit router's own parser on the command line the Plan gives it (router.args)."""
-    if plan.router.kind != "pdkit":
-        return []
-    problem = argv_problem(plan.router.command.args)
-    if problem is None:
-        return []
-    return [
-        Problem(
-            ("router", "args"),
-            f"pdkit's router would refuse its options: {problem}.",
-            "fix router.args (every option: `pdkit lb --help`).",
-        )
-    ]
+def _warnings(topology: Topology) -> list[Problem]:
+    """What still runs but should change: flags SGLang's pinned version deprecates."""
+    try:
+        catalog = load_catalog(topology.sglang_version)
+    except UnsupportedVersion:
+        return []  # a problem already
+    return deprecations(topology, catalog)
+
+
+def warnings(path: str | Path) -> list[Problem]:
+    """The warnings of the topology at `path`, located and in file order (`pdkit validate`
+    prints them; `--strict` makes them problems)."""
+    file = str(path)
+    topology, positions = parse_topology(read_topology_text(path), file)
+    return _in_file_order([locate(p, positions, file) for p in _warnings(topology)])
+
+
+def _in_file_order(problems: list[Problem]) -> list[Problem]:
+    """As a reader goes through the topology; unplaced ones last."""
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
 
 
 def resolve_surge(path: str | Path, role: str) -> Plan | str:
@@ -68,30 +75,26 @@ def resolve_surge(path: str | Path, role: str) -> Plan | str:
     placed = placement(grown)
     problems = _problems(grown, placed)
     if not problems:
-        plan = build_plan(grown, Path(path).absolute().parent, placed)
-        problems = _router_problems(plan)
-        if not problems:
-            return plan
+        return build_plan(grown, Path(path).absolute().parent, placed)
     return problems[0].message.rstrip(".")
 
 
-def resolve(path: str | Path) -> Plan:
+def resolve(path: str | Path, *, strict: bool = False, sglang_version: str | None = None) -> Plan:
     """The Plan of the topology at `path`; `TopologyError` with every problem, each located
-    at its file:line:col and listed in file order, when it cannot be deployed.
+    at its file:line:col and listed in file order, when it cannot be deployed. `strict`:
+    warnings (`warnings`) are problems too. `sglang_version`: as if the topology pinned that
+    version (`pdkit validate --upgrade-to`).
 
     Relative paths in the topology (host roots, `router.api_key_file`) are taken from the
     topology file's folder, so every later stage finds the same files wherever pdkit runs."""
     file = str(path)
     topology, positions = parse_topology(read_topology_text(path), file)
+    if sglang_version is not None:
+        topology = topology.model_copy(update={"sglang_version": sglang_version})
     placed = placement(topology)
     problems = _problems(topology, placed)
-    plan = None
-    if not problems:
-        plan = build_plan(topology, Path(path).absolute().parent, placed)
-        problems = _router_problems(plan)
-    if problems or plan is None:
-        located = [locate(p, positions, file) for p in problems]
-        # In file order, as a reader goes through the topology; unplaced ones last.
-        located.sort(key=lambda p: (p.line is None, p.line or 0, p.column or 0))
-        raise TopologyError(located)
-    return plan
+    if strict:
+        problems += _warnings(topology)
+    if problems:
+        raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
+    return build_plan(topology, Path(path).absolute().parent, placed)

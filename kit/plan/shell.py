@@ -17,18 +17,10 @@ from kit.topology.plan import (
 
 def command_lines(command: Command, env: dict[str, str], python: str = "python") -> list[str]:
     """One flag (with its values) per line, joined by backslash continuations."""
-    argv = command.argv(python)
-    head_len = 3 if command.module else 1
-    head = " ".join(shlex.quote(a) for a in argv[:head_len])
+    head = " ".join(shlex.quote(a) for a in command.head(python))
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    groups: list[list[str]] = []
-    for arg in argv[head_len:]:
-        if arg.startswith("--") or not groups:
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
     lines = [f"{env_part} {head}" if env_part else head]
-    lines += ["  " + " ".join(shlex.quote(a) for a in group) for group in groups]
+    lines += ["  " + " ".join(shlex.quote(a) for a in flag) for flag in command.flags]
     for flag, env_name in command.secret_args:
         lines.append(f'  {flag} "${env_name}"')
     return [line + " \\" for line in lines[:-1]] + [lines[-1]]

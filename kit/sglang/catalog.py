@@ -33,6 +33,8 @@ _KINDS: tuple[FlagKind, ...] = ("bool", "value", "list")
 _JSON_TYPES = frozenset({"json", "json_list_type", "parse_cuda_graph_config_arg"})
 _STR_TYPES = frozenset({"str", "nullable_str", "parse_cuda_graph_backend_arg"})
 # sglang.srt.utils.common.human_readable_int: a plain integer or an SI/IEC suffixed number.
+# "Deprecated. Use --x instead.", "(Deprecated: use --x) ...", "(Deprecated, use --x) ...".
+_REPLACEMENT = re.compile(r"\b[Uu]se (--\S.*?)(?: instead\b|\)|$)")
 _HUMAN_INT = re.compile(r"\d+|\d+(\.\d+)?[kMGT]|\d+(Ki|Mi|Gi|Ti)")
 
 
@@ -62,6 +64,15 @@ class FlagSpec:
     @property
     def option_strings(self) -> tuple[str, ...]:
         return (self.flag, *self.aliases)
+
+    @property
+    def replacement(self) -> str | None:
+        """What SGLang's help text says to use instead of a deprecated flag
+        ("--cuda-graph-backend-{decode,prefill}=disabled"), None when it names nothing."""
+        if not self.deprecated:
+            return None
+        match = _REPLACEMENT.search(self.help)
+        return match.group(1).strip().rstrip(".") if match else None
 
 
 def _normalize(name: str) -> str:

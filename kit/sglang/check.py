@@ -5,6 +5,7 @@ backend cannot map.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from kit.errors import Problem
@@ -32,6 +33,7 @@ OWNED_FLAGS: dict[str, str] = {
     "pp-size": "<role>.pp",
     "ep-size": "<role>.ep",
     "enable-dp-attention": "<role>.dp_attention",
+    "attn-dp-size": "<role>.dp with <role>.dp_attention: true",
     "nnodes": "the hosts' GPU counts (pdkit spans hosts when an instance needs it)",
     "node-rank": "placement (pdkit assigns node ranks)",
     "dist-init-addr": "<role>.dist_init_port",
@@ -99,6 +101,45 @@ def _flag(
     error = catalog.check_value(spec, value)
     if error:
         yield Problem(path, f"{spec.flag} {error}.", "fix the value.")
+
+
+def deprecations(topology: Topology, catalog: Catalog) -> list[Problem]:
+    """A warning for each flag of a topology's args that SGLang `catalog.version` deprecates,
+    naming SGLang's replacement (its help text's). Not errors: SGLang still takes them, until
+    it removes them (`pdkit validate --strict` refuses them)."""
+    warnings: list[Problem] = []
+    scopes: list[tuple[str, dict[str, ArgValue]]] = [("defaults", topology.defaults.args)]
+    scopes += [(role, getattr(topology, role).args) for role in ROLE_NAMES]
+    for scope, args in scopes:
+        for key, value in args.items():
+            spec = catalog.lookup(key)
+            if spec is None or not spec.deprecated or value is None or value is False:
+                continue
+            if normalize_flag(spec.flag) in OWNED_FLAGS:
+                continue  # refused as owned, with the key to set
+            use = spec.replacement
+            warnings.append(
+                Problem(
+                    (scope, "args", key),
+                    f"{spec.flag} is deprecated in SGLang {catalog.version} and will be removed"
+                    + (f"; SGLang says to use {use}" if use else "")
+                    + ".",
+                    f"replace {key} with {_as_args(use)} in args." if use else "remove it.",
+                )
+            )
+    return warnings
+
+
+def _as_args(replacement: str) -> str:
+    """SGLang's replacement as `args` keys: "--smg-grpc-mode" -> "smg-grpc-mode: true",
+    "--x-{a,b}=v" -> "x-a: v and x-b: v"; a spelling with a placeholder stays as SGLang wrote
+    it."""
+    match = re.fullmatch(r"--([\w-]*)(?:\{([\w,]+)\})?([\w-]*)(?:=(\S+))?", replacement)
+    if match is None:
+        return replacement
+    head, group, tail, value = match.groups()
+    names = [f"{head}{part}{tail}" for part in group.split(",")] if group else [head + tail]
+    return " and ".join(f"{name}: {value or 'true'}" for name in names)
 
 
 def _kv_events(topology: Topology) -> Iterator[Problem]:
@@ -228,4 +269,4 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
                 )
 
 
-__all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "check", "effective"]
+__all__ = ["AGREED_FLAGS", "OWNED_FLAGS", "check", "deprecations", "effective"]

@@ -14,7 +14,8 @@ import json
 
 from kit.net import bare_host, host_port
 from kit.sglang import cpu, hicache
-from kit.topology.args import normalize_flag, render_args
+from kit.sglang.dialects import dialect
+from kit.topology.args import Flag, flag_groups, normalize_flag
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
 from kit.topology.plan import Command
@@ -169,52 +170,54 @@ def worker_command(
     """What one process of instance `p` runs on `node`; `device` is its
     --disaggregation-ib-device value (`ib_device`)."""
     module = SIM_MODULE if topology.engine == "sim" else SGLANG_MODULE
-    return Command(module=module, args=tuple(worker_args(topology, p, node, device)))
+    return Command(module=module, flags=tuple(worker_flags(topology, p, node, device)))
 
 
-def worker_args(
+def worker_flags(
     topology: Topology, p: InstancePlacement, node: Node, device: str | None
-) -> list[str]:
+) -> list[Flag]:
     spec: Role = getattr(topology, p.role)
     host = topology.host(node.host)
     model = topology.model
-    args = ["--model-path", model.path]
+    flags: list[Flag] = [("--model-path", model.path)]
     if model.served_name:
-        args += ["--served-model-name", model.served_name]
+        flags.append(("--served-model-name", model.served_name))
     if model.revision:
-        args += ["--revision", model.revision]
+        flags.append(("--revision", model.revision))
     if model.trust_remote_code:
-        args.append("--trust-remote-code")
-    args += ["--host", bind_address(spec, host), "--port", str(p.http_port)]
-    args += ["--disaggregation-mode", p.role]
+        flags.append(("--trust-remote-code",))
+    flags += [("--host", bind_address(spec, host)), ("--port", str(p.http_port))]
+    flags.append(("--disaggregation-mode", p.role))
     if p.bootstrap_port is not None:
-        args += ["--disaggregation-bootstrap-port", str(p.bootstrap_port)]
-    args += ["--disaggregation-transfer-backend", topology.transfer.backend]
+        flags.append(("--disaggregation-bootstrap-port", str(p.bootstrap_port)))
+    flags.append(("--disaggregation-transfer-backend", topology.transfer.backend))
     if device:
-        args += ["--disaggregation-ib-device", device]
-    args += ["--tp-size", str(spec.tp)]
-    if spec.dp > 1:
-        args += ["--dp-size", str(spec.dp)]
-    if spec.dp_attention:
-        args.append("--enable-dp-attention")
+        flags.append(("--disaggregation-ib-device", device))
+    flags.append(("--tp-size", str(spec.tp)))
+    # `--dp-size N --enable-dp-attention` is deprecated (removed after 2026-12-31); the
+    # dialect spells attention DP and replicas as the pinned version does.
+    flags += dialect(topology.sglang_version).parallel_flags(
+        dp=spec.dp, dp_attention=spec.dp_attention
+    )
     if spec.ep > 1:
-        args += ["--ep-size", str(spec.ep)]
+        flags.append(("--ep-size", str(spec.ep)))
     if spec.pp > 1:
-        args += ["--pp-size", str(spec.pp)]
+        flags.append(("--pp-size", str(spec.pp)))
     dist_init = dist_init_addr(topology, p)
     if dist_init:
-        args += ["--dist-init-addr", dist_init]
+        flags.append(("--dist-init-addr", dist_init))
     if p.nnodes > 1:
-        args += ["--nnodes", str(p.nnodes), "--node-rank", str(node.rank)]
+        flags += [("--nnodes", str(p.nnodes)), ("--node-rank", str(node.rank))]
     if node.gpus and node.gpus[0] != 0:
-        args += ["--base-gpu-id", str(node.gpus[0])]
+        flags.append(("--base-gpu-id", str(node.gpus[0])))
     if host.device == "cpu":
-        args += cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)
+        flags.append(tuple(cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)))
     if p.nccl_port is not None:
-        args += [f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)]
+        flags.append((f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)))
     if p.kv_events_port is not None and spec.kv_events is not None:
-        args += ["--kv-events-config", kv_events_config(p.kv_events_port, spec.kv_events.topic)]
-    return args + render_args(host_args(topology, p.role, host))
+        config = kv_events_config(p.kv_events_port, spec.kv_events.topic)
+        flags.append(("--kv-events-config", config))
+    return flags + flag_groups(host_args(topology, p.role, host))
 
 
 def kv_events_config(port: int, topic: str) -> str:

@@ -359,7 +359,8 @@ def fit(
 ) -> Fit:
     """Fit the efficiency factors of `cluster` (see the module doc) from `start` (default:
     kit/perf's)."""
-    start = start or Efficiency()
+    instances = cluster.prefill or cluster.decode or cluster.colocated
+    start = start or (Efficiency.for_gpu(instances.config.gpu) if instances else Efficiency())
     if not points:
         raise SizingError(
             "no load point of the run has half its requests within the SLO, so there is "

@@ -183,8 +183,10 @@ def _name(model_path: str) -> str:
 
 
 def _efficiency(model_path: str, gpu: str, use: bool) -> tuple[Efficiency, str]:
-    default = Efficiency()
-    defaults = f"compute {default.compute:g}, memory {default.memory:g} (kit/perf's defaults)"
+    spec = gpu_spec(gpu)
+    default = Efficiency.for_gpu(spec)
+    where = f"measured on {spec.name}" if spec.measured else "kit/perf's defaults"
+    defaults = f"compute {default.compute:g}, memory {default.memory:g} ({where})"
     if not use:
         return default, defaults + "; stored calibrations ignored (--no-calibration)"
     found = calibration.load(
@@ -291,7 +293,7 @@ def calibrate(args: SizeArgs, console: Console) -> calibration.Calibration:
     model, gpu = instances.config.model.name, instances.config.gpu.name
     store = calibration.store_path()
     previous = calibration.load(model, gpu, store) if args.use_calibration else None
-    start = previous.efficiency if previous else Efficiency()
+    start = previous.efficiency if previous else Efficiency.for_gpu(instances.config.gpu)
     points = calibration.usable(run_)
     fitted = calibration.fit(cluster, speed, points, start)
     before = calibration.predicted_goodput(cluster, speed, run_, fitted.before)

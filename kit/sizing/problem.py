@@ -228,14 +228,15 @@ def make_problem(
     topology = Topology.model_validate(base)
     if target_rate is not None and target_rate <= 0:
         raise SizingError("--target-rate must be above 0 requests/s.")
+    spec = gpu_spec(gpu)
     return SizingProblem(
         model=resolve_model(model_path),
-        gpu=gpu_spec(gpu),
+        gpu=spec,
         base=base,
         slo=slo,
         workload=workload,
         target_rate=target_rate,
-        efficiency=efficiency or Efficiency(),
+        efficiency=efficiency or Efficiency.for_gpu(spec),
         knobs={role: knobs_of(topology, role) for role in (*ROLE_NAMES, "colocated")},
         speed=sim_speed(topology),
         generic_hosts=generic_hosts,

@@ -25,6 +25,7 @@ KEY_ALIASES = {
     "pp_size": "pp",
     "ep_size": "ep",
     "enable_dp_attention": "dp_attention",
+    "attn_dp_size": "dp",
     "instances": "count",
     "replicas": "count",
     "num_gpus": "gpus",

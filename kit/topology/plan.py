@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from kit.net import http_url
 from kit.secrets import SecretSource, read_secret
+from kit.topology.args import Flag, flatten
 from kit.topology.launch import Parallelism, WorkerLaunch
 from kit.topology.schema import SLO, Device, Engine, RouterKind, ServiceManager, TransferBackend
 
@@ -26,19 +27,30 @@ class Frozen(BaseModel):
 class Command(Frozen):
     """What a process runs: `python -m MODULE ARGS` or `EXECUTABLE ARGS`.
 
-    `secret_args` are (flag, ENV_NAME) pairs appended at launch as `flag "$ENV_NAME"`, so that a
-    secret lives only in the process's environment file, never in the Plan or a rendered line.
+    `flags` are its arguments as rendered, each flag with its values (`args` is them in a row):
+    the shell view and `pdkit up`'s diff read them, never the argv split again. `secret_args`
+    are (flag, ENV_NAME) pairs appended at launch as `flag "$ENV_NAME"`, so that a secret lives
+    only in the process's environment file, never in the Plan or a rendered line.
     """
 
     module: str | None = None
     executable: str | None = None
-    args: tuple[str, ...]
+    flags: tuple[Flag, ...] = Field(exclude=True)
     secret_args: tuple[tuple[str, str], ...] = ()
+
+    @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The arguments after the module or executable."""
+        return flatten(self.flags)
+
+    def head(self, python: str = "python") -> list[str]:
+        """What comes before the arguments: `python -m MODULE`, or the executable."""
+        return [python, "-m", self.module] if self.module else [self.executable or ""]
 
     def argv(self, python: str = "python") -> list[str]:
         """The argv without secrets; `python` is the interpreter that runs a module."""
-        head = [python, "-m", self.module] if self.module else [self.executable or ""]
-        return [*head, *self.args]
+        return [*self.head(python), *self.args]
 
 
 class HostPlan(Frozen):
@@ -179,9 +191,10 @@ class RouterProcess(Frozen):
         description="The flags that list the workers: `pdkit up` changes them through the "
         "router's worker API, not by restarting the router."
     )
-    settings_args: tuple[str, ...] = Field(
-        description="The router's own settings (command.args without worker_args): a change "
-        "restarts it."
+    settings: tuple[Flag, ...] = Field(
+        exclude=True,
+        description="The router's own settings (command.flags without the workers'): a change "
+        "restarts it.",
     )
     env: dict[str, str]
     hold_timeout_s: float = Field(
@@ -189,6 +202,12 @@ class RouterProcess(Frozen):
         description="Seconds the router holds a request while a role has no serving worker "
         "(pdkit: router.faults.hold_timeout_s; smg holds none: 0).",
     )
+
+    @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
+    @property
+    def settings_args(self) -> tuple[str, ...]:
+        """`settings` in a row (command.args without worker_args)."""
+        return flatten(self.settings)
 
     @property
     def url(self) -> str:

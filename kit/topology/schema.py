@@ -161,9 +161,14 @@ class Role(RoleDefaults):
 
     count: int = Field(1, ge=1, description="Number of instances.")
     tp: int = Field(1, ge=1, description="Tensor parallel size per instance (--tp-size).")
-    dp: int = Field(1, ge=1, description="Data parallel size (--dp-size).")
+    dp: int = Field(
+        1,
+        ge=1,
+        description="Data parallel size: replicas (--dp-size), or with dp_attention the "
+        "attention-DP ranks (--attn-dp-size).",
+    )
     dp_attention: bool = Field(
-        False, description="DP attention (--enable-dp-attention): dp ranks share the tp GPUs."
+        False, description="DP attention (--attn-dp-size dp): dp ranks share the tp GPUs."
     )
     ep: int = Field(1, ge=1, description="Expert parallel size (--ep-size).")
     pp: int = Field(1, ge=1, description="Pipeline parallel size (--pp-size).")

@@ -23,7 +23,7 @@ HEALTH = [
     str(HEALTH_INTERVAL_S),
     "--health-timeout",
     "1",
-    "--eject-after",
+    "--eject-after-failed-probes",
     str(EJECT_AFTER),
     "--readmit-after",
     "1",
@@ -106,7 +106,7 @@ async def _route_kill_and_recover(
             assert "SIGQUIT received. It usually means one child failed." in rank0.log()
             assert "node rank 1 of 2 is gone" in rank0.log()
             assert await inflight != 200
-            # Out of routing within the health interval (at most eject_after failed probes).
+            # Out of routing within the health interval (at most eject_after_failed_probes).
             await _until(
                 lambda: not decode.routable,
                 EJECT_AFTER * HEALTH_INTERVAL_S + 2,

@@ -12,8 +12,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 32 \
-  --dp-size 32 \
-  --enable-dp-attention \
+  --attn-dp-size 32 \
   --ep-size 32 \
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
@@ -57,8 +56,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 32 \
-  --dp-size 32 \
-  --enable-dp-attention \
+  --attn-dp-size 32 \
   --ep-size 32 \
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
@@ -92,8 +90,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 32 \
-  --dp-size 32 \
-  --enable-dp-attention \
+  --attn-dp-size 32 \
   --ep-size 32 \
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
@@ -127,8 +124,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 32 \
-  --dp-size 32 \
-  --enable-dp-attention \
+  --attn-dp-size 32 \
   --ep-size 32 \
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
@@ -161,8 +157,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -191,8 +186,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -221,8 +215,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -251,8 +244,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -281,8 +273,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -311,8 +302,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -341,8 +331,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -371,8 +360,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
@@ -401,8 +389,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 72 \
-  --dp-size 72 \
-  --enable-dp-attention \
+  --attn-dp-size 72 \
   --ep-size 72 \
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \

@@ -12,8 +12,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
   --tp-size 16 \
-  --dp-size 8 \
-  --enable-dp-attention \
+  --attn-dp-size 8 \
   --dist-init-addr 10.0.1.10:5000 \
   --nnodes 2 \
   --node-rank 0 \
@@ -41,8 +40,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
   --tp-size 16 \
-  --dp-size 8 \
-  --enable-dp-attention \
+  --attn-dp-size 8 \
   --dist-init-addr 10.0.1.10:5000 \
   --nnodes 2 \
   --node-rank 1 \
@@ -61,8 +59,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
   --tp-size 16 \
-  --dp-size 8 \
-  --enable-dp-attention \
+  --attn-dp-size 8 \
   --dist-init-addr 10.0.1.20:5000 \
   --nnodes 2 \
   --node-rank 0 \
@@ -82,8 +79,7 @@ GLOO_SOCKET_IFNAME=eth0 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,m
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
   --tp-size 16 \
-  --dp-size 8 \
-  --enable-dp-attention \
+  --attn-dp-size 8 \
   --dist-init-addr 10.0.1.20:5000 \
   --nnodes 2 \
   --node-rank 1 \

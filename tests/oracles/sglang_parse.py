@@ -3,14 +3,19 @@
 Run with the SGLang venv's python. Reads JSON from stdin: a list of argv lists (the arguments
 after `python -m sglang.launch_server`). Writes JSON to stdout: one entry per argv,
 
-    {"ok": true, "error": null, "args": {dest: value, ...}}
-    {"ok": false, "error": "ambiguous option: --cuda-graph-max-bs could match ...", "args": {}}
+    {"ok": true, "error": null, "args": {dest: value, ...}, "deprecations": []}
+    {"ok": false, "error": "ambiguous option: --cuda-graph-max-bs could match ...", "args": {},
+     "deprecations": []}
+
+`deprecations` holds the warnings SGLang's deprecated-flag actions printed while parsing
+(`arg_groups/argparse_actions.print_deprecated_warning`), e.g. "'--enable-dp-attention' is
+deprecated and will be removed in a future release. Use '--attn-dp-size <dp-size>' instead.".
 
 Each argv goes through `sglang.srt.server_args.prepare_server_args` (argparse, `--config`
 merging, `ServerArgs.from_cli_args`), which needs no GPU, model files or network. Resolution
 (`ServerArgs.resolve_once`, which reads the model config and the device) is not run, so values
-are the operator's input: e.g. `--dp-size 2 --enable-dp-attention` reports `dp_size=2`,
-`enable_dp_attention=true`; turning that into `attn_dp_size` happens at resolution.
+are the operator's input: e.g. the deprecated `--dp-size 2 --enable-dp-attention` reports
+`dp_size=2`, `enable_dp_attention=true`; turning that into `attn_dp_size` happens at resolution.
 
 `args` holds every ServerArgs field, made JSON-safe. Anything SGLang prints goes to stderr;
 stdout carries only the JSON result.
@@ -22,6 +27,7 @@ import contextlib
 import io
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +48,44 @@ def _argparse_message(captured: str, code: object) -> str:
     return tail[-1].strip() if tail else f"the parser exited with status {code}"
 
 
+@contextlib.contextmanager
+def _deprecations() -> Iterator[list[str]]:
+    """The messages SGLang's deprecated-flag actions print, collected while the block runs."""
+    from sglang.srt.arg_groups import argparse_actions  # noqa: PLC0415
+
+    seen: list[str] = []
+    original = argparse_actions.print_deprecated_warning
+    argparse_actions.print_deprecated_warning = seen.append
+    try:
+        yield seen
+    finally:
+        argparse_actions.print_deprecated_warning = original
+
+
 def parse_one(argv: list[str]) -> dict[str, Any]:
     from sglang.srt.arg_groups.arg_utils import record_fields  # noqa: PLC0415
     from sglang.srt.server_args import ServerArgs, prepare_server_args  # noqa: PLC0415
 
     captured = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            server_args = prepare_server_args(list(argv))
-    except SystemExit as exc:
-        # Not the whole usage text (thousands of lines): the message says what is wrong.
-        message = _argparse_message(captured.getvalue(), exc.code)
-        sys.stderr.write(f"sglang_parse: {message}\n")
-        return {"ok": False, "error": message, "args": {}}
-    except Exception as exc:  # a type converter or ServerArgs itself refused the input
-        sys.stderr.write(captured.getvalue())
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "args": {}}
+    with _deprecations() as deprecations:
+        try:
+            with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+                server_args = prepare_server_args(list(argv))
+        except SystemExit as exc:
+            # Not the whole usage text (thousands of lines): the message says what is wrong.
+            message = _argparse_message(captured.getvalue(), exc.code)
+            sys.stderr.write(f"sglang_parse: {message}\n")
+            return {"ok": False, "error": message, "args": {}, "deprecations": deprecations}
+        except Exception as exc:  # a type converter or ServerArgs itself refused the input
+            sys.stderr.write(captured.getvalue())
+            error = f"{type(exc).__name__}: {exc}"
+            return {"ok": False, "error": error, "args": {}, "deprecations": deprecations}
     sys.stderr.write(captured.getvalue())
     args = {
         field.name: sglang_shim.json_safe(getattr(server_args, field.name, None))
         for field in record_fields(ServerArgs)
     }
-    return {"ok": True, "error": None, "args": args}
+    return {"ok": True, "error": None, "args": args, "deprecations": deprecations}
 
 
 def main() -> int:

@@ -465,14 +465,6 @@ CASES: tuple[Case, ...] = (
         {"hicache-host-memory-mode": "buffer_only", "hicache-storage-backend": "file"},
         {"hicache-host-memory-mode": "cache", "hicache-storage-backend": "file"},
     ),
-    case("attn-dp-size-below-one", P, {"attn-dp-size": 0}, {"attn-dp-size": 1}),
-    case(
-        "attn-dp-size-with-dp-replicas",
-        P,
-        {"attn-dp-size": 2},
-        {"attn-dp-size": 1},
-        common={P: {"dp": 2}},
-    ),
     case(
         "prefix-mm-cache-without-encoder-only",
         P,

@@ -25,7 +25,7 @@ FAST_HEALTH = [
     "0.05",
     "--health-timeout",
     "1",
-    "--eject-after",
+    "--eject-after-failed-probes",
     "2",
     "--readmit-after",
     "2",

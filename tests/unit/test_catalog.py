@@ -165,7 +165,7 @@ def test_unknown_version_names_the_supported_ones_and_the_fix():
     with pytest.raises(RenderError) as raised:
         load_catalog("0.4.0")
     message = str(raised.value)
-    assert message.startswith("no flag catalog for SGLang 0.4.0; supported: 0.5.23.")
+    assert message.startswith("no flag catalog for SGLang 0.4.0; supported: 0.5.22, 0.5.23.")
     assert "To fix: set sglang_version to a supported version" in message
     assert "`make catalog`" in message
 
@@ -177,7 +177,7 @@ def test_path_like_versions_are_not_read_as_files():
 
 def test_catalogs_are_loaded_once():
     assert load_catalog("0.5.23") is load_catalog("0.5.23")
-    assert supported_versions() == ["0.5.23"]
+    assert supported_versions() == ["0.5.22", "0.5.23"]
 
 
 def test_a_mapping_for_a_json_flag_is_told_to_be_quoted(catalog):
@@ -186,3 +186,17 @@ def test_a_mapping_for_a_json_flag_is_told_to_be_quoted(catalog):
     assert catalog.check_value(spec, "[1]") == "expects a JSON object, got '[1]'"
     problem = catalog.check_value(spec, {"decode": {}})
     assert problem == "expects a single value, got a mapping; quote it as a JSON string"
+
+
+@pytest.mark.parametrize(
+    ("flag", "replacement"),
+    [
+        ("disable-cuda-graph", "--cuda-graph-backend-{decode,prefill}=disabled"),
+        ("enable-dp-attention", "--attn-dp-size <dp-size>"),
+        ("grpc-mode", "--smg-grpc-mode"),
+        ("enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend=auto"),
+        ("tp-size", None),
+    ],
+)
+def test_a_deprecated_flag_names_sglangs_replacement(catalog, flag, replacement):
+    assert spec_of(catalog, flag).replacement == replacement

@@ -91,6 +91,35 @@ def test_debug_shows_the_traceback(tmp_path):
     assert "Traceback" in result.stderr
 
 
+def test_a_deprecated_flag_warns_with_the_replacement_and_strict_refuses_it(write_topology):
+    data = base_topology()
+    data["decode"]["args"] = {"disable-cuda-graph": True}
+    path = str(write_topology(data))
+    result = pdkit("validate", path)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+    assert "warning:" in result.stderr and "decode.args.disable-cuda-graph" in result.stderr
+    assert "--disable-cuda-graph is deprecated in SGLang 0.5.23" in result.stderr
+    assert (
+        "cuda-graph-backend-decode: disabled and cuda-graph-backend-prefill: disabled"
+        in result.stderr
+    )
+    strict = pdkit("validate", path, "--strict")
+    assert strict.returncode == 1
+    assert "1 problem in the topology:" in strict.stderr
+    assert "decode.args.disable-cuda-graph" in strict.stderr
+    # Switched off, the flag is not rendered: nothing to warn about.
+    data["decode"]["args"] = {"disable-cuda-graph": False}
+    quiet = pdkit("validate", str(write_topology(data)), "--strict")
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda p: p.stem)
+def test_every_example_validates_strictly(topology):
+    result = pdkit("validate", str(topology), "--strict")
+    assert result.returncode == 0, result.stderr
+
+
 def test_validate_checks_the_pdkit_router_options(write_topology):
     data = base_topology()
     data["router"]["args"] = {"health-interval": 0.2}
@@ -99,8 +128,8 @@ def test_validate_checks_the_pdkit_router_options(write_topology):
     result = pdkit("validate", str(write_topology(data)))
     assert result.returncode == 1
     assert (
-        "router.args: pdkit's router would refuse its options: unrecognized arguments: "
-        "--health-intervall 0.2" in result.stderr
+        "router.args.health-intervall: pdkit's router has no option --health-intervall. "
+        "To fix: did you mean health-interval?" in result.stderr
     )
 
 
@@ -131,3 +160,19 @@ def test_args_from_refuses_a_parameter_without_a_field_and_a_field_without_one()
     with pytest.raises(TypeError, match=r"no parameter for \['seed'\], no field for \['sed'\]"):
         args_from(Args, {"sed": 3})
     assert args_from(Args, {"seed": 3, "per_gpu": True}, cli_only={"per_gpu"}) == Args(seed=3)
+
+
+def test_validate_upgrade_to_lists_what_changes(write_topology):
+    data = base_topology()
+    data["sglang_version"] = "0.5.22"
+    data["decode"]["args"] = {"speculative-skip-dp-mlp-sync": True}
+    result = pdkit("validate", str(write_topology(data)), "--upgrade-to", "0.5.23")
+    # 0.5.23 has no --speculative-skip-dp-mlp-sync: the topology does not validate there.
+    assert result.returncode == 1
+    assert "is not a flag of SGLang 0.5.23" in result.stderr
+    data["decode"]["args"] = {}
+    result = pdkit("validate", str(write_topology(data)), "--upgrade-to", "0.5.23")
+    assert result.returncode == 0, result.stderr
+    assert "upgrade SGLang 0.5.22 -> 0.5.23" in result.stdout
+    assert "--enable-tf32-matmul: default False -> None" in result.stdout
+    assert "provisioning: sglang_kernel 0.4.9 -> 0.4.10." in result.stdout

@@ -110,7 +110,7 @@ KIT_LAYERS: dict[str, set[str]] = {
     "sglang": {"errors", "net", "topology"},
     "lb": {"aio", "errors", "kvevents", "net", "secrets", "topology"},
     "sim": {"aio", "errors", "kvevents", "net", "perf", "topology"},
-    "plan": {"errors", "lb", "net", "sglang", "sim", "topology"},
+    "plan": {"errors", "net", "sglang", "sim", "topology"},
     "observe": {"errors", "net", "perf", "topology"},
     "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
@@ -128,8 +128,9 @@ KIT_LAYERS: dict[str, set[str]] = {
     },
 }
 """What each package of kit/ may import from the rest of kit/ (design.md's layers: the Plan is
-assembled in kit/plan above kit/sglang and kit/lb; kit/topology imports nothing above it; only
-kit/cli imports everything)."""
+assembled in kit/plan above kit/sglang, and renders the router's command from the options table
+in kit/topology without importing the router's runtime, kit/lb; kit/topology imports nothing
+above it; only kit/cli imports everything)."""
 
 
 @pytest.mark.parametrize("package", sorted(KIT_LAYERS))

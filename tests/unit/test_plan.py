@@ -133,7 +133,10 @@ def test_a_multi_node_ipv6_instance_brackets_its_dist_init_address(write_topolog
 def test_library_callers_get_the_router_option_check(write_topology):
     data = base_topology()
     data["router"]["args"] = {"health-interval": "soon"}
-    with pytest.raises(TopologyError, match=r"router\.args: pdkit's router would refuse"):
+    refused = (
+        r"router\.args\.health-interval: pdkit's router would refuse it: 'soon' is not a number"
+    )
+    with pytest.raises(TopologyError, match=refused):
         resolve(write_topology(data))
 
 

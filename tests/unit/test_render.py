@@ -62,7 +62,6 @@ def test_large_scale_ep_recipe_renders_every_flag_and_a_nic_per_gpu():
     assert [(len(prefill), prefill[0].launch.parallelism.ep)] == [(4, 32)]
     assert [(len(decode), decode[0].launch.parallelism.ep)] == [(9, 72)]
     both = (
-        "--enable-dp-attention",
         "--moe-a2a-backend deepep",
         "--moe-dense-tp-size 1",
         "--enable-dp-lm-head",
@@ -73,7 +72,7 @@ def test_large_scale_ep_recipe_renders_every_flag_and_a_nic_per_gpu():
     )
     own = {
         "prefill": (
-            "--tp-size 32 --dp-size 32",
+            "--tp-size 32 --attn-dp-size 32",
             "--deepep-mode normal",
             "--chunked-prefill-size 524288",
             "--max-total-tokens 131072",
@@ -83,7 +82,7 @@ def test_large_scale_ep_recipe_renders_every_flag_and_a_nic_per_gpu():
             "--deepep-config /data/deepep/prefill_config.json",
         ),
         "decode": (
-            "--tp-size 72 --dp-size 72",
+            "--tp-size 72 --attn-dp-size 72",
             "--deepep-mode low_latency",
             "--mem-fraction-static 0.835",
             "--max-running-requests 18432",
@@ -95,6 +94,8 @@ def test_large_scale_ep_recipe_renders_every_flag_and_a_nic_per_gpu():
         args = " ".join(w.command.args)
         for flag in (*both, *own[w.role], f"--nnodes {w.nnodes} --node-rank {w.node_rank}"):
             assert flag in args, (w.name, flag)
+        # 0.5.23 deprecates --enable-dp-attention; --dp-size now counts replicas.
+        assert "--enable-dp-attention" not in args and "--dp-size" not in args
         assert w.ib_device == nic_map
         assert w.env["NVSHMEM_HCA_LIST"] == ",".join(f"mlx5_{g}:1" for g in range(8))
         assert w.env["NCCL_SOCKET_IFNAME"] == w.env["GLOO_SOCKET_IFNAME"] == "bond0"
@@ -114,8 +115,7 @@ def test_docs_deepseek_v3_flags():
         for flag in (
             "--trust-remote-code",
             "--tp-size 16",
-            "--dp-size 8",
-            "--enable-dp-attention",
+            "--attn-dp-size 8",
             "--moe-a2a-backend deepep",
             "--mem-fraction-static 0.8",
             "--nnodes 2",
@@ -130,6 +130,19 @@ def test_docs_deepseek_v3_flags():
     assert "--port 30001" in args_of(plan, "decode-0-node0")
     # Only rank 0 of each instance is a router target.
     assert plan.router.command.args.count("--prefill") == 1
+
+
+def test_dp_replicas_render_dp_size_and_dp_attention_renders_attn_dp_size(write_topology):
+    data = base_topology()
+    data["prefill"].update(tp=2, dp=2, dp_attention=True, count=1)
+    data["decode"].update(tp=1, dp=2)
+    plan = resolve(write_topology(data))
+    prefill = args_of(plan, "prefill-0")
+    decode = args_of(plan, "decode-0")
+    assert "--attn-dp-size 2" in prefill and "--dp-size" not in prefill
+    assert "--dp-size 2" in decode and "--attn-dp-size" not in decode
+    assert "--enable-dp-attention" not in prefill + decode
+    assert plan.workers[0].launch.parallelism.attention_dp
 
 
 def test_per_gpu_nic_map_uses_the_instance_gpus():

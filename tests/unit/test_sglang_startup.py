@@ -109,10 +109,10 @@ def test_underscore_spelling_and_alias_point_at_the_key_as_written(write_topolog
 
 def test_sglang_message_carries_the_values(write_topology):
     data = base_topology()
-    data["prefill"]["dp"] = 2
-    data["prefill"]["args"] = {"attn-dp-size": 2}
+    data["prefill"]["tp"] = 2
+    data["prefill"]["args"] = {"dwdp-size": 4}
     [problem] = problems_of(write_topology(data))
-    assert "--dp-size 2 with --attn-dp-size 2: data-parallel replicas" in problem.message
+    assert "dwdp_size (4) must equal tp_size (2)" in problem.message
 
 
 def test_wrong_type_is_reported_once_by_the_flag_check(write_topology):

@@ -193,6 +193,9 @@ def test_pinned_host_must_exist(write_topology):
         ("tp_size", "decode.tp"),
         ("dist-init-addr", "decode.dist_init_port"),
         ("model-path", "model.path"),
+        ("attn-dp-size", "decode.dp with decode.dp_attention: true"),
+        ("attention-data-parallel-size", "decode.dp with decode.dp_attention: true"),
+        ("enable-dp-attention", "decode.dp_attention"),
     ],
 )
 def test_owned_flags_are_refused_with_the_key_to_set(write_topology, flag, topology_key):

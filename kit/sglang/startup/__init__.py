@@ -21,14 +21,17 @@ from __future__ import annotations
 from kit.errors import Problem
 from kit.sglang.catalog import Catalog
 from kit.sglang.hicache import POOL_KEYS, pool_args
-from kit.sglang.startup import v0_5_23
+from kit.sglang.startup import v0_5_22, v0_5_23
 from kit.sglang.startup.rules import LaunchValues, StartupRule
 from kit.topology.args import normalize_flag
 from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
 
 KeyPath = tuple[str | int, ...]
 
-STARTUP_RULES: dict[str, tuple[StartupRule, ...]] = {"0.5.23": v0_5_23.RULES}
+STARTUP_RULES: dict[str, tuple[StartupRule, ...]] = {
+    "0.5.22": v0_5_22.RULES,
+    "0.5.23": v0_5_23.RULES,
+}
 """SGLang version -> the values that version refuses at start. A version without a table gets
 no start-up checks (its flags are still checked against its catalog)."""
 
@@ -62,10 +65,11 @@ def launch_values(
             ("transfer", "backend"),
         ),
         "tp-size": (spec.tp, (role, "tp")),
-        "dp-size": (spec.dp, (role, "dp")),
+        # As render.py spells it: attention DP is --attn-dp-size, --dp-size counts replicas.
+        "dp-size": (1 if spec.dp_attention else spec.dp, (role, "dp")),
+        "attn-dp-size": (spec.dp if spec.dp_attention else 1, (role, "dp")),
         "pp-size": (spec.pp, (role, "pp")),
         "ep-size": (spec.ep, (role, "ep")),
-        "enable-dp-attention": (spec.dp_attention, (role, "dp_attention")),
         "served-model-name": (
             model.served_name or model.path,
             ("model", "served_name") if model.served_name else ("model", "path"),

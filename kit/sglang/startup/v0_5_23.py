@@ -397,14 +397,14 @@ RULES: tuple[StartupRule, ...] = (
             v.text("disaggregation-decode-allocation-policy") == "prefill_complete"
             and v.size("tp-size") > 1
             # check.py reports the other layouts; this is the one it lets through.
-            and v.on("enable-dp-attention")
-            and v.size("dp-size") == v.size("tp-size")
+            and v.size("attn-dp-size") == v.size("tp-size")
         ),
         "--disaggregation-decode-allocation-policy prefill_complete does not yet support "
         "attention tensor parallelism greater than one",
         "set tp: 1 on the roles with tp above 1, or use the default decode allocation policy "
-        "(early). SGLang 0.5.23 turns dp_attention into --attn-dp-size before this check reads "
-        "it (pd_disaggregation_hook.py:208), so dp = tp does not make attention-TP 1.",
+        "(early). This check of SGLang 0.5.23 counts attention DP only from the deprecated "
+        "--enable-dp-attention, which pdkit no longer renders (pd_disaggregation_hook.py:208), "
+        "so dp = tp does not make attention-TP 1.",
         f"{_PD}.handle_pd_disaggregation",
         "arg_groups/pd_disaggregation_hook.py:239",
     ),
@@ -768,25 +768,6 @@ RULES: tuple[StartupRule, ...] = (
         _HICACHE,
         "arg_groups/hicache_hook.py:290",
         modes=("decode",),
-    ),
-    StartupRule(
-        "attn-dp-size-below-one",
-        "attn-dp-size",
-        at_most("attn-dp-size", 0),
-        "--attn-dp-size must be positive (got {attn-dp-size}).",
-        "remove attn-dp-size; set the role's dp and dp_attention instead.",
-        "parallel_hook.handle_data_parallelism",
-        "arg_groups/parallel_hook.py:286",
-    ),
-    StartupRule(
-        "attn-dp-size-with-dp-replicas",
-        "attn-dp-size",
-        lambda v: v.size("attn-dp-size") > 1 and v.size("dp-size") > 1,
-        "--dp-size {dp-size} with --attn-dp-size {attn-dp-size}: data-parallel replicas combined "
-        "with attention data parallelism are not supported.",
-        "remove attn-dp-size; the role's dp with dp_attention: true is attention DP.",
-        "parallel_hook.handle_data_parallelism",
-        "arg_groups/parallel_hook.py:288",
     ),
     StartupRule(
         "prefix-mm-cache-without-encoder-only",

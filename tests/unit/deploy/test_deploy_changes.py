@@ -3,6 +3,7 @@ prints and runs, in their order, with the reasons a user reads."""
 
 from __future__ import annotations
 
+import json
 import stat
 
 import pytest
@@ -217,5 +218,31 @@ def test_the_record_round_trips_privately_and_a_bad_one_says_how_to_start_over(r
 def test_the_router_record_leaves_out_its_worker_list(record_of):
     small, big = record_of(2, 1), record_of(3, 2)
     router = DeploymentRecord.process(small, "router")
-    assert router is not None and "--decode" not in router.args
+    assert router is not None and "--decode" not in [flag[0] for flag in router.flags]
     assert router.fingerprint == big.process("router").fingerprint
+
+
+def _format_1(record):
+    """`record` as pdkit wrote it before the flags were kept: each command as its argv."""
+    data = json.loads(record.model_dump_json())
+    data["format"] = 1
+    for process in data["processes"]:
+        process["args"] = [arg for flag in process.pop("flags") for arg in flag]
+    return json.dumps(data)
+
+
+def test_a_deployment_recorded_by_the_previous_release_still_changes(record_of, tmp_path):
+    def policy_and_fewer(data):
+        data["router"]["decode_policy"] = "round_robin"
+        data["decode"]["args"]["max-running-requests"] = 64
+
+    now = record_of()
+    (tmp_path / "deployed.json").write_text(_format_1(now))
+    old = load_record(tmp_path)
+    assert old == now  # read into this format: the same flags, nothing to restart
+    assert diff(old, now).nothing
+    changes = diff(old, record_of(edit=policy_and_fewer))
+    assert changes.router == ("--decode-policy least_inflight -> round_robin",)
+    assert [s.reasons for s in changes.steps] == [("--max-running-requests 256 -> 64",)]
+    save_record(tmp_path, old)
+    assert json.loads((tmp_path / "deployed.json").read_text())["format"] == 2

@@ -8,6 +8,8 @@ from kit.errors import TopologyError
 from kit.lb.config import LbConfig, WorkerSpec, build_parser, parse_args
 from kit.lb.errors import LbConfigError
 from kit.plan.resolve import resolve
+from kit.topology.args import flag_groups, flatten, normalize_flag
+from kit.topology.router_options import ROUTER_OPTIONS
 from tests.conftest import TOPOLOGIES, base_topology
 
 PLAN_ARGV = [
@@ -193,3 +195,83 @@ def test_help_has_examples_and_the_policies():
     assert "examples:" in text and "--topology" in text
     for policy in ("round_robin", "random", "least_inflight", "prefix_affinity"):
         assert policy in text
+
+
+WORKERS = ["--prefill", "http://a:1", "--decode", "http://b:2"]
+
+
+def test_the_ejection_counts_say_which_is_which_and_the_old_flags_still_work():
+    cfg = parse_args([*WORKERS, "--eject-after", "5", "--eject-after-failures", "4"], {})
+    assert (cfg.eject_after_failed_probes, cfg.eject_after_failed_requests) == (5, 4)
+    cfg = parse_args(
+        [*WORKERS, "--eject-after-failed-probes", "6", "--eject-after-failed-requests", "7"], {}
+    )
+    assert (cfg.eject_after_failed_probes, cfg.eject_after_failed_requests) == (6, 7)
+
+
+def _sample(option):
+    """A value of `option` other than its default, that the router takes."""
+    if option.kind is bool:
+        return not option.default
+    if option.choices:
+        return next(c for c in option.choices if c != option.default and "_" not in c)
+    if option.kind is str:
+        return {"prompt_tokens": "sim:1000", "health_path": "/ping"}.get(option.name, "127.0.0.2")
+    special = {"port": 9001, "admission_margin": 0.1, "seed": 7}
+    return special.get(option.name, option.kind(2 * (option.default or 1) + 1))
+
+
+@pytest.mark.parametrize("option", ROUTER_OPTIONS, ids=lambda o: o.name)
+def test_each_option_of_the_table_is_a_flag_the_router_reads_back(option):
+    value = _sample(option)
+    assert value != option.default
+    cfg = parse_args([*WORKERS, *option.render(value)], {})
+    assert getattr(cfg, option.name) == pytest.approx(value)
+    assert option.flag in build_parser().format_help()
+
+
+ROUTER_ARGS = [
+    {"health-interval": 0.2, "no-access-log": True, "seed": 3, "access-log": False},
+    {"eject-after": 4, "prefill-max-inflight": 2, "prompt-tokens": "sim:512"},
+    {"admission": True, "slo-ttft-ms": 5000, "slo-tpot-ms": 500},
+    {"health-intervall": 0.2},
+    {"health-interval": "soon"},
+    {"retries": -1},
+    {"max-body-mb": 0},
+    {"log-level": "loud"},
+    {"eject-backoff-max": 0.5},
+    {"admission-margin": 0.5},
+    {"decode-policy": "cache_aware"},
+    {"migrate": 3},
+    {"prompt-tokens": "words"},
+    {"health-path": "health"},
+]
+
+
+@pytest.mark.parametrize("args", ROUTER_ARGS, ids=str)
+def test_validate_refuses_exactly_the_router_args_the_router_would_refuse(args, write_topology):
+    """The Plan checks the values it gives the router (never its argv); the router's parser
+    on the rendered argv must agree."""
+    data = base_topology()
+    data["router"]["args"] = args
+    path = write_topology(data)
+    try:
+        argv = resolve(path).router.command.args
+    except TopologyError:
+        refused_by_plan = True
+        data["router"]["args"] = {}
+        plan = resolve(write_topology(data))
+        argv = (*plan.router.command.args, *flatten(extra_flags_of(args)))
+    else:
+        refused_by_plan = False
+    try:
+        parse_args(argv, {})
+    except (SystemExit, LbConfigError):
+        refused_by_router = True
+    else:
+        refused_by_router = False
+    assert refused_by_plan == refused_by_router
+
+
+def extra_flags_of(args):
+    return flag_groups({normalize_flag(k): v for k, v in args.items()})

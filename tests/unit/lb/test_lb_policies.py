@@ -95,7 +95,9 @@ def test_unknown_policy_name_is_refused():
         make_policy("cache_aware", random.Random())
 
 
-RULES = HealthRules(interval=1.0, eject_after=3, readmit_after=2, backoff=1.0, backoff_max=4.0)
+RULES = HealthRules(
+    interval=1.0, eject_after_failed_probes=3, readmit_after=2, backoff=1.0, backoff_max=4.0
+)
 
 
 def pool_with(n: int = 1) -> tuple[WorkerPool, list[Worker], list[tuple[str, str, str]]]:

@@ -71,7 +71,7 @@ def test_consecutive_failures_eject_a_worker_but_never_the_last_of_its_role():
             1,
             args=[
                 *RR,
-                "--eject-after-failures",
+                "--eject-after-failed-requests",
                 "2",
                 "--eject-backoff",
                 "5",

@@ -7,6 +7,7 @@ import pytest
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.timing import (
+    Efficiency,
     StepShape,
     TimingModel,
     default_chunked_prefill_size,
@@ -71,3 +72,22 @@ def test_kv_transfer_time_scales_with_prompt():
     t = model()
     assert t.kv_transfer_seconds(2048) > 3 * t.kv_transfer_seconds(512)
     assert t.kv_transfer_seconds(512, rdma=False) > t.kv_transfer_seconds(512)
+
+
+def test_a_gpu_measured_here_uses_its_measured_bandwidth_and_others_the_sourced_factors():
+    h200, h100 = gpu_spec("H200"), gpu_spec("H100-SXM")
+    assert Efficiency.for_gpu(h100) == Efficiency()
+    measured = Efficiency.for_gpu(h200)
+    assert measured.compute == Efficiency().compute  # the prefill measurement kept 0.6
+    assert measured.memory == h200.memory_efficiency == pytest.approx(0.83)
+    assert h200.measured and not h100.measured
+    # Llama-3.1-8B decoding 16 requests on an H200: 15 GB of weights and 1.1 GB of KV at 83%
+    # rather than 70% of 4.8 TB/s, plus the same 1.8 ms of fixed costs.
+    default = decode(model("Llama-3.1-8B", "H200"), 16)
+    sourced = TimingModel(
+        resolve_model("Llama-3.1-8B"), h200, Parallelism(), efficiency=Efficiency()
+    )
+    assert default == pytest.approx(0.0059, rel=0.03)
+    assert decode(sourced, 16) - default == pytest.approx(
+        16.2e9 / 4.8e12 * (1 / 0.7 - 1 / 0.83), rel=0.05
+    )
