@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kit.sglang.catalog import load_catalog, supported_versions
 from tests.oracles.sglang_parser import CATALOG_TOOL, REPO_ROOT, parse_with_sglang, run_sglang_tool
 

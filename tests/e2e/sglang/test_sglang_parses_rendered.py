@@ -4,6 +4,8 @@ deprecated-flag actions stay silent)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kit.plan.resolve import resolve
 from kit.sglang.catalog import supported_versions
 from tests.conftest import TOPOLOGIES
