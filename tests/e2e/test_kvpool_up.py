@@ -26,7 +26,6 @@ from kit.observe.prom import parse_metrics
 from kit.observe.targets import KvPoolTarget
 from kit.plan.resolve import resolve
 from tests.support.local_deploy import (
-    free_ports,
     layout,
     pdkit,
     pids,
@@ -34,6 +33,7 @@ from tests.support.local_deploy import (
     start_bench,
     write_topology,
 )
+from tests.support.ports import free_ports
 
 PAGE = 16
 

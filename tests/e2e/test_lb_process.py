@@ -16,7 +16,7 @@ import aiohttp
 from tests.conftest import REPO
 from tests.support.fake_worker import FakeWorker, Ledger
 from tests.support.lb_cluster import run, sse_events
-from tests.support.sim_launch import free_port
+from tests.support.ports import free_port
 
 
 class LbProcess:

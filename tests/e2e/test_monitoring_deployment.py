@@ -27,7 +27,8 @@ from kit.deploy.services import supervisor_processes
 from kit.observe.dashboard import dashboard, panel_queries, substitute
 from kit.observe.probe import Prober
 from kit.observe.prometheus import query, scrape_health
-from tests.support.local_deploy import API_KEY, free_ports, layout, pdkit, processes_of
+from tests.support.local_deploy import API_KEY, layout, pdkit, processes_of
+from tests.support.ports import free_ports
 from tests.support.requires import require_command
 
 

@@ -12,7 +12,8 @@ from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}

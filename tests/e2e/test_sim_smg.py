@@ -10,8 +10,9 @@ import openai
 import pytest
 
 from kit.deploy.routing import RouterAdmin
+from tests.support.ports import free_port
 from tests.support.requires import require_smg
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3"}
 

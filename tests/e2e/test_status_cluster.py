@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import yaml
 from kit.plan.resolve import resolve
 from kit.topology.plan import Plan, WorkerProcess
 from tests.conftest import REPO, run_pdkit
+from tests.support.ports import free_block
 from tests.support.requires import require_smg
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -43,29 +43,6 @@ SLOW_PREFILL = {"PDKIT_SIM_SPEED": "0.25"}
 # Probe timeout (s) where every worker answers: generous, as a loaded 2-core machine can take
 # seconds to answer /metrics, and a timed-out probe hides what the test looks for.
 PROBE_TIMEOUT = 10
-
-
-def free_block(count: int) -> int:
-    """The first of `count` consecutive ports that are free on 127.0.0.1 right now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65000:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no block of free ports")
 
 
 def write_topology(

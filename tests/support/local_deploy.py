@@ -7,7 +7,6 @@ tests/e2e/conftest.py."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 from kit.deploy.services import supervisor_processes
 from kit.topology.layout import HostLayout, host_root
 from tests.conftest import REPO, run_pdkit
+from tests.support.ports import free_ports
 
 API_KEY = "e2e-router-key-93f1c2"
 API_KEY_ENV = "PDKIT_E2E_KEY"
@@ -28,27 +28,6 @@ UP_TIMEOUT_S = 240
 BENCH_RATE = 4.0
 BENCH_S = 75.0
 """The steady load of bench_under_load: requests/s, and seconds it sends for."""
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` ports, in blocks where a role needs consecutive ones: found by binding port 0."""
-    found: list[int] = []
-    while len(found) < count:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if all(_free(p) for p in (port, port + 1)) and not {port, port + 1} & set(found):
-            found.append(port)
-    return found
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def write_topology(folder: Path, name: str) -> tuple[Path, dict]:

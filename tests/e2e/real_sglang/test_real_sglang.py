@@ -35,7 +35,8 @@ from kit.observe.prom import parse_metrics
 from kit.observe.signatures import diagnose
 from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout
-from tests.support.local_deploy import free_ports, layout, pdkit, pids, processes_of
+from tests.support.local_deploy import layout, pdkit, pids, processes_of
+from tests.support.ports import free_ports
 from tests.support.real_sglang import (
     GREEDY,
     RealServer,

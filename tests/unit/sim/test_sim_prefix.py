@@ -9,7 +9,7 @@ import aiohttp
 
 from kit.sim.prefix import LocalCache, PoolSettings, page_bytes, page_keys, parse_size
 from kit.sim.prefix_cache import PrefixCache
-from tests.support.sim_launch import free_port
+from tests.support.ports import free_port
 from tests.support.sim_server import serve
 
 
