@@ -33,16 +33,27 @@ FOLDER_MARKS = {
 }
 """Markers of the tests under each folder of tests/ (and of its subfolders)."""
 
+ONE_WORKER_FOLDERS = (("e2e", "multihost"), ("e2e", "real_sglang"))
+"""Folders whose tests run in one pytest-xdist worker, in file order: the multi-host tests share
+one bed of namespace hosts (a session fixture), the real engine's take the machine's CPU."""
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = REPO / "tests"
     for item in items:
-        folders = item.path.relative_to(tests).parts[:-1]
+        path = item.path.relative_to(tests)
+        folders = path.parts[:-1]
         for folder, marks in FOLDER_MARKS.items():
             if folders[: len(folder)] == folder:
                 for mark in marks:
                     item.add_marker(mark)
+        # `make test` spreads the tests over xdist workers (--dist loadgroup). An e2e module's
+        # tests stay together in one worker, in file order: they share its module fixtures
+        # (a deployment, a cluster, real servers) and some build on the one before.
+        if folders[:1] == ("e2e",) and item.get_closest_marker("xdist_group") is None:
+            whole = folders[:2] in ONE_WORKER_FOLDERS
+            item.add_marker(pytest.mark.xdist_group("/".join(folders[:2] if whole else path.parts)))
 
 
 def run_pdkit(
