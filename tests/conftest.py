@@ -33,9 +33,9 @@ FOLDER_MARKS = {
 }
 """Markers of the tests under each folder of tests/ (and of its subfolders)."""
 
-ONE_WORKER_FOLDERS = (("e2e", "multihost"), ("e2e", "real_sglang"))
-"""Folders whose tests run in one pytest-xdist worker, in file order: the multi-host tests share
-one bed of namespace hosts (a session fixture), the real engine's take the machine's CPU."""
+ONE_WORKER_FOLDERS = (("e2e", "real_sglang"),)
+"""Folders whose tests run in one pytest-xdist worker, in file order: the real engine's, which
+take the machine's CPU (`make test` runs them alone, after the others)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups

@@ -71,7 +71,6 @@ def test_two_rates_leave_every_record_a_summary_and_the_figures(cluster, tmp_pat
 
 def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_path):
     out = tmp_path / "hung"
-    started = time.monotonic()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -104,10 +103,11 @@ def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_pat
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         cluster.decode.kill(signal.SIGCONT)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, stdout + stderr
-    assert elapsed < 18 / 6 + 4 + 20  # the schedule, one timeout, and start-up slack
     summary = json.loads((out / "summary.json").read_text())["points"][0]
+    # From the first send to the last answer: the schedule, one timeout, and slack for a loaded
+    # machine's late sends (the bench's own start-up is not in it).
+    assert summary["wall_s"] < 18 / 6 + 4 + 10
     assert summary["errors"].get("timeout", 0) >= 5
     assert summary["requests"] == 18
     # Every failure is on the stopped decode: timeouts, and a stream already under way that the

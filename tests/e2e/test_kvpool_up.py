@@ -93,8 +93,11 @@ def test_up_wires_the_pool_a_killed_master_fails_nothing_and_down_stops_it_last(
         load = start_bench(topology, tmp_path / "bench", "--rate", "8", "--requests", "64",
                            "--output-len", "4", "--input-len", "600", "--prefix-groups", "1",
                            "--prefix-share", "0.9")  # fmt: skip
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60  # the bench's start-up and first requests
         line, shown = status(topology)
+        while shown["hits"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            line, shown = status(topology)
         assert f"KV pool {pool.name} (127.0.0.1:{pool.metrics_port}): up, " in line, line
         assert shown["objects"] > 0 and shown["hits"] > 0 and shown["clients"] == 2, line
         assert "restarted" not in line, line

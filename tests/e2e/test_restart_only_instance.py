@@ -10,7 +10,7 @@ import time
 
 import yaml
 
-from tests.support.local_deploy import BENCH_RATE, bench_under_load, pdkit, pids
+from tests.support.local_deploy import BENCH_RATE, BENCH_S, bench_under_load, pdkit, pids
 
 
 def _deploy(deployment_, gpus: int, hold: float | None = None):
@@ -63,8 +63,12 @@ def test_restarting_the_only_decode_with_a_free_gpu_surges_and_fails_no_request(
     ]
     failed = [r for r in records if not r["ok"]]
     assert records and not failed, failed[:5]
-    # The load covered the restart.
-    assert max(r["sent_s"] for r in records) > ops_s - 5, (ops_s, BENCH_RATE)
+    # The load covered the restart: the stand-in served while decode-0 was out, and requests
+    # were sent until the restart ended or the bench's time did (a loaded machine's restart
+    # can outlast BENCH_S).
+    stand_in = f"http://127.0.0.1:{deployment[2]['decode']['port'] + 1}"
+    assert any(r["decode"] == stand_in for r in records), {r["decode"] for r in records}
+    assert max(r["sent_s"] for r in records) > min(ops_s, BENCH_S) - 5, (ops_s, BENCH_RATE)
 
 
 def test_without_a_free_gpu_a_start_longer_than_the_hold_is_refused_unless_forced(

@@ -6,6 +6,10 @@ outgoing connection get), so that neither another worker nor a client socket can
 between the moment a test picks it and the moment its server binds it. Within a worker the
 ports go round the range, each checked free when handed out. Outside xdist: the first range.
 
+Every port is handed out with the BLOCK - 1 ports after it, free too and given to nobody else:
+a topology's role takes its base port plus the instance index, a DP worker its port plus the
+rank.
+
 Only the standard library (benchmarks use it too).
 """
 
@@ -20,6 +24,7 @@ WORKER_SPAN = 2000
 """Worker gwN hands out ports FIRST_PORT + N * WORKER_SPAN up to the next worker's first; six
 workers fit below 32768."""
 MAX_WORKERS = 6
+BLOCK = 8
 
 
 class _WorkerPorts:
@@ -56,17 +61,16 @@ def _bindable(port: int, host: str) -> bool:
 
 
 def free_block(count: int, host: str = "127.0.0.1") -> int:
-    """The first of `count` consecutive ports, all free on `host` right now, from this worker's
-    range; none handed out since the range last went round."""
-    return _PORTS.block(count, host)
+    """The first of `count` consecutive ports (at least BLOCK), all free on `host` right now,
+    from this worker's range; none handed out since the range last went round."""
+    return _PORTS.block(max(count, BLOCK), host)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now, from this worker's range."""
+    """A port free on `host` right now, from this worker's range (with BLOCK - 1 after it)."""
     return free_block(1, host)
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` ports, each with the port after it free too (a role with two instances takes
-    port and port + 1); no two overlap."""
-    return [free_block(2) for _ in range(count)]
+    """`count` ports, each with BLOCK - 1 free ports after it, no two blocks overlapping."""
+    return [free_block(1) for _ in range(count)]

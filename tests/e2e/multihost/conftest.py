@@ -19,7 +19,8 @@ from tests.support.netns import TestBed
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
-    """Three namespace hosts a, b, c, created once per session and removed at its end."""
+    """Three namespace hosts a, b, c, created once per session (per xdist worker: each bed has
+    its own subnet) and removed at its end."""
     require_testbed()
     bed = TestBed(base=Path(tmp_path_factory.mktemp("testbed"))).create()
     try:
@@ -30,7 +31,8 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sim hosts' wheels, packed once per session from this environment (no index)."""
+    """The sim hosts' wheels, packed once per session from this environment (no index; a few
+    seconds)."""
     from kit.deploy.wheels import build_wheelhouse  # noqa: PLC0415
 
     folder = Path(tmp_path_factory.mktemp("wheelhouse"))
