@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from kit.observe.prom import parse_metrics
 from tests.conftest import REPO, run_pdkit
 from tests.support.lb_cluster import FAST_HEALTH
-from tests.support.sim_launch import PdCluster
+from tests.support.sim_launch import PdCluster, request_json
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "4", "PDKIT_SIM_GPU": "H100-SXM"}
@@ -26,6 +27,19 @@ def cluster() -> Iterator[PdCluster]:
     """One prefill and one decode sim worker behind `python -m kit.lb`."""
     with PdCluster(model=MODEL, env=SIM_ENV, lb_args=FAST_HEALTH) as running:
         yield running
+
+
+def wait_for_a_request(worker: str, timeout_s: float = 60) -> None:
+    """Until the sim worker at `worker` has a request running or done."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, text = request_json(worker + "/metrics")
+        metrics = parse_metrics(str(text))
+        names = ("sglang:num_running_reqs", "sglang:num_requests_total")
+        if any(s.value > 0 for name in names for s in metrics.samples(name)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no request reached {worker} in {timeout_s} s")
 
 
 def bench(cluster: PdCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -97,7 +111,7 @@ def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_pat
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)
+    wait_for_a_request(cluster.decode.url)  # the run is under way
     cluster.decode.kill(signal.SIGSTOP)
     try:
         stdout, stderr = proc.communicate(timeout=60)
