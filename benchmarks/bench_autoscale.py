@@ -53,9 +53,9 @@ from kit.autoscale.apply import RoleSwitcher, splits
 from kit.autoscale.decide import Mix, Split
 from kit.autoscale.model import PoolModel
 from kit.bench.predict import plan_cluster
-from kit.deploy.context import DeployContext
 from kit.deploy.routing import RouterAdmin
 from kit.deploy.steps import router_key
+from kit.hosts.context import DeployContext
 from kit.plan.resolve import resolve
 from kit.topology.load import parse_topology, read_topology_text
 from tests.support.local_deploy import API_KEY, API_KEY_ENV, write_topology

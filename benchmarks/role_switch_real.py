@@ -28,7 +28,7 @@ from openai import OpenAI
 
 from kit.autoscale.apply import RoleSwitcher
 from kit.autoscale.decide import Split
-from kit.deploy.context import DeployContext
+from kit.hosts.context import DeployContext
 from kit.plan.resolve import resolve
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
 

@@ -15,7 +15,7 @@ SGLang 0.5.23 itself is one `cp311-cp311-manylinux_2_34_x86_64` wheel, PyPI's sg
 `--resolve-only`: pip's resolver with the real metadata and no download (`pip install --dry-run
 --report`); prints the resolved set.
 `--from-installed`: no index at all; the wheels are packed from this environment
-(kit.deploy.wheels), so the hosts must run this Python on this platform (engine sim, tests).
+(kit.hosts.wheels), so the hosts must run this Python on this platform (engine sim, tests).
 
 What the venv needs, per engine (the pdkit_python role installs the same list):
   sglang: sglang==<version>, the Mooncake build for the CUDA of the torch SGLang pins (13 for
@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 from packaging.requirements import Requirement
 
-from kit.deploy.wheels import (
+from kit.hosts.wheels import (
     PDKIT_DISTRIBUTION,
     build_wheelhouse,
     pack_wheelhouse,

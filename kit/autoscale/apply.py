@@ -32,13 +32,13 @@ import yaml
 from rich.console import Console
 
 from kit.autoscale.decide import Split
-from kit.deploy.context import DeployContext
 from kit.deploy.routing import Routed, RouterAdmin
-from kit.deploy.steps import DRAIN_TIMEOUT_S, UpOptions, deployment_lock, router_key
+from kit.deploy.steps import DRAIN_TIMEOUT_S, UpOptions, router_key
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext, deployment_lock
 from kit.observe.doctor import Instance, instances, probe_pair
 from kit.observe.probe import Prober
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 SWITCH_TIMEOUT_S = 120.0
 """Seconds a role switch (the POST) may take."""

@@ -42,10 +42,10 @@ from kit.autoscale.forecast import forecast
 from kit.autoscale.model import PoolModel
 from kit.autoscale.observe import Interval, Scrape, arrival_shift, interval
 from kit.bench.predict import plan_cluster
-from kit.deploy.context import DeployContext
 from kit.deploy.routing import Routed, RouterAdmin
 from kit.deploy.steps import router_key
 from kit.errors import DeployError, PdkitError
+from kit.hosts.context import DeployContext
 from kit.observe.probe import Fetched, Prober, auth_headers
 from kit.observe.prom import MetricSet, parse_metrics
 from kit.observe.targets import targets_from_plan

@@ -14,7 +14,7 @@ from kit.bench.search import SearchSpec
 from kit.errors import PdkitError
 from kit.perf.workload import WorkloadSpec
 from kit.secrets import SecretSource, read_secret
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 from kit.topology.schema import SLO
 
 

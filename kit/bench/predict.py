@@ -18,7 +18,7 @@ from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.perf.gpus import UnknownGpuError
 from kit.perf.sweep import goodput, run_rate
 from kit.perf.workload import WorkloadSpec
-from kit.topology.plan import Plan, WorkerProcess
+from kit.topology.plan_types import Plan, WorkerProcess
 from kit.topology.schema import SLO
 
 CEILING = 4096.0

@@ -2,9 +2,10 @@
 
 The sim counts a text as ``ceil(UTF-8 bytes / 4)`` tokens and a chat as its rendering
 (``<|role|>\\n{content}\\n`` per message, then ``<|assistant|>\\n``), so a prompt of N tokens
-is 4N bytes of ASCII words (`kit.sim.tokens`). Real tokenizers count these words differently
-(roughly one token per word); `pdkit bench` compares the count the server reports
-(`usage.prompt_tokens`) with the one asked and reports the drift.
+is 4N bytes of ASCII words (`kit.byte_tokenizer`: the rule and the words, which the sim reads
+too). Real tokenizers count these words differently (roughly one token per word); `pdkit bench`
+compares the count the server reports (`usage.prompt_tokens`) with the one asked and reports
+the drift.
 
 Texts are deterministic: the same (seed, request) gives the same words. Shared prefixes come
 first and are identical within a group; a trace's `hash_ids` become blocks of
@@ -17,8 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kit.byte_tokenizer import BYTES_PER_TOKEN, WORDS, render_chat
 from kit.perf.workload import TRACE_BLOCK_TOKENS
-from kit.sim.tokens import BYTES_PER_TOKEN, WORDS, render_chat
 
 Api = Literal["chat", "completions"]
 _EMPTY_CHAT = render_chat([{"role": "user", "content": ""}])

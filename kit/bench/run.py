@@ -35,7 +35,7 @@ from kit.bench.search import SearchResult, SearchSpec, search_goodput
 from kit.bench.view import PointLine, more_table, notes_lines, point_line, points_table
 from kit.errors import PdkitError
 from kit.perf.workload import STEADY_LIFETIMES, WorkloadSpec
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 from kit.topology.schema import SLO
 
 SUMMARY_VERSION = 1

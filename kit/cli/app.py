@@ -13,7 +13,7 @@ from rich.console import Console
 from kit.errors import PdkitError
 
 if TYPE_CHECKING:
-    from kit.topology.plan import Plan
+    from kit.topology.plan_types import Plan
 
 app = typer.Typer(
     name="pdkit",

@@ -200,7 +200,7 @@ def logs(
 ) -> None:
     """Show the logs of a deployment's processes."""
     from kit.deploy import DeployContext  # noqa: PLC0415
-    from kit.deploy.logs import show_logs  # noqa: PLC0415
+    from kit.hosts.logs import show_logs  # noqa: PLC0415
 
     context = DeployContext.build(resolve_plan(topology), topology)
     selected = [context.log_file(name) for name in context.select_processes(process)]
@@ -282,8 +282,8 @@ def provision(
 ) -> None:
     """Prepare the hosts: packages, limits, GPU and RDMA checks, Python env, model weights."""
     from kit.deploy import DeployContext  # noqa: PLC0415
-    from kit.deploy.provision import ProvisionOptions, parse_extra_vars  # noqa: PLC0415
-    from kit.deploy.provision import provision as run_provision  # noqa: PLC0415
+    from kit.hosts.provision import ProvisionOptions, parse_extra_vars  # noqa: PLC0415
+    from kit.hosts.provision import provision as run_provision  # noqa: PLC0415
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
@@ -294,7 +294,7 @@ def provision(
             "--compile-deep-gemm and --wheelhouse."
         )
     if check:
-        from kit.deploy.hostcheck import check_hosts  # noqa: PLC0415
+        from kit.hosts.hostcheck import check_hosts  # noqa: PLC0415
 
         code = check_hosts(context, console, parse_extra_vars(extra_vars or []), verbose=verbose)
         raise typer.Exit(code)
@@ -339,9 +339,9 @@ def discover(
 ) -> None:
     """Read each host's GPUs, PCIe and NUMA layout and RDMA NICs; propose the NIC fields."""
     from kit.deploy import DeployContext  # noqa: PLC0415
-    from kit.deploy.discover import DiscoverOptions  # noqa: PLC0415
-    from kit.deploy.discover import discover as run_discover  # noqa: PLC0415
-    from kit.deploy.provision import parse_extra_vars  # noqa: PLC0415
+    from kit.hosts.discover import DiscoverOptions  # noqa: PLC0415
+    from kit.hosts.discover import discover as run_discover  # noqa: PLC0415
+    from kit.hosts.provision import parse_extra_vars  # noqa: PLC0415
 
     options = DiscoverOptions(
         write=write,

@@ -68,7 +68,7 @@ def status(
     """Show every worker per role and the router: state, load, PD queues, KV transfer, SLO,
     and the autoscaler's last decision."""
     from kit.autoscale.record import status_section  # noqa: PLC0415
-    from kit.deploy.layout import state_dir as deployment_dir  # noqa: PLC0415
+    from kit.hosts.state_dir import state_dir as deployment_dir  # noqa: PLC0415
     from kit.observe import ProbeOptions  # noqa: PLC0415
     from kit.observe import status as run_status  # noqa: PLC0415
 

@@ -14,10 +14,10 @@ import shlex
 
 from rich.console import Console
 
-from kit.deploy.context import DeployContext
-from kit.deploy.logs import tail
-from kit.deploy.pool_check import check_pool
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.logs import tail
+from kit.hosts.pool_check import check_pool
 from kit.observe.doctor import LOG_LINES, DoctorOptions, LogReader
 from kit.observe.doctor_view import (
     check,

@@ -35,10 +35,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.changes import Changes, Step, only_instances, waves
-from kit.deploy.context import DeployContext
 from kit.deploy.gate import transfer_gate
 from kit.deploy.routing import Drained, RouterAdmin
-from kit.deploy.runner import playbooks_dir
 from kit.deploy.state import (
     DeploymentRecord,
     ProcessRecord,
@@ -62,8 +60,10 @@ from kit.deploy.steps import (
 from kit.deploy.surge import OnlyInstance, decide, stand_in, start_estimate
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve_surge
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 Mode = Literal["up", "restart"]
 ROUTED_TIMEOUT_S = 60.0

@@ -28,10 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.changes import Changes, diff
-from kit.deploy.context import DeployContext
-from kit.deploy.layout import display_path
 from kit.deploy.live import LiveChange, print_changes
-from kit.deploy.runner import playbooks_dir
 from kit.deploy.services import can_probe, host_processes
 from kit.deploy.state import (
     DeploymentRecord,
@@ -46,7 +43,6 @@ from kit.deploy.steps import (
     WORKER_TIMEOUT_S,
     UpOptions,
     deploy_kv_pool,
-    deployment_lock,
     finish_rollout,
     play,
     playbook_secret_env,
@@ -55,6 +51,9 @@ from kit.deploy.steps import (
 )
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext, deployment_lock
+from kit.hosts.playbook import playbooks_dir
+from kit.hosts.state_dir import display_path
 
 
 def up(ctx: DeployContext, console: Console, options: UpOptions) -> None:

@@ -16,9 +16,9 @@ import xmlrpc.client
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kit.deploy.inventory import DeployHost
-from kit.deploy.logs import ssh_argv
 from kit.deploy.readiness import ServiceInfo
+from kit.hosts.inventory import DeployHost
+from kit.hosts.logs import ssh_argv
 
 RPC_TIMEOUT_S = 3.0
 SYSTEMCTL_TIMEOUT_S = 10.0

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from kit.deploy.inventory import DeployHost, host_vars
 from kit.errors import DeployError
+from kit.hosts.inventory import DeployHost, host_vars
 from kit.topology.args import Flag
-from kit.topology.plan import KvPoolProcess, MonitoringProcess, Plan
+from kit.topology.plan_types import KvPoolProcess, MonitoringProcess, Plan
 
 RECORD_FILE = "deployed.json"
 RECORD_FORMAT = 2

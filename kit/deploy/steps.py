@@ -1,7 +1,8 @@
-"""The steps that `pdkit up` (first run or live change), `pdkit restart` and `pdkit provision`
-share: their options and timeouts, the deployment lock, a playbook run and a readiness wait as the
-user sees them, the failure report, Prometheus, and the end of every rollout (`finish_rollout`:
-the router's /readiness, Prometheus, the KV transfer gate, then what serves and how to reach it).
+"""The steps that `pdkit up` (first run or live change) and `pdkit restart` share: their options
+and timeouts, a playbook run and a readiness wait as the user sees them, the failure report,
+Prometheus, and the end of every rollout (`finish_rollout`: the router's /readiness, Prometheus,
+the KV transfer gate, then what serves and how to reach it). The deployment lock they take (with
+`pdkit provision`) is `kit.hosts.context.deployment_lock`.
 
 `kit.deploy.rollout` (first run, down) and `kit.deploy.live` (changes to a running deployment)
 sit above this module; it imports neither.
@@ -10,28 +11,20 @@ sit above this module; it imports neither.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import shlex
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.context import DeployContext
 from kit.deploy.gate import transfer_gate
-from kit.deploy.inventory import CONTROL_ROUTER_ADMIN_KEY_ENV, CONTROL_ROUTER_KEY_ENV
-from kit.deploy.layout import display_path
-from kit.deploy.logs import tail
 from kit.deploy.routing import admin_key
-from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
 from kit.deploy.services import host_processes
-from kit.deploy.view import AnsibleView, ReadinessView, status_table
+from kit.deploy.view import ReadinessView, status_table
 from kit.deploy.wait import (
     ProcessStatus,
     Target,
@@ -41,6 +34,12 @@ from kit.deploy.wait import (
     wait_ready,
 )
 from kit.errors import DeployError, PdkitError, ProbeError
+from kit.hosts.context import DeployContext
+from kit.hosts.inventory import CONTROL_ROUTER_ADMIN_KEY_ENV, CONTROL_ROUTER_KEY_ENV
+from kit.hosts.logs import tail
+from kit.hosts.playbook import PlaybookResult, failure_report, run_playbook
+from kit.hosts.progress import AnsibleView
+from kit.hosts.state_dir import display_path
 from kit.observe.doctor import DoctorOptions
 from kit.observe.prometheus import ScrapeHealth, wait_scraped
 from kit.secrets import SecretError
@@ -76,27 +75,6 @@ class UpOptions:
     force: bool = False
     """`--force`: replace a role's only instance even when no GPU is free for a stand-in and
     it would be out longer than the router's hold (kit.deploy.surge)."""
-
-
-@contextmanager
-def deployment_lock(ctx: DeployContext) -> Iterator[None]:
-    """One `pdkit up`/`down` per deployment at a time (a lock file in the state dir)."""
-    ctx.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(ctx.state_dir / "lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise DeployError(
-                f"another pdkit up/down of deployment {ctx.plan.name} is running ({holder}); "
-                "nothing was changed. To fix: wait for it to finish, or stop it."
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        yield
 
 
 def play(

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.deploy.context import DeployContext
-from kit.deploy.logs import matching_lines
 from kit.errors import PdkitError
+from kit.hosts.context import DeployContext
+from kit.hosts.logs import matching_lines
 from kit.observe.probe import Prober
 from kit.observe.report import url_key
 from kit.observe.trace import (
@@ -31,7 +31,7 @@ from kit.observe.trace import (
     parse_access,
     parse_worker,
 )
-from kit.topology.plan import WorkerProcess
+from kit.topology.plan_types import WorkerProcess
 
 
 @dataclass(frozen=True)

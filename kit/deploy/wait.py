@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from kit.deploy.inventory import DeployHost
 from kit.deploy.readiness import (
     HttpAnswer,
     ServiceInfo,
@@ -21,8 +20,9 @@ from kit.deploy.readiness import (
     timed_out,
 )
 from kit.deploy.services import host_processes
+from kit.hosts.inventory import DeployHost
 from kit.observe.probe import Prober
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 POLL_INTERVAL_S = 0.5
 REQUEST_TIMEOUT_S = 2.0

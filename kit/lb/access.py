@@ -30,7 +30,7 @@ The JSON object (`pdkit trace` reads it; times in ms, None as null):
     cached_actual   cache_aware: the prefill's own count (its meta_info cached_tokens)
 
 The line is built by hand (no json.dumps per request) from values that need no escaping: the
-request id is checked when it is read (kit.lb.dispatch.client_request_id), worker URLs are
+request id is checked when it is read (kit.lb.exchange.client_request_id), worker URLs are
 escaped once. `pdkit lb` sends the logger to stderr through `BatchedHandler`, which writes
 lines in batches (every `FLUSH_INTERVAL` s or `FLUSH_BYTES`), not one write per request;
 embedded (tests), records go wherever logging sends them.
@@ -45,7 +45,7 @@ import time
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kit.lb.dispatch import Exchange
+    from kit.lb.exchange import Exchange
 
 ACCESS = logging.getLogger("kit.lb.access")
 

@@ -38,7 +38,7 @@ candidate with nothing cached and its rank left to chance; with no live index at
 token ids for the prompt, the choice is `prefix_affinity`'s.
 
 Token ids: a `/generate` body's `input_ids`; for text, only in front of emulated workers (the
-sim's tokenizer, `kit.kvevents.prompt`, with the vocabulary their `/server_info` reports, or
+sim's tokenizer, `kit.byte_tokenizer`, with the vocabulary their `/server_info` reports, or
 `--prompt-tokens sim:VOCAB`). The router holds no model tokenizer, so text prompts in front of
 real SGLang route by `prefix_affinity`.
 """
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kit.kvevents.prompt import encode, render_chat
+from kit.byte_tokenizer import encode, render_chat
 from kit.lb.kv_index import KvIndex, Pending, WorkerCache
 from kit.lb.policies import PrefixAffinity, _mix64, prefix_hash
 from kit.lb.protocol import CHAT, GENERATE, PdRequest

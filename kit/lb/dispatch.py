@@ -1,50 +1,49 @@
 """Dual dispatch: one PD request to a prefill and a decode, concurrently, and the answer back.
 
-For each attempt: choose a prefill and a decode, encode the body once with fresh bootstrap
-fields, send it to both on the same path, and answer with the decode's response. The legs are
-bound by a `_Pair`: the prefill's answer is read by a task, the decode's by the handler itself
-(one task and one loop turn fewer per request); a prefill that fails ends the decode leg (which
-would otherwise wait for KV that never comes) with the prefill's error; a decode that fails
-cancels the prefill; a client that goes away cancels the handler and with it both legs
-(closing an upstream connection makes SGLang abort the request). On pooled connections both
-requests go out at once, the prefill's first.
+A request's path (`Dispatcher.dispatch`), each attempt from step 2:
+
+1. Its turn: with --prefill-max-inflight, it waits behind the requests that came first until a
+   prefill has room (`kit.lb.prefill_queue`).
+2. Pick: a prefill and a decode by the roles' policies (`pick`), avoiding the workers that
+   failed in this request while others are routable; with no routable worker of a role it
+   waits for one (`kit.lb.hold`). cache_aware also chooses the prefill's DP rank.
+3. Admit: with admission on, the request is admitted on that prefill or a better one, or
+   refused with a 429 (`kit.lb.admission`).
+4. Send: the body is encoded once with fresh bootstrap fields and sent to both on the same
+   path (`kit.lb.legs`); on pooled connections both requests go out at once, the prefill's
+   first.
+5. The prefill leg: its answer is read by a task (`start`); a prefill that fails ends the
+   decode leg (which would otherwise wait for KV that never comes) with the prefill's error.
+6. The decode leg: read by the handler itself (one task and one loop turn fewer per
+   request); a decode that fails cancels the prefill; a client that goes away cancels the
+   handler and with it both legs (closing an upstream connection makes SGLang abort the
+   request).
+7. Relay: the answer is the decode's response. A stream is committed at the decode's first
+   bytes, which come after the prefill is done, so a failing prefill still gets a clean HTTP
+   error (or a retry) instead of a broken stream; its events are relayed as they come
+   (`kit.lb.stream`), and a stream cut later is continued on another pair (`kit.lb.migrate`).
 
 Retries: an attempt that fails before anything reached the client (a worker unreachable or
 resetting the connection, a 5xx or an error event as a stream's first bytes, a transfer failure,
-no first token within --first-token-timeout) is sent again on a freshly chosen pair (workers
-that failed in this request are avoided while others are routable) with new rooms, within the
-request's budget (`retries`) and deadline (`retry_deadline`). Never after the first byte
-reached the client, never for a client that went away (its task is cancelled), never for a
-4xx that the worker meant. Each failure counts against the worker it blames (outlier
-ejection, `WorkerPool.record_failure`). For streams the response is committed at the decode's
-first bytes, which come after the prefill is done, so a failing prefill still gets a clean HTTP
-error (or a retry) instead of a broken stream; a stream cut later is migrated
-(`kit.lb.migrate`).
-
-Hold: a request that finds no routable worker of a role waits for one up to `hold_timeout` s
-(at most `hold_max` requests at once), then gets a 503 with Retry-After.
-
-The legs go through `kit.lb.upstream` (the router's own HTTP/1.1 client); their time limits
-are the watchdog's (a guard per leg, no timer per request).
+no first token within --first-token-timeout) is sent again on a freshly chosen pair with new
+rooms, within the request's budget (`retries`) and deadline (`retry_deadline`). Never after the
+first byte reached the client, never for a client that went away (its task is cancelled), never
+for a 4xx that the worker meant. Each failure counts against the worker it blames (outlier
+ejection, `WorkerPool.record_failure`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import random
 import re
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kit.lb import migrate
 from kit.lb.admission import (
     PRIORITIES,
     PRIORITY_HEADER,
@@ -57,184 +56,23 @@ from kit.lb.admission import (
 from kit.lb.cache_aware import CacheAware, Choice
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
+from kit.lb.exchange import Exchange, client_request_id, path_headers
+from kit.lb.hold import Hold
+from kit.lb.legs import Leg, Legs, Pair, Send, first_event_error
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
+from kit.lb.migrate import Migration
 from kit.lb.policies import Policy
+from kit.lb.prefill_queue import PrefillQueue
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.recent import PathRecord, RecentRequests
 from kit.lb.stream import ClientGone, StreamRelay
 from kit.lb.upstream import Connection, Upstream, UpstreamError
-from kit.lb.watchdog import Guard, Watchdog
 from kit.lb.workers import Worker, WorkerPool
 
 log = logging.getLogger("kit.lb.dispatch")
 
-# Request ids taken from the client: visible ASCII without quotes or backslashes (they go into
-# headers and the access log as they are), at most this long; others get a new id.
-MAX_REQUEST_ID = 128
-TURN_POLL_S = 0.5
-"""Seconds between two looks at the prefills by a request waiting for its turn (a prefill
-that joins wakes no one)."""
-
-
-def client_request_id(value: str | None) -> str | None:
-    """The client's X-Request-Id when it is usable as is, else None."""
-    if (
-        value
-        and len(value) <= MAX_REQUEST_ID
-        and value.isascii()
-        and value.isprintable()
-        and " " not in value
-        and '"' not in value
-        and "\\" not in value
-    ):
-        return value
-    return None
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One client request in flight: what the server needs to finish, count and log it.
-
-    Times are `time.monotonic()` seconds; durations of legs are seconds (None: not run)."""
-
-    request: web.BaseRequest
-    pd: PdRequest
-    started: float
-    request_id: str = ""
-    path: PathRecord | None = None  # the prefill, decode and room chosen (last attempt)
-    out: web.StreamResponse | None = None
-    relay: StreamRelay | None = None
-    # Metrics labels of what went wrong on the way (retries, a lost client...), counted once.
-    causes: list[str] = field(default_factory=list)
-    sent_at: float | None = None  # both legs of the last attempt were sent
-    prefill_s: float | None = None
-    prefill_end: float | None = None
-    decode_s: float | None = None
-    cause: str = ""  # why the request failed (a metrics cause), for the access log
-    admission: str = "off"  # admitted, rejected:REASON, or off
-    ticket: Ticket | None = None
-    retries: int = 0  # attempts sent again on a fresh pair before the client got a byte
-    migrations: int = 0  # times the stream was continued on another pair
-    held_s: float = 0.0  # seconds spent waiting for a worker of a role with none routable
-    kv: Choice | None = None  # cache_aware's choice for the last attempt
-    claimed: bool = False  # holds a promised prefill slot (--prefill-max-inflight)
-    cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
-
-
-@dataclass(frozen=True, slots=True)
-class _Send:
-    """What both legs of one attempt send: the route and the rest of the request after the
-    Host line (headers, blank line), and the body."""
-
-    path: bytes
-    headers: bytes
-    body: bytes
-
-
-class _Leg:
-    """One leg's connection, and why it must end early: its time limit (the watchdog calls
-    `expire`) or, for a decode, its prefill's failure (`fail`); the pending read raises it."""
-
-    __slots__ = ("conn", "error", "started")
-
-    def __init__(self) -> None:
-        self.conn: Connection | None = None
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-
-    def attach(self, conn: Connection) -> Connection:
-        """The leg's request went out on `conn`."""
-        self.conn = conn
-        if self.error is not None:
-            conn.abort(self.error)
-        return conn
-
-    def fail(self, error: BaseException) -> None:
-        if self.error is None:
-            self.error = error
-        if self.conn is not None:
-            self.conn.abort(self.error)
-
-    def expire(self) -> None:
-        self.fail(TimeoutError())
-
-
-class _Pair:
-    """The two legs of one attempt: the prefill runs as a task, the decode in the handler; a
-    failed prefill ends the decode leg (its pending read raises the prefill's error)."""
-
-    __slots__ = ("decode", "guard", "prefill_error", "prefill_task", "prefill_url", "reported")
-
-    def __init__(self, prefill_task: asyncio.Task[bytes], decode: _Leg, prefill_url: str) -> None:
-        self.prefill_task = prefill_task
-        self.prefill_url = prefill_url
-        self.decode = decode
-        self.prefill_error: LegError | None = None
-        self.reported = False  # the prefill's error reached the client (or was raised)
-        self.guard: Guard | None = None  # streams: the watchdog's view of this attempt
-        prefill_task.add_done_callback(self._prefill_done)
-
-    def _prefill_done(self, task: asyncio.Task[bytes]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None:
-            return
-        self.prefill_error = (
-            exc
-            if isinstance(exc, LegError)
-            else LegError(
-                502, f"prefill leg failed: {exc!r}", "prefill_transport", role="prefill", worker=""
-            )
-        )
-        self.decode.fail(self.prefill_error)
-
-    def expire(self) -> None:
-        """The watchdog's verdict on a stream: stop waiting for the decode."""
-        self.decode.expire()
-
-    def take_error(self) -> LegError:
-        """The prefill's error, now reported to the client (not to be counted again)."""
-        if self.prefill_error is None:
-            raise RuntimeError("no prefill error to report")
-        self.reported = True
-        return self.prefill_error
-
-    def cancel(self) -> None:
-        if not self.prefill_task.done():
-            self.prefill_task.cancel()
-        if self.decode.conn is not None:
-            self.decode.conn.close()
-
-
-def _leg_error(role: Role, worker: Worker, exc: BaseException) -> LegError:
-    """Map a failure of one leg's exchange to the error the client sees."""
-    if isinstance(exc, UpstreamError) and exc.unsent:
-        return LegError(
-            502,
-            f"cannot reach {role} worker {worker.url}: {exc}",
-            f"{role}_unreachable",
-            role=role,
-            worker=worker.url,
-            unsent=True,
-        )
-    if isinstance(exc, TimeoutError):
-        limit = "--prefill-timeout" if role == "prefill" else "--request-timeout"
-        return LegError(
-            504,
-            f"{role} worker {worker.url} did not answer within {limit}",
-            f"{role}_timeout",
-            role=role,
-            worker=worker.url,
-        )
-    return LegError(
-        502,
-        f"{role} worker {worker.url} failed: {exc}",
-        f"{role}_transport",
-        role=role,
-        worker=worker.url,
-    )
+_CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*(\d+)')
 
 
 class Dispatcher:
@@ -260,170 +98,58 @@ class Dispatcher:
         self._admission = admission
         self._pool = pool
         self._policies = policies
-        self._upstream = upstream
         self._metrics = metrics
         self._rng = rng
         self._on_connection_error = on_connection_error
         self._on_worker_failure = on_worker_failure
-        self.held = 0  # requests waiting for a worker now
-        self._turns: deque[asyncio.Future[None]] = deque()  # waiting for a prefill with room
-        self._passing = 0  # requests past their turn whose prefill leg has not started yet
+        self._hold = Hold(config, pool, metrics)
+        self._queue = PrefillQueue(config.prefill_max_inflight, pool, metrics)
+        self._legs = Legs(
+            config,
+            pool=pool,
+            upstream=upstream,
+            metrics=metrics,
+            queue=self._queue,
+            worker_headers=worker_headers,
+            on_failure=on_failure,
+        )
         self._on_failure = on_failure  # logs worker trouble the client cannot be told about
         self._recent = recent
-        self._background: set[asyncio.Task[bytes]] = set()
-        self._prefill_timeout = config.prefill_timeout or None
-        self._request_timeout = config.request_timeout or None
-        self._idle_timeout = config.idle_timeout or None
-        self._first_token_timeout = config.first_token_timeout or self._idle_timeout
-        self._stall_timeout = config.stall_after if config.migrate else self._idle_timeout
-        self._watchdog = Watchdog(
-            self._prefill_timeout,
-            self._request_timeout,
-            self._idle_timeout,
-            self._first_token_timeout,
-            self._stall_timeout,
+        self._migration = Migration(
+            config,
+            pool=pool,
+            metrics=metrics,
+            recent=recent,
+            rng=rng,
+            legs=self._legs,
+            pairs=self,
         )
         self._needs_key = any(p.needs_key for p in policies.values())
         prefill_policy = policies["prefill"]
         self._cache_aware = prefill_policy if isinstance(prefill_policy, CacheAware) else None
-        fixed = {"Content-Type": "application/json", **worker_headers}
-        self._fixed_headers = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
 
     async def close(self) -> None:
         """Stop the watchdog; cancel prefill legs still finishing in the background."""
-        await self._watchdog.close()
-        for task in list(self._background):
-            task.cancel()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._legs.close()
 
     # -- selection ---------------------------------------------------------------------------
 
-    async def _pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
+    async def pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
         """A worker of `role` for the next attempt: one that has not failed in this request
         when there is such, else any routable one; with none routable, hold. A prefill has
         room (`--prefill-max-inflight`) where the limit is set. cache_aware also chooses the
         prefill's DP rank (`ex.kv`)."""
         workers = self._pool.routable(role)
         if not workers:
-            workers = await self._hold(ex, role, exclude)
+            workers = await self._hold.wait(ex, role, exclude)
         if exclude:
             workers = [w for w in workers if w.url not in exclude] or workers
         if role == "prefill" and self._config.prefill_max_inflight > 0:
-            workers = self._with_room(workers) or workers
+            workers = self._queue.with_room(workers) or workers
         if role == "prefill" and self._cache_aware is not None:
             ex.kv = self._cache_aware.plan(workers, ex.pd, key)
             return ex.kv.worker
         return self._policies[role].choose(workers, key)
-
-    async def _hold(self, ex: Exchange, role: Role, exclude: set[str]) -> list[Worker]:
-        """Wait up to `hold_timeout` s for a routable worker of `role` (a restart, a worker
-        coming back from an ejection); the 503 with Retry-After when none comes."""
-        config = self._config
-        if not self._pool.role(role) or config.hold_timeout <= 0 or self.held >= config.hold_max:
-            raise self._no_worker(role, exclude, held=False)
-        started = time.monotonic()
-        deadline = started + config.hold_timeout
-        self.held += 1
-        self._metrics.held = self.held
-        self._metrics.hold(role)
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._no_worker(role, exclude, held=True)
-                await self._pool.wait_change(left)
-                workers = self._pool.routable(role)
-                if workers:
-                    return workers
-        finally:
-            self.held -= 1
-            self._metrics.held = self.held
-            ex.held_s += time.monotonic() - started
-
-    # -- the prefill queue (--prefill-max-inflight) ------------------------------------------
-
-    def _with_room(self, workers: list[Worker]) -> list[Worker]:
-        limit = self._config.prefill_max_inflight
-        return [w for w in workers if w.inflight < limit]
-
-    def _room(self) -> bool:
-        """A prefill slot free for one more request: the routable prefills' free slots less
-        those already promised to requests on their way to a prefill."""
-        limit = self._config.prefill_max_inflight
-        free = sum(max(0, limit - w.inflight) for w in self._pool.routable("prefill"))
-        return free > self._passing
-
-    async def _prefill_turn(self, ex: Exchange) -> None:
-        """Wait, behind the requests that came first, until a routable prefill has room
-        (returns at once without a limit); the slot is promised to `ex` until its prefill leg
-        starts (`_claim`). A turn is handed on as a prefill leg ends; a prefill that joins is
-        seen within `TURN_POLL_S`."""
-        if self._config.prefill_max_inflight <= 0:
-            return
-        if not self._turns and self._room():
-            self._claim(ex, True)
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._turns.append(turn)
-        self._metrics.queued = len(self._turns)
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(turn), TURN_POLL_S)
-                first = self._turns[0] is turn
-                if (turn.done() or first) and self._room():
-                    self._claim(ex, True)
-                    return
-                if turn.done():  # woken, but the room went to a request that did not wait
-                    turn = asyncio.get_running_loop().create_future()
-                    self._turns.appendleft(turn)
-        finally:
-            with contextlib.suppress(ValueError):
-                self._turns.remove(turn)
-            self._metrics.queued = len(self._turns)
-            self._next_turn()
-
-    def _claim(self, ex: Exchange, take: bool) -> None:
-        """Promise `ex` a prefill slot (`take`), or end the promise: its prefill leg started,
-        or the attempt ended before one did."""
-        if take and not ex.claimed:
-            self._passing += 1
-        elif not take and ex.claimed:
-            self._passing -= 1
-        ex.claimed = take
-
-    def _next_turn(self) -> None:
-        """Wake the oldest waiting request when a prefill has room."""
-        if self._turns and self._room():
-            turn = self._turns[0]
-            if not turn.done():
-                turn.set_result(None)
-
-    def _no_worker(self, role: Role, exclude: set[str], *, held: bool) -> ApiError:
-        all_workers = self._pool.role(role)
-        if not all_workers:
-            return ApiError(503, f"no {role} worker is configured", f"no_{role}")
-        why = "; ".join(
-            f"{w.url} {w.state.value} ({w.reason})"
-            + (", failed in this request" if w.url in exclude else "")
-            for w in all_workers
-        )
-        config = self._config
-        if held:
-            waited = f" (waited {config.hold_timeout:g} s, --hold-timeout)"
-        elif config.hold_timeout > 0 and self.held >= config.hold_max:
-            waited = f" ({self.held} requests already wait for a worker, --hold-max)"
-        else:
-            waited = ""
-        now = time.monotonic()
-        back = min((max(w.next_probe_at - now, 0.0) for w in all_workers), default=0.0)
-        return ApiError(
-            503,
-            f"no healthy {role} worker available{waited}: {why}",
-            f"no_{role}",
-            headers={"Retry-After": str(max(1, math.ceil(back)))},
-        )
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -487,11 +213,11 @@ class Dispatcher:
         self._metrics.receive(prompt_tokens(pd.body, pd.path))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
-        await self._prefill_turn(ex)
+        await self._queue.turn(ex)
         try:
             return await self._attempts(ex, pd, key, admission, priority)
         finally:
-            self._claim(ex, False)
+            self._queue.claim(ex, False)
 
     async def _attempts(
         self,
@@ -505,8 +231,8 @@ class Dispatcher:
         excluded: set[str] = set()
         deadline = ex.started + self._config.retry_deadline
         while True:
-            prefill = await self._pick(ex, "prefill", key, excluded)
-            decode = await self._pick(ex, "decode", key, excluded)
+            prefill = await self.pick(ex, "prefill", key, excluded)
+            decode = await self.pick(ex, "decode", key, excluded)
             if admission is not None:
                 prefill = self._admit(
                     ex,
@@ -529,14 +255,14 @@ class Dispatcher:
                 self._cache_aware.begin(choice)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
-            send = self._send(pd.path_bytes, body, ex.request_id)
+            send = self._legs.send(pd.path_bytes, body, ex.request_id)
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
                 return await self._unary(ex, prefill, decode, send)
             except LegError as error:
                 worker = prefill if error.blame == prefill.url else decode
-                self._blame(worker, error)
+                self.blame(worker, error)
                 excluded.add(worker.url)
                 if not self._may_retry(ex, error, deadline):
                     raise
@@ -545,15 +271,7 @@ class Dispatcher:
                 self._metrics.retry(error.role)
                 log.info("sending again on a fresh pair: %s", error.message)
 
-    def _send(self, path: bytes, body: bytes, request_id: str) -> _Send:
-        return _Send(
-            path,
-            b"%sContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n"
-            % (self._fixed_headers, len(body), request_id.encode()),
-            body,
-        )
-
-    def _blame(self, worker: Worker, error: LegError) -> None:
+    def blame(self, worker: Worker, error: LegError) -> None:
         """Count a failed leg against the worker it blames (a 4xx is the request's fault)."""
         if error.unsent:
             self._on_connection_error(worker, str(error))
@@ -570,88 +288,29 @@ class Dispatcher:
             and time.monotonic() < deadline
         )
 
-    # -- legs --------------------------------------------------------------------------------
+    # -- the prefill leg ---------------------------------------------------------------------
 
-    def _send_now(self, worker: Worker, send: _Send) -> Connection | None:
-        """Send a leg on an idle pooled connection at once (None: there is none)."""
-        origin = self._upstream.origin(worker.url)
-        try:
-            return origin.send_now(
-                origin.request_head(b"POST", send.path) + send.headers, send.body
-            )
-        except UpstreamError:
-            return None  # the pooled connection was lost: `_open` connects anew
-
-    async def _open(
-        self, role: Role, worker: Worker, send: _Send, leg: _Leg, conn: Connection | None = None
-    ) -> Connection:
-        """Send one leg (unless `conn` already carries it) and wait for its response head;
-        LegError on failure (the prefill's own error, for a decode it failed)."""
-        worker.requests += 1
-        if conn is None:
-            conn = self._send_now(worker, send)
-        if conn is None:
-            origin = self._upstream.origin(worker.url)
-            try:
-                head = origin.request_head(b"POST", send.path) + send.headers
-                conn = await origin.send(head, send.body)
-            except UpstreamError as exc:
-                raise _leg_error(role, worker, exc) from exc
-        leg.attach(conn)
-        try:
-            await conn.head()
-        except (UpstreamError, TimeoutError) as exc:
-            conn.close()
-            raise _leg_error(role, worker, exc) from exc
-        except BaseException:
-            conn.close()
-            raise
-        if worker.connection_errors:
-            self._pool.record_success(worker)
-        return conn
-
-    async def _read_leg(
-        self,
-        role: Role,
-        worker: Worker,
-        send: _Send,
-        limit: float | None,
-        *,
-        leg: _Leg,
-        conn: Connection | None = None,
-    ) -> tuple[int, str, bytes]:
-        """One whole non-streamed leg: (status, content type, body)."""
-        if not worker.inflight:
-            worker.progress_at = leg.started  # a busy period begins
-        worker.inflight += 1
-        guard = self._watchdog.watch(leg.expire, total=limit)
-        try:
-            conn = await self._open(role, worker, send, leg, conn)
-            try:
-                data = await conn.read()
-            except (UpstreamError, TimeoutError) as exc:
-                raise _leg_error(role, worker, exc) from exc
-            finally:
-                conn.release()
-            return conn.status, conn.content_type, data
-        finally:
-            self._watchdog.release(guard)
-            worker.inflight -= 1
-            worker.progress_at = time.monotonic()
-            if role == "prefill":
-                self._next_turn()
+    def start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair:
+        """Send the prefill leg (at once when a pooled connection is idle, so it goes out
+        before the decode's) and let a task read its answer; the decode leg is the caller's."""
+        conn = self._legs.send_now(prefill, send)
+        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep, conn))
+        if ex.ticket is not None:
+            prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
+        ex.sent_at = time.monotonic()
+        return Pair(prefill_task, Leg(), prefill.url)
 
     async def _prefill_leg(
-        self, ex: Exchange, worker: Worker, send: _Send, keep: bool, conn: Connection | None
+        self, ex: Exchange, worker: Worker, send: Send, keep: bool, conn: Connection | None
     ) -> bytes:
-        leg = _Leg()
-        self._claim(ex, False)  # its slot is taken for real now (worker.inflight)
+        leg = Leg()
+        self._queue.claim(ex, False)  # its slot is taken for real now (worker.inflight)
         # This attempt's choice: a retry replaces ex.kv while this leg may still be finishing.
         choice = ex.kv if ex.kv is not None and ex.kv.worker is worker else None
         status = 0
         try:
-            status, content_type, data = await self._read_leg(
-                "prefill", worker, send, self._prefill_timeout, leg=leg, conn=conn
+            status, content_type, data = await self._legs.read_leg(
+                "prefill", worker, send, self._legs.prefill_timeout, leg=leg, conn=conn
             )
         finally:
             ex.prefill_end = time.monotonic()
@@ -687,16 +346,6 @@ class Dispatcher:
                 ex.kv.worker.url, ex.kv.prompt_tokens, ex.kv.predicted, ex.cached_actual
             )
 
-    def _start(self, ex: Exchange, prefill: Worker, send: _Send, keep: bool) -> _Pair:
-        """Send the prefill leg (at once when a pooled connection is idle, so it goes out
-        before the decode's) and let a task read its answer; the decode leg is the caller's."""
-        conn = self._send_now(prefill, send)
-        prefill_task = asyncio.create_task(self._prefill_leg(ex, prefill, send, keep, conn))
-        if ex.ticket is not None:
-            prefill_task.add_done_callback(lambda task: self._prefill_ended(ex, task))
-        ex.sent_at = time.monotonic()
-        return _Pair(prefill_task, _Leg(), prefill.url)
-
     def _prefill_ended(self, ex: Exchange, task: asyncio.Task[bytes]) -> None:
         """Admission's accounting of a prefill leg (started when admitted): it left the queue,
         and if it was served, how long it took against the prediction."""
@@ -708,55 +357,27 @@ class Dispatcher:
         if served and not ex.pd.stream and ticket.prefill_done and ex.prefill_s is not None:
             self._metrics.ttft_error.observe(ex.prefill_s / ticket.prefill_done)
 
-    def _finish_in_background(self, pair: _Pair) -> None:
-        """Let a prefill leg that is still reading its answer finish; count a late failure."""
-        task = pair.prefill_task
-        if task.done():
-            if not pair.reported:
-                self._late_failure(task)
-            return
-        self._background.add(task)
-        task.add_done_callback(self._late_failure)
-
-    def _late_failure(self, task: asyncio.Task[bytes]) -> None:
-        self._background.discard(task)
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        error = exc if isinstance(exc, ApiError) else ApiError(502, repr(exc), "prefill_transport")
-        self._metrics.error(error.cause)
-        self._on_failure(error)
-
-    def _decode_failed(self, pair: _Pair, decode: Worker, error: LegError) -> ApiError:
-        """The error for a decode leg that failed before anything reached the client: the
-        prefill's own (reported now), a stream's limit, or the decode's."""
-        if error is pair.prefill_error:
-            return pair.take_error()
-        if pair.guard is not None and pair.guard.expired:
-            return self._expired(pair.guard, decode)
-        return error
-
-    # -- non-streaming -----------------------------------------------------------------------
+    # -- the decode leg, not streamed --------------------------------------------------------
 
     async def _unary(
-        self, ex: Exchange, prefill: Worker, decode: Worker, send: _Send
+        self, ex: Exchange, prefill: Worker, decode: Worker, send: Send
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep)
+        pair = self.start(ex, prefill, send, keep)
         finished = False
         try:
             leg = pair.decode
             try:
-                status, content_type, data = await self._read_leg(
-                    "decode", decode, send, self._request_timeout, leg=leg
+                status, content_type, data = await self._legs.read_leg(
+                    "decode", decode, send, self._legs.request_timeout, leg=leg
                 )
             except LegError as error:
-                raise self._decode_failed(pair, decode, error) from None
+                raise self._legs.decode_failed(pair, decode, error) from None
             finally:
                 ex.decode_s = time.monotonic() - leg.started
             if status >= 500:
-                raise self._decode_status(pair, decode, status, content_type, data)
+                raise self._legs.decode_status(pair, decode, status, content_type, data)
             if status >= 300:
                 pair.cancel()
                 ex.causes.append("decode_status")
@@ -766,7 +387,7 @@ class Dispatcher:
             finished = True
             if status < 300 and decode.failures:
                 self._pool.record_served(decode)
-            self._finish_in_background(pair)
+            self._legs.finish_in_background(pair)
             return web.Response(
                 body=data,
                 status=status,
@@ -776,16 +397,16 @@ class Dispatcher:
             if not finished:
                 pair.cancel()
 
-    # -- streaming ---------------------------------------------------------------------------
+    # -- the decode leg, streamed, and the relay ---------------------------------------------
 
     async def _stream(
-        self, ex: Exchange, prefill: Worker, decode: Worker, send: _Send
+        self, ex: Exchange, prefill: Worker, decode: Worker, send: Send
     ) -> web.StreamResponse:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
-        pair = self._start(ex, prefill, send, keep)
-        guard = pair.guard = self._watchdog.watch(
-            pair.expire, total=self._request_timeout, idle=self._first_token_timeout
+        pair = self.start(ex, prefill, send, keep)
+        guard = pair.guard = self._legs.watchdog.watch(
+            pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
         )
         if not decode.inflight:
             decode.progress_at = guard.last  # a busy period begins
@@ -794,13 +415,13 @@ class Dispatcher:
         upstream: Connection | None = None
         try:
             try:
-                upstream = await self._open("decode", decode, send, pair.decode)
+                upstream = await self._legs.open("decode", decode, send, pair.decode)
             except LegError as error:
-                raise self._decode_failed(pair, decode, error) from None
+                raise self._legs.decode_failed(pair, decode, error) from None
             if upstream.status >= 300:
-                data = await self._read_error(pair, decode, upstream)
+                data = await self._legs.read_error(pair, decode, upstream)
                 if upstream.status >= 500:
-                    raise self._decode_status(
+                    raise self._legs.decode_status(
                         pair, decode, upstream.status, upstream.content_type, data
                     )
                 pair.cancel()
@@ -817,13 +438,13 @@ class Dispatcher:
             try:
                 first = await upstream.first()
             except (UpstreamError, TimeoutError, LegError) as exc:
-                raise self._stream_failure(pair, decode, exc) from None
+                raise self._legs.stream_failure(pair, decode, exc) from None
             failed = first_event_error(first)
             if failed is not None and failed >= 500:  # a 4xx event is the worker's verdict
                 with contextlib.suppress(UpstreamError, TimeoutError, LegError):
                     first += await upstream.read()
-                raise self._decode_status(pair, decode, failed, "application/json", first)
-            guard.idle = self._stall_timeout
+                raise self._legs.decode_status(pair, decode, failed, "application/json", first)
+            guard.idle = self._legs.stall_timeout
             out = web.StreamResponse(
                 status=upstream.status,
                 headers=self._response_headers(ex, upstream.content_type or "text/event-stream"),
@@ -851,12 +472,12 @@ class Dispatcher:
                 ex.causes.append("client_disconnect")
                 return out
             except (UpstreamError, TimeoutError, LegError) as exc:
-                cut = self._stream_failure(pair, decode, exc)
+                cut = self._legs.stream_failure(pair, decode, exc)
                 pair.cancel()  # a stalled leg is cancelled before the stream moves on
                 if isinstance(cut, LegError):
-                    self._blame(decode, cut)
+                    self.blame(decode, cut)
                 try:
-                    failure = await self._migrate(ex, relay, cut)
+                    failure = await self._migration.migrate(ex, relay, cut)
                 except ClientGone:
                     ex.causes.append("client_disconnect")
                     return out
@@ -874,138 +495,12 @@ class Dispatcher:
                 if ex.ticket is not None and not ex.migrations:
                     self._learn(ex, ex.ticket, relay, decode, (batch + decode.inflight) / 2)
             finished = True
-            self._finish_in_background(pair)
+            self._legs.finish_in_background(pair)
             return out
         finally:
-            self._watchdog.release(guard)
+            self._legs.watchdog.release(guard)
             decode.inflight -= 1
             ex.decode_s = time.monotonic() - pair.decode.started
-            if not finished:
-                pair.cancel()
-            elif upstream is not None:
-                upstream.release()
-
-    # -- migration ---------------------------------------------------------------------------
-
-    def _migration_refusal(self, ex: Exchange, cut: ApiError) -> tuple[str, str] | None:
-        """(label, why) when a cut stream is not continued; None when it is."""
-        if not self._config.migrate:
-            return "off", "migration is off (--no-migrate)"
-        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
-            return "limit", "the request ran out of time"
-        if ex.retries + ex.migrations >= self._config.retries:
-            return "budget", f"the request used its {self._config.retries} retries (--retries)"
-        why = migrate.refusal(ex.pd)
-        if why is not None:
-            return "inexact", f"a continuation would not be exact: {why}"
-        return None
-
-    async def _migrate(self, ex: Exchange, relay: StreamRelay, cut: ApiError) -> ApiError | None:
-        """Continue a stream whose decode died or stalled on fresh pairs, with the prompt
-        plus the tokens the client got (`kit.lb.migrate`); None when the stream ended well,
-        else the error its last event reports. ClientGone when the client left."""
-        excluded = {cut.blame} if isinstance(cut, LegError) else set()
-        while True:
-            refused = self._migration_refusal(ex, cut)
-            if refused is not None:
-                label, why = refused
-                self._metrics.migration_refused(label)
-                return ApiError(
-                    cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
-                )
-            sent = migrate.sent_so_far(ex.pd, relay.last_data)
-            following = migrate.continuation(ex.pd, sent)
-            if following is None:  # every token was sent: only the end was missing
-                await relay.finish()
-                return None
-            ex.migrations += 1
-            self._metrics.migrate("stalled" if cut.cause == "decode_stalled" else "died")
-            log.info("continuing a stream on another pair: %s", cut.message)
-            try:
-                prefill = await self._pick(ex, "prefill", None, excluded)
-                decode = await self._pick(ex, "decode", None, excluded)
-            except ApiError as error:
-                return ApiError(
-                    error.status,
-                    f"{cut.message}; the stream could not be continued: {error.message}",
-                    error.cause,
-                )
-            body, room = following.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
-            ex.path = PathRecord(
-                ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
-            )
-            self._recent.chose(ex.path)
-            send = self._send(ex.pd.path_bytes, body, ex.request_id)
-            try:
-                await self._continue(
-                    ex,
-                    relay,
-                    prefill=prefill,
-                    decode=decode,
-                    send=send,
-                    rejoin=migrate.Rejoin(sent),
-                )
-                return None
-            except LegError as error:
-                worker = prefill if error.blame == prefill.url else decode
-                self._blame(worker, error)
-                excluded.add(worker.url)
-                cut = error
-            except ApiError as error:
-                return error
-
-    async def _continue(
-        self,
-        ex: Exchange,
-        relay: StreamRelay,
-        *,
-        prefill: Worker,
-        decode: Worker,
-        send: _Send,
-        rejoin: migrate.Rejoin,
-    ) -> None:
-        """One attempt at the rest of a stream: both legs, then the new decode's events
-        rewritten into the client's stream; raises the attempt's error (LegError)."""
-        pair = self._start(ex, prefill, send, False)
-        guard = pair.guard = self._watchdog.watch(
-            pair.expire, total=self._request_timeout, idle=self._first_token_timeout
-        )
-        if not decode.inflight:
-            decode.progress_at = guard.last
-        decode.inflight += 1
-        finished = False
-        upstream: Connection | None = None
-        try:
-            try:
-                upstream = await self._open("decode", decode, send, pair.decode)
-            except LegError as error:
-                raise self._decode_failed(pair, decode, error) from None
-            try:
-                if upstream.status >= 300:
-                    data = await upstream.read()
-                    raise self._decode_status(
-                        pair, decode, upstream.status, upstream.content_type, data
-                    )
-                first = await upstream.first()
-                failed = first_event_error(first)
-                if failed is not None:
-                    raise self._decode_status(pair, decode, failed, "application/json", first)
-                guard.idle = self._stall_timeout
-                relay.rebind(guard, decode, rejoin)
-                await relay.run(upstream, first)
-            except (UpstreamError, TimeoutError) as exc:
-                raise self._stream_failure(pair, decode, exc) from None
-            except LegError as exc:
-                if exc is pair.prefill_error or pair.guard.expired:
-                    raise self._stream_failure(pair, decode, exc) from None
-                raise
-            if decode.failures:
-                self._pool.record_served(decode)
-            finished = True
-            self._finish_in_background(pair)
-        finally:
-            self._watchdog.release(guard)
-            decode.inflight -= 1
             if not finished:
                 pair.cancel()
             elif upstream is not None:
@@ -1028,106 +523,5 @@ class Dispatcher:
             tpot = (last - first) / (relay.events - 1)
             self._metrics.tpot_error.observe(tpot / ticket.tpot)
 
-    def _expired(self, guard: Guard, decode: Worker) -> ApiError:
-        """The error for a stream the watchdog stopped."""
-        if guard.expired == "total":
-            limit = self._config.request_timeout
-            return ApiError(
-                504, f"the request took longer than --request-timeout {limit:g} s", "timeout"
-            )
-        config = self._config
-        if guard.idle == self._first_token_timeout and guard.idle != self._stall_timeout:
-            flag = "--first-token-timeout" if config.first_token_timeout else "--idle-timeout"
-        elif config.migrate:
-            flag = "--stall-timeout"
-        else:
-            flag = "--idle-timeout"
-        return LegError(
-            504,
-            f"decode worker {decode.url} sent nothing for {guard.idle or 0:g} s ({flag})",
-            "decode_stalled" if flag == "--stall-timeout" else "decode_timeout",
-            role="decode",
-            worker=decode.url,
-        )
-
-    def _stream_failure(self, pair: _Pair, decode: Worker, exc: BaseException) -> ApiError:
-        """Why a decode stream broke: a limit, the prefill's failure, or the decode itself."""
-        if pair.guard is not None and pair.guard.expired:
-            return self._expired(pair.guard, decode)
-        if pair.prefill_error is not None:
-            return pair.take_error()
-        return _leg_error("decode", decode, exc)
-
-    def _decode_status(
-        self, pair: _Pair, decode: Worker, status: int, content_type: str, data: bytes
-    ) -> LegError:
-        """A decode's own error status (or a stream's first event that is an error). One
-        that came while the prefill leg had not ended blames the prefill: SGLang's decode
-        reports a prefill it lost ("Lost connection with prefill instance")."""
-        pending = not pair.prefill_task.done()
-        snippet = data[:300].decode("utf-8", "replace")
-        return LegError(
-            status,
-            f"decode worker {decode.url} answered {status}: {snippet}",
-            "decode_status",
-            role="decode",
-            worker=decode.url,
-            raw_body=data if data.lstrip().startswith(b"{") else None,
-            raw_content_type=content_type or "application/json",
-            blame=pair.prefill_url if pending else None,
-        )
-
-    async def _read_error(self, pair: _Pair, decode: Worker, upstream: Connection) -> bytes:
-        try:
-            return await upstream.read()
-        except (UpstreamError, TimeoutError, LegError) as exc:
-            raise self._stream_failure(pair, decode, exc) from exc
-
     def _response_headers(self, ex: Exchange, content_type: str) -> dict[str, str]:
         return {"Content-Type": content_type, **path_headers(ex)}
-
-
-_CACHED_TOKENS = re.compile(rb'"cached_tokens":\s*(\d+)')
-
-
-def first_event_error(first: bytes) -> int | None:
-    """The status of a stream whose first event is an error (SGLang sends its failures after
-    the 200 head: `data: {"error": {...}}` or `data: {"object": "error", ...}`), else None; a
-    status under 500 counts as 500 only when the event names none."""
-    head = first.lstrip()
-    if not head.startswith(b"data:"):
-        return None
-    payload = head[5:].lstrip()
-    if not (
-        payload.startswith(b'{"error"')
-        or payload.startswith(b'{"object":"error"')
-        or payload.startswith(b'{"object": "error"')
-    ):
-        return None
-    line = payload.split(b"\n", 1)[0]
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return 502
-    error = event.get("error", event) if isinstance(event, dict) else {}
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, int) and 400 <= code <= 599 else 502
-
-
-def path_headers(ex: Exchange) -> dict[str, str]:
-    """The request id and the PD path chosen for it, for the client (`pdkit bench` records
-    them; `GET /requests?id=` answers the same after the fact)."""
-    headers = {"X-Request-Id": ex.request_id} if ex.request_id else {}
-    if ex.path is not None:
-        headers["X-PDKit-Prefill"] = ex.path.prefill
-        headers["X-PDKit-Decode"] = ex.path.decode
-        headers["X-PDKit-Bootstrap-Room"] = str(ex.path.bootstrap_room)
-    kv = ex.kv
-    if kv is not None:  # cache_aware: the rank chosen, and the cached tokens foreseen and seen
-        if kv.dp_rank is not None:
-            headers["X-PDKit-Prefill-DP-Rank"] = str(kv.dp_rank)
-        if kv.predicted >= 0:
-            headers["X-PDKit-Cached-Predicted"] = str(kv.predicted)
-        if ex.cached_actual is not None:
-            headers["X-PDKit-Cached-Actual"] = str(ex.cached_actual)
-    return headers

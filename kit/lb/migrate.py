@@ -21,17 +21,44 @@ original prompt). What SGLang 0.5.23 accepts decides where that is exact:
   `return_token_ids` is refused with streaming), and `continue_final_message` re-tokenizes
   the assistant's partial text.
 
-Where it is not exact, the stream ends with an error event that says so. Pure functions; the
-orchestration is `kit.lb.dispatch`.
+Where it is not exact, the stream ends with an error event that says so.
+
+A cut stream's migration (`Migration.migrate`, called by `kit.lb.dispatch` when a relayed
+stream breaks):
+
+1. Refuse it, with the reason counted, when migration is off, the cut was a limit of the
+   request rather than a decode's failure, the retry budget is spent, or the continuation
+   would not be exact (`refusal`).
+2. Read what the client got from the last event relayed (`sent_so_far`) and build the
+   request that continues it (`continuation`); with nothing left to generate, just end the
+   stream.
+3. Choose a fresh pair (avoiding the workers that failed in this request) and send both legs
+   with new bootstrap fields (`Migration._continue`).
+4. Relay the new decode's events into the client's stream, rewritten by `Rejoin`; a failure
+   there counts against its worker and goes back to 1.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from kit.lb.config import LbConfig, Role
+from kit.lb.errors import ApiError, LegError
+from kit.lb.exchange import Exchange
+from kit.lb.legs import Legs, Pair, Send, first_event_error
+from kit.lb.metrics import LbMetrics
 from kit.lb.protocol import GENERATE, Merge, PdRequest, parse_request
+from kit.lb.recent import PathRecord, RecentRequests
+from kit.lb.stream import StreamRelay
+from kit.lb.upstream import Connection, UpstreamError
+from kit.lb.workers import Worker, WorkerPool
+
+# The router logs a migration as part of its dispatch (the name is in every line of its log).
+log = logging.getLogger("kit.lb.dispatch")
 
 # SGLang's default max_new_tokens (sampling_params.py) when the request gives none.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -141,3 +168,163 @@ class Rejoin:
             if isinstance(meta.get("prompt_tokens"), int):
                 meta["prompt_tokens"] = sent.prompt_tokens
         return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class Pairs(Protocol):
+    """What a migration needs from the dispatcher (`kit.lb.dispatch.Dispatcher`)."""
+
+    async def pick(
+        self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]
+    ) -> Worker: ...
+
+    def start(self, ex: Exchange, prefill: Worker, send: Send, keep: bool) -> Pair: ...
+
+    def blame(self, worker: Worker, error: LegError) -> None: ...
+
+
+class Migration:
+    """Continues cut streams on fresh pairs; one per load balancer (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        config: LbConfig,
+        *,
+        pool: WorkerPool,
+        metrics: LbMetrics,
+        recent: RecentRequests,
+        rng: random.Random,
+        legs: Legs,
+        pairs: Pairs,
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._metrics = metrics
+        self._recent = recent
+        self._rng = rng
+        self._legs = legs
+        self._pairs = pairs
+
+    def _refusal(self, ex: Exchange, cut: ApiError) -> tuple[str, str] | None:
+        """(label, why) when a cut stream is not continued; None when it is."""
+        if not self._config.migrate:
+            return "off", "migration is off (--no-migrate)"
+        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
+            return "limit", "the request ran out of time"
+        if ex.retries + ex.migrations >= self._config.retries:
+            return "budget", f"the request used its {self._config.retries} retries (--retries)"
+        why = refusal(ex.pd)
+        if why is not None:
+            return "inexact", f"a continuation would not be exact: {why}"
+        return None
+
+    async def migrate(self, ex: Exchange, relay: StreamRelay, cut: ApiError) -> ApiError | None:
+        """Continue a stream whose decode died or stalled on fresh pairs, with the prompt
+        plus the tokens the client got (this module); None when the stream ended well,
+        else the error its last event reports. ClientGone when the client left."""
+        excluded = {cut.blame} if isinstance(cut, LegError) else set()
+        while True:
+            refused = self._refusal(ex, cut)
+            if refused is not None:
+                label, why = refused
+                self._metrics.migration_refused(label)
+                return ApiError(
+                    cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
+                )
+            sent = sent_so_far(ex.pd, relay.last_data)
+            following = continuation(ex.pd, sent)
+            if following is None:  # every token was sent: only the end was missing
+                await relay.finish()
+                return None
+            ex.migrations += 1
+            self._metrics.migrate("stalled" if cut.cause == "decode_stalled" else "died")
+            log.info("continuing a stream on another pair: %s", cut.message)
+            try:
+                prefill = await self._pairs.pick(ex, "prefill", None, excluded)
+                decode = await self._pairs.pick(ex, "decode", None, excluded)
+            except ApiError as error:
+                return ApiError(
+                    error.status,
+                    f"{cut.message}; the stream could not be continued: {error.message}",
+                    error.cause,
+                )
+            body, room = following.encode(prefill.bootstrap_host, prefill.bootstrap_port, self._rng)
+            ex.path = PathRecord(
+                ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
+            )
+            self._recent.chose(ex.path)
+            send = self._legs.send(ex.pd.path_bytes, body, ex.request_id)
+            try:
+                await self._continue(
+                    ex,
+                    relay,
+                    prefill=prefill,
+                    decode=decode,
+                    send=send,
+                    rejoin=Rejoin(sent),
+                )
+                return None
+            except LegError as error:
+                worker = prefill if error.blame == prefill.url else decode
+                self._pairs.blame(worker, error)
+                excluded.add(worker.url)
+                cut = error
+            except ApiError as error:
+                return error
+
+    async def _continue(
+        self,
+        ex: Exchange,
+        relay: StreamRelay,
+        *,
+        prefill: Worker,
+        decode: Worker,
+        send: Send,
+        rejoin: Rejoin,
+    ) -> None:
+        """One attempt at the rest of a stream: both legs, then the new decode's events
+        rewritten into the client's stream; raises the attempt's error (LegError)."""
+        pair = self._pairs.start(ex, prefill, send, False)
+        guard = pair.guard = self._legs.watchdog.watch(
+            pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
+        )
+        if not decode.inflight:
+            decode.progress_at = guard.last
+        decode.inflight += 1
+        finished = False
+        upstream: Connection | None = None
+        try:
+            try:
+                upstream = await self._legs.open("decode", decode, send, pair.decode)
+            except LegError as error:
+                raise self._legs.decode_failed(pair, decode, error) from None
+            try:
+                if upstream.status >= 300:
+                    data = await upstream.read()
+                    raise self._legs.decode_status(
+                        pair, decode, upstream.status, upstream.content_type, data
+                    )
+                first = await upstream.first()
+                failed = first_event_error(first)
+                if failed is not None:
+                    raise self._legs.decode_status(pair, decode, failed, "application/json", first)
+                guard.idle = self._legs.stall_timeout
+                relay.rebind(guard, decode, rejoin)
+                await relay.run(upstream, first)
+            except (UpstreamError, TimeoutError) as exc:
+                raise self._legs.stream_failure(pair, decode, exc) from None
+            except LegError as exc:
+                if exc is pair.prefill_error or pair.guard.expired:
+                    raise self._legs.stream_failure(pair, decode, exc) from None
+                raise
+            if decode.failures:
+                self._pool.record_served(decode)
+            finished = True
+            self._legs.finish_in_background(pair)
+        finally:
+            self._legs.watchdog.release(guard)
+            decode.inflight -= 1
+            if not finished:
+                pair.cancel()
+            elif upstream is not None:
+                upstream.release()

@@ -37,8 +37,9 @@ from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig
 from kit.lb.cache_aware import CacheAware
 from kit.lb.config import LbConfig, Role, prompt_vocab
-from kit.lb.dispatch import Dispatcher, Exchange, path_headers
+from kit.lb.dispatch import Dispatcher
 from kit.lb.errors import ApiError, error_body
+from kit.lb.exchange import Exchange, path_headers
 from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
 from kit.lb.kv_index import KvIndex, KvSubscriber

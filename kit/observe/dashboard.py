@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 TTFT_BOUNDS = ("0.1", "0.2", "0.4", "0.8")
 """TTFT bucket bounds (s) of both SGLang's and pdkit's router's TTFT histograms."""

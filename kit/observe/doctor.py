@@ -57,7 +57,7 @@ from kit.observe.doctor_tokens import (
 from kit.observe.probe import Fetched, Prober
 from kit.observe.prom import parse_metrics
 from kit.observe.signatures import Match, diagnose, notable
-from kit.topology.plan import Plan, Role, WorkerProcess
+from kit.topology.plan_types import Plan, Role, WorkerProcess
 
 DEFAULT_TIMEOUT_S = 15.0
 DEFAULT_PARALLEL = 1

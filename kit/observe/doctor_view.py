@@ -29,7 +29,7 @@ from kit.observe.doctor import (
     run_matrix,
     shorten,
 )
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 DEFAULT_INPUT_TOKENS = 2048
 KV_DTYPE_BYTES = 2.0  # SGLang's kv-cache-dtype auto on 16-bit models

@@ -24,7 +24,7 @@ from kit.observe.probe import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Prober, Ro
 from kit.observe.report import Report, build_report, report_to_json
 from kit.observe.targets import Targets, targets_from_plan
 from kit.observe.view import health_lines, status_view
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_RATE_WINDOW_S = 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.topology.plan import Plan, Role
+from kit.topology.plan_types import Plan, Role
 from kit.topology.schema import SLO, Engine, RouterKind
 
 

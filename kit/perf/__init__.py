@@ -6,7 +6,8 @@ Modules, bottom up:
 * ``models`` (model shapes from a ``config.json``: parameters, active parameters, KV bytes
   per token; shipped configs in ``models/``), ``gpus`` (GPU specs)
 * ``timing`` (the roofline step time, KV capacity, SGLang's memory defaults)
-* ``clock`` (real and virtual time), ``kvpool`` (KV pages), ``scheduler`` (SGLang's batching)
+* ``clock`` (real and virtual time), ``kv_pages`` (a scheduler's KV pages, not the ``kv_pool:``
+  feature), ``scheduler`` (SGLang's batching)
 * ``workload`` (synthetic requests: lengths and arrival times)
 * ``cluster`` (instances in virtual time: colocated, prefill-only, decode-only, xPyD)
 * ``sweep`` (latency percentiles, SLO attainment and goodput at request rates; the SLO is the

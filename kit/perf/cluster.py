@@ -18,7 +18,7 @@ from typing import Literal
 
 from kit.perf.clock import Clock, VirtualClock
 from kit.perf.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
-from kit.perf.kvpool import KvPool
+from kit.perf.kv_pages import KvPages
 from kit.perf.models import ModelShape, resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Scheduler, Step
 from kit.perf.scheduler import Sequence as Seq
@@ -181,7 +181,7 @@ class InstanceConfig:
             Scheduler(
                 mode=mode,
                 timing=timing,
-                pool=KvPool(memory.capacity_tokens // self.page_size, self.page_size),
+                pool=KvPages(memory.capacity_tokens // self.page_size, self.page_size),
                 clock=clock,
                 max_running=self.rank_slots(memory),
                 extra_slots=self.extra_slots(launched or mode),

@@ -30,7 +30,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from kit.perf.clock import Clock
-from kit.perf.kvpool import KvPool
+from kit.perf.kv_pages import KvPages
 from kit.perf.timing import StepShape, TimingModel
 
 # SGLang's KV admission estimate (sglang/srt/environ.py: SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
@@ -164,7 +164,7 @@ class Scheduler:
         *,
         mode: Mode,
         timing: TimingModel,
-        pool: KvPool,
+        pool: KvPages,
         clock: Clock,
         max_running: int,
         chunk_size: int,

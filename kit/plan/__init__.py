@@ -11,4 +11,7 @@ record (`launch`), the command of pdkit's router or smg's from the one table of 
 (`router`, `kit.topology.router_options`), Prometheus (`monitoring`). The modules are imported
 on their own: loading SGLang's catalog is not free; the router's runtime (`kit.lb`) is not
 imported at all.
+
+The Plan's types are `kit.topology.plan_types` (and the launch records `kit.topology.launch`):
+below this package, so that the layers it asks for argv can read them too.
 """

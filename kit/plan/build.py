@@ -21,8 +21,8 @@ from kit.sglang import hicache, render
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
-from kit.topology.plan import HostPlan, ModelPlan, Plan, WorkerProcess
-from kit.topology.schema import Role, Topology
+from kit.topology.plan_types import HostPlan, ModelPlan, Plan, WorkerProcess
+from kit.topology.schema import RoleSpec, Topology
 
 
 def local_path(path: str, topology_dir: Path) -> str:
@@ -66,7 +66,7 @@ def build_workers(
         for node in p.nodes
     )
     for p in placed.instances:
-        spec: Role = getattr(topology, p.role)
+        spec: RoleSpec = getattr(topology, p.role)
         launch = worker_launch(topology, p)
         for node in p.nodes:
             host = topology.host(node.host)

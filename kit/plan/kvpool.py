@@ -21,7 +21,7 @@ from kit.sglang.hicache import (
     uses_pool,
 )
 from kit.topology.layout import KV_POOL_PROCESS, HostLayout, unit_name
-from kit.topology.plan import Command, KvPoolProcess, WorkerProcess
+from kit.topology.plan_types import Command, KvPoolProcess, WorkerProcess
 from kit.topology.schema import Topology
 
 MASTER_MODULE = "mooncake.cli"

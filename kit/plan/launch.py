@@ -11,13 +11,10 @@ import re
 
 from kit.errors import Problem
 from kit.sglang.render import host_args, role_env
-from kit.sim.settings import SPEED_ENV, SettingsError, speed_from_env
 from kit.topology.launch import WorkerLaunch
 from kit.topology.place import InstancePlacement
-from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
-
-SIM_GPU_ENV = "PDKIT_SIM_GPU"
-"""The GPU engine sim emulates; a role's env may set it over the host's gpu_type."""
+from kit.topology.schema import ROLE_NAMES, ArgValue, RoleSpec, Topology
+from kit.topology.sim_env import SIM_GPU_ENV, SPEED_ENV, SettingsError, speed_from_env
 
 # sglang.srt.utils.common.human_readable_int: 32k = 32000, 32Ki = 32768.
 _SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -53,7 +50,7 @@ def _text(value: object) -> str | None:
 
 def worker_launch(topology: Topology, p: InstancePlacement) -> WorkerLaunch:
     """The launch record of instance `p` (its rank-0 host's GPU type)."""
-    spec: Role = getattr(topology, p.role)
+    spec: RoleSpec = getattr(topology, p.role)
     host = topology.host(p.nodes[0].host)
     args = host_args(topology, p.role, host)
     env = role_env(topology, p.role)
@@ -92,7 +89,7 @@ def launch_problems(topology: Topology) -> list[Problem]:
         return []
     problems = []
     for role in ROLE_NAMES:
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         try:
             speed_from_env(role_env(topology, role))
         except SettingsError as exc:

@@ -24,7 +24,7 @@ import yaml
 from kit.net import bare_host, host_port
 from kit.sglang.hicache import pool_host
 from kit.topology.layout import KV_POOL_PROCESS, MONITORING_PROCESS, HostLayout, unit_name
-from kit.topology.plan import (
+from kit.topology.plan_types import (
     Command,
     MonitoringProcess,
     RouterProcess,

@@ -23,7 +23,7 @@ from kit.sglang.catalog import UnsupportedVersion, load_catalog
 from kit.sglang.check import check, deprecations
 from kit.topology.load import locate, parse_topology, read_topology_text
 from kit.topology.place import Placement, placement
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 from kit.topology.schema import Topology
 from kit.topology.validate import validate
 

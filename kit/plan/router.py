@@ -25,7 +25,7 @@ from kit.errors import Problem
 from kit.net import bare_host
 from kit.topology.args import Flag, flag_groups, flatten, normalize_flag
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, unit_name
-from kit.topology.plan import Command, RouterProcess, WorkerProcess
+from kit.topology.plan_types import Command, RouterProcess, WorkerProcess
 from kit.topology.router_flags import SAME, RouterOption, router_policy
 from kit.topology.router_options import (
     BY_FLAG,

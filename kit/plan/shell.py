@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from kit.plan.monitoring import prometheus_config
-from kit.topology.plan import (
+from kit.topology.plan_types import (
     Command,
     KvPoolProcess,
     MonitoringProcess,

@@ -14,7 +14,7 @@ from kit.sglang.hicache import POOL_FLAGS
 from kit.sglang.render import role_args
 from kit.sglang.startup import check as startup_problems
 from kit.topology.args import normalize_flag
-from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
+from kit.topology.schema import ROLE_NAMES, ArgValue, RoleSpec, Topology
 
 OWNED_FLAGS: dict[str, str] = {
     "model-path": "model.path",
@@ -146,7 +146,7 @@ def _kv_events(topology: Topology) -> Iterator[Problem]:
     """KV events need a radix cache to publish from; the router's `cache_aware` needs them on
     the prefills."""
     for role in ROLE_NAMES:
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         if spec.kv_events is None:
             continue
         args = role_args(topology, role)
@@ -214,8 +214,8 @@ def _parallelism(topology: Topology, catalog: Catalog) -> Iterator[Problem]:
     """Prefill/decode parallelism SGLang 0.5.23's PD transfer cannot map. Its decode checks a
     prefill only on the first request (disaggregation/common/conn.py) and an uncaught error
     there takes the decode scheduler down, so pdkit refuses these before launch."""
-    prefill: Role = topology.prefill
-    decode: Role = topology.decode
+    prefill: RoleSpec = topology.prefill
+    decode: RoleSpec = topology.decode
     for role, spec in (("prefill", prefill), ("decode", decode)):
         if spec.dp_attention and spec.tp % spec.dp:
             yield Problem(

@@ -18,8 +18,9 @@ from kit.sglang.dialects import dialect
 from kit.topology.args import Flag, flag_groups, normalize_flag
 from kit.topology.nics import NicChoice
 from kit.topology.place import InstancePlacement, Node
-from kit.topology.plan import Command
-from kit.topology.schema import ArgValue, Host, Role, Topology
+from kit.topology.plan_types import Command
+from kit.topology.schema import ArgValue, Host, RoleSpec, Topology
+from kit.topology.sim_env import SIM_GPU_ENV
 from kit.topology.timeouts import timeouts_env, user_env
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -35,7 +36,7 @@ PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
     """The user's args for a role: pdkit defaults < the pool's HiCache flags (`kv_pool:`, which
     `args` may not set) < defaults.args < role.args, normalized."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     merged: dict[str, ArgValue] = {}
     pool = hicache.pool_args(topology, role)
     for source in (PDKIT_DEFAULT_ARGS, pool, topology.defaults.args, spec.args):
@@ -146,7 +147,7 @@ def worker_env(
     env: dict[str, str] = dict(collective or {})
     env.update(hicache.pool_env(topology, role, host, pool_clients))
     if topology.engine == "sim" and host.gpu_type:
-        env["PDKIT_SIM_GPU"] = host.gpu_type
+        env[SIM_GPU_ENV] = host.gpu_type
     # The address the transfer engine advertises to its peers.
     env["SGLANG_HOST_IP"] = bare_host(host.address)
     if host.device == "cpu":
@@ -176,7 +177,7 @@ def worker_command(
 def worker_flags(
     topology: Topology, p: InstancePlacement, node: Node, device: str | None
 ) -> list[Flag]:
-    spec: Role = getattr(topology, p.role)
+    spec: RoleSpec = getattr(topology, p.role)
     host = topology.host(node.host)
     model = topology.model
     flags: list[Flag] = [("--model-path", model.path)]
@@ -229,7 +230,7 @@ def kv_events_config(port: int, topic: str) -> str:
     )
 
 
-def bind_address(spec: Role, host: Host) -> str:
+def bind_address(spec: RoleSpec, host: Host) -> str:
     """What a role's servers bind on `host` (--host): the role's `bind`, else the host's
     address; bare, as SGLang's uvicorn takes it."""
     return bare_host(spec.bind or host.address)

@@ -12,6 +12,7 @@ Modules, bottom up:
 * ``settings`` (``PDKIT_SIM_*`` and the SGLang variables honoured), ``args`` (the argv)
 * ``tokens`` (the token rule, emulated outputs), ``requests`` (one request's state)
 * ``transfer`` (Mooncake), ``bootstrap`` (prefill side), ``pd_client`` (decode side)
+* ``caching`` (the prompt caches: the radix cache per rank, HiCache's tiers)
 * ``engine`` (ranks and the PD hand-off), ``api_native``/``api_openai``/``metrics``/``server``
   (HTTP), ``worker`` (process lifecycle), ``__main__`` (entry point)
 

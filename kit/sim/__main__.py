@@ -17,8 +17,9 @@ from kit.aio import run
 from kit.perf.models import ModelConfigError
 from kit.sim.args import ArgsError, parse_args
 from kit.sim.engine import StartupError
-from kit.sim.settings import SettingsError, SimSettings
+from kit.sim.settings import SimSettings
 from kit.sim.worker import run_worker
+from kit.topology.sim_env import SettingsError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

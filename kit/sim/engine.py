@@ -2,17 +2,23 @@
 
 SGLang splits this between the tokenizer manager and the schedulers; here one object owns
 the ranks (`Scheduler` on a `RealClock`), dispatches requests to them, and runs the PD
-hand-off around the scheduler:
+hand-off around the scheduler. A request's life (`Engine.submit`):
 
-* prefill: the request waits for its decode's reservation (bootstrap queue, up to
-  ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``), is prefilled, then its KV is written into the
-  decode's buffer over Mooncake, taking at least the timing model's transfer time; the answer
-  goes to the decode's long poll and the request finishes with ``length 0``.
-* decode: the request finds its prefill (``bootstrap_host``/``bootstrap_port``), waits for KV
-  room (prealloc), asks the prefill for the KV, compares its checksum (a mismatch fails the
-  request only with ``--disaggregation-enable-kv-checksum``, as in SGLang; without it the
-  decode goes on from the altered KV, and its tokens differ), then decodes starting from the
-  prefill's first token.
+1. It is checked as SGLang's scheduler checks it (a refusal ends it with a 400), its prompt
+   cut to the context with ``--allow-auto-truncate``, and it is given a DP rank.
+2. On a prefill, it waits for its decode's reservation (bootstrap queue, up to
+   ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``), takes what is cached of its prompt
+   (`kit.sim.caching`), is prefilled, then its KV is written into the decode's buffer over
+   Mooncake, taking at least the timing model's transfer time; the answer goes to the
+   decode's long poll and the request finishes with ``length 0``.
+3. On a decode, it finds its prefill (``bootstrap_host``/``bootstrap_port``), waits for KV
+   room (prealloc), asks the prefill for the KV, compares its checksum (a mismatch fails the
+   request only with ``--disaggregation-enable-kv-checksum``, as in SGLang; without it the
+   decode goes on from the altered KV, and its tokens differ), then decodes starting from the
+   prefill's first token.
+4. Without PD, it is prefilled and decoded on its rank, past the prefix its rank has cached.
+5. A client that leaves aborts it (`abort`): its hand-off is cancelled and its KV freed; a
+   decode's pages that a prefill may still be writing are held for `KV_QUARANTINE_S` first.
 
 A ``bootstrap_host`` of 2.2.2.2 (SGLang's fake host, used by health checks) or the ``fake``
 transfer backend skips the hand-off.
@@ -30,7 +36,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from kit.kvevents.publisher import Publisher
 from kit.net import host_port
 from kit.perf.clock import RealClock
 from kit.perf.cluster import InstanceConfig
@@ -41,9 +46,9 @@ from kit.sim import faults, tokens, trace
 from kit.sim.admission import Limits
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
+from kit.sim.caching import Caching
 from kit.sim.pd_client import PdError, PrefillDirectory
-from kit.sim.prefix import STORAGE_BACKEND_TYPE, LocalCache, PoolClient, page_keys
-from kit.sim.prefix_cache import PrefixCache
+from kit.sim.prefix import PoolClient
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.settings import SimSettings
 from kit.sim.transfer import KvBuffer, TransferError, scaled_bytes_per_token
@@ -90,15 +95,6 @@ class PdStats:
     last_speed_gb_s: float = 0.0
     checksum_ok: int = 0
     kv_corrupted: int = 0  # KV that arrived altered and was decoded from anyway (no check)
-
-
-@dataclass
-class CacheStats:
-    """Prompt tokens by where they came from (prefill side, HiCache on)."""
-
-    device_tokens: int = 0  # found on the instance (L1 + L2)
-    storage_tokens: int = 0  # loaded from the KV pool (L3)
-    lookups: int = 0
 
 
 def _gpu(name: str) -> GpuSpec:
@@ -171,30 +167,15 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._throughput: deque[tuple[float, int]] = deque()
         self.transfer_observers: list[Callable[[TransferRecord], None]] = []
-        # The radix cache per rank that publishes KV events (kit.sim.prefix_cache); where it
-        # is on, it decides what is cached and HiCache's tiers below are not emulated.
-        self.caches: list[PrefixCache] | None = None
-        if args.kv_events is not None and args.radix_cache:
-            self.caches = [
-                PrefixCache(
-                    args.page_size,
-                    self.pages_per_rank,
-                    Publisher(args.kv_events.endpoint, args.kv_events.topic, rank),
-                )
-                for rank in range(len(self.ranks))
-            ]
-        # HiCache (kit.sim.prefix): the instance's prefix cache, and the pool as its L3.
-        self.prefix_cache: LocalCache | None = None
-        hicache = args.enable_hierarchical_cache and not args.disable_radix_cache
-        if hicache and self.mode is not Mode.DECODE:
-            # L1 (GPU) and L2 (host, --hicache-ratio x the GPU pool) as one LRU.
-            ratio = max(1.0, args.hicache_ratio or 2.0)
-            self.prefix_cache = LocalCache(int(self.pages_per_rank * len(self.ranks) * ratio))
-        self.pool: PoolClient | None = None
-        self.cache = CacheStats()
-        self.cache_namespace = (
-            f"pdkit-sim:{args.served_model_name}:{args.kv_cache_dtype}:{args.page_size}:"
-            f"{self.kv_bytes_per_token}"
+        self.caching = Caching(
+            args,
+            clock,
+            self.timing,
+            mode=self.mode,
+            ranks=len(self.ranks),
+            pages_per_rank=self.pages_per_rank,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            spawn=self._spawn,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -217,7 +198,7 @@ class Engine:
         """Join the KV pool (Mooncake Store) as HiCache's L3, giving it this worker's global
         segment scaled like the KV it stores (PDKIT_SIM_KV_SCALE); with
         --hicache-storage-backend mooncake only."""
-        if self.prefix_cache is None or self.args.hicache_storage_backend != "mooncake":
+        if self.caching.prefix_cache is None or self.args.hicache_storage_backend != "mooncake":
             return
         settings = self.settings.kv_pool
         if settings is None:
@@ -229,7 +210,9 @@ class Engine:
         scale = self.kv_bytes_per_token / self.timing.kv_bytes_per_token
         segment = max(int(settings.global_segment_bytes * scale), 1 << 20)
         try:
-            self.pool = PoolClient(settings, self.args.page_size * self.kv_bytes_per_token, segment)
+            self.caching.pool = PoolClient(
+                settings, self.args.page_size * self.kv_bytes_per_token, segment
+            )
         except (OSError, ImportError) as exc:
             raise StartupError(str(exc)) from exc
         logger.info(
@@ -243,12 +226,9 @@ class Engine:
         for task in list(self._tasks):
             task.cancel()
         await self.prefills.close()
-        for cache in self.caches or ():
-            cache.close()
         if self.kv is not None:
             self.kv.close()
-        if self.pool is not None:
-            self.pool.close()
+        self.caching.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], state: RequestState) -> None:
         task = asyncio.ensure_future(coro)
@@ -336,7 +316,7 @@ class Engine:
             inp.health_check or inp.bootstrap_host == FAKE_BOOTSTRAP_HOST or not self.uses_mooncake
         )
         if self.mode is Mode.NULL:
-            self._match_prefix(state, seq, rank_index)
+            self.caching.match_prefix(state, seq, rank_index, self.mode)
             rank.submit(seq)
         elif self.mode is Mode.PREFILL:
             self._spawn(self._prefill_flow(state, seq, rank_index, fake), state)
@@ -375,38 +355,6 @@ class Engine:
             return inp.bootstrap_room % dp  # follow_bootstrap_room
         return next(self._rr) % dp
 
-    def _match_prefix(self, state: RequestState, seq: Sequence, rank_index: int) -> None:
-        """Start `seq` past the prefix its rank has cached (kit.sim.prefix_cache) when the
-        rank's scheduler takes it into a prefill batch, as SGLang 0.5.23 does
-        (`get_new_batch_prefill`), not when it is queued; the cache takes the prompt once
-        prefilled."""
-        if self.caches is None or state.inp.health_check:
-            return
-        cache = self.caches[rank_index]
-
-        def match(admitted: Sequence) -> None:
-            state.cached_tokens = admitted.computed = cache.match(
-                state.inp.prompt_ids, self.clock.now()
-            )
-            self.cache.lookups += 1
-            self.cache.device_tokens += state.cached_tokens
-
-        seq.on_admit = match
-        if self.mode is Mode.NULL:
-            hook = state.finished_hook
-
-            def cache_prompt(st: RequestState) -> None:
-                self._cache_prompt(st, rank_index)
-                if hook is not None:
-                    hook(st)
-
-            state.finished_hook = cache_prompt
-
-    def _cache_prompt(self, state: RequestState, rank_index: int) -> None:
-        aborted = state.finish is not None and state.finish.kind == "abort"
-        if self.caches is not None and not state.inp.health_check and not aborted:
-            self.caches[rank_index].insert(state.inp.prompt_ids)
-
     def _global_pages(self, rank_index: int, seq: Sequence) -> list[int]:
         offset = rank_index * self.pages_per_rank
         return [offset + p for p in seq.page_ids]
@@ -421,13 +369,13 @@ class Engine:
         if fake:
 
             def handed_off(st: RequestState) -> None:
-                self._cache_prompt(st, rank_index)
+                self.caching.cache_prompt(st, rank_index)
                 st.record_prefill_token()
                 loop.call_soon(rank.transfer_done, seq)
 
             state.prefilled_hook = handed_off
-            self._match_prefix(state, seq, rank_index)
-            await self._load_prefix(state, seq)
+            self.caching.match_prefix(state, seq, rank_index, self.mode)
+            await self.caching.load_prefix(state, seq)
             rank.submit(seq)
             return
         room = state.inp.bootstrap_room
@@ -453,59 +401,13 @@ class Engine:
         trace.stage(state, "prefill_bootstrap", waiting_since)
 
         def prefilled(st: RequestState) -> None:
-            self._cache_prompt(st, rank_index)
+            self.caching.cache_prompt(st, rank_index)
             self._spawn(self._send_kv(st, seq, rank_index, reservation), st)
 
         state.prefilled_hook = prefilled
-        self._match_prefix(state, seq, rank_index)
-        await self._load_prefix(state, seq)
+        self.caching.match_prefix(state, seq, rank_index, self.mode)
+        await self.caching.load_prefix(state, seq)
         rank.submit(seq)
-
-    async def _load_prefix(self, state: RequestState, seq: Sequence) -> None:
-        """HiCache: take the prompt's leading pages from the instance's cache, then from the
-        pool (fetched for real, charged the timing model's load time over the pool's link),
-        so that only the rest is computed; once computed, every page is cached here and the
-        new ones are written through to the pool. SGLang computes at least the last token, so
-        the page holding it is never taken from a cache."""
-        cache = self.prefix_cache
-        if cache is None or self.caches is not None or state.inp.health_check or state.done:
-            return
-        page = self.args.page_size
-        keys = page_keys(state.inp.prompt_ids[: seq.prompt_len - 1], page, self.cache_namespace)
-        local = cache.match(keys)
-        stored = 0
-        pool = self.pool
-        if pool is not None and local < len(keys):
-            loop = asyncio.get_running_loop()
-            started_model, started_wall = self.clock.now(), loop.time()
-            stored = await pool.lookup(keys[local:])
-            if stored:
-                modeled = self.timing.kv_transfer_seconds(
-                    stored * page, rdma=pool.settings.protocol == "rdma"
-                )
-                wait = self.clock.wall(started_model + modeled) - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                trace.stage(state, "prefill_storage_load", started_wall)
-        self.cache.lookups += 1
-        self.cache.device_tokens += local * page
-        self.cache.storage_tokens += stored * page
-        seq.computed = (local + stored) * page
-        details: dict[str, Any] = {"device": local * page, "host": 0}
-        if pool is not None:
-            details |= {"storage": stored * page, "storage_backend": STORAGE_BACKEND_TYPE}
-        state.cached_details = details if seq.computed else None
-        state.cached_tokens = seq.computed
-        fresh = keys[local + stored :]
-        then = state.prefilled_hook
-
-        def prefilled(st: RequestState) -> None:
-            cache.insert(keys)
-            if pool is not None and fresh:
-                self._spawn(pool.write(fresh), st)
-            then(st)
-
-        state.prefilled_hook = prefilled
 
     async def _send_kv(
         self, state: RequestState, seq: Sequence, rank_index: int, reservation: Reservation

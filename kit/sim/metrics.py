@@ -315,7 +315,7 @@ class Metrics:
         e = self.engine
         throughput = e.gen_throughput()
         computed = sum(r.stats.prompt_tokens for r in e.ranks)
-        cached = e.cache.device_tokens + e.cache.storage_tokens
+        cached = e.caching.stats.device_tokens + e.caching.stats.storage_tokens
         hit_rate = cached / (cached + computed) if cached + computed else 0.0
         for i, rank in enumerate(e.ranks):
             lab = self._rank_labels(i)
@@ -338,16 +338,16 @@ class Metrics:
         self._bump(self.transfer_failed, "transfer", e.pd.transfer_failed)
         self._bump(self.sim_kv_bytes, "kv_bytes", e.pd.kv_bytes_moved)
         for source, total in (
-            ("device", e.cache.device_tokens),
-            ("storage", e.cache.storage_tokens),
+            ("device", e.caching.stats.device_tokens),
+            ("storage", e.caching.stats.storage_tokens),
         ):
             delta = total - self._counted[source]
             if delta > 0:
                 self.cached_tokens.labels(**self.labels, cache_source=source).inc(delta)
                 self._counted[source] = total
-        if e.pool is not None:
-            self.pool_up.labels(**self.labels).set(1 if e.pool.up else 0)
-            self._bump(self.pool_failures, "pool_failures", e.pool.stats.failures)
+        if e.caching.pool is not None:
+            self.pool_up.labels(**self.labels).set(1 if e.caching.pool.up else 0)
+            self._bump(self.pool_failures, "pool_failures", e.caching.pool.stats.failures)
         return generate_latest(self.registry)
 
 
@@ -356,7 +356,7 @@ def _waiting_uncached(engine: Engine, rank_index: int) -> int:
     is matched at admission) counts its prompt times the rank's recent miss rate, as SGLang
     0.5.23 estimates it; one whose prefix came from HiCache counts what is left."""
     rank = engine.ranks[rank_index]
-    cache = engine.caches[rank_index] if engine.caches is not None else None
+    cache = engine.caching.caches[rank_index] if engine.caching.caches is not None else None
     miss = 1.0 - cache.recent_hit_rate(engine.clock.now()) if cache is not None else 1.0
     return sum(
         int(s.target * miss) if s.on_admit is not None else s.target - s.computed

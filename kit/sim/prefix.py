@@ -163,7 +163,7 @@ class PoolClient:
         self._in_flight = 0
         self._store: Any = MooncakeDistributedStore()
         # Pages move over TCP whatever MOONCAKE_PROTOCOL says (as the sim's PD transfers do);
-        # the load is charged by the configured protocol's link (`Engine._load_prefix`).
+        # the load is charged by the configured protocol's link (`Caching.load_prefix`).
         rc = self._store.setup(
             settings.local_hostname,
             settings.metadata_server,

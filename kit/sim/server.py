@@ -263,7 +263,7 @@ class Api:
                     "gpu": e.gpu.name,
                     "gpus": e.gpus,
                     "model": e.model.describe(),
-                    # The tokenizer's vocabulary (kit.kvevents.prompt): what a router hashes
+                    # The tokenizer's vocabulary (kit.byte_tokenizer): what a router hashes
                     # text prompts with to look them up in this worker's KV events.
                     "vocab": e.model.vocab,
                     "speed": e.settings.speed,
@@ -342,7 +342,7 @@ class Api:
         events (None: it does not)."""
         e = self.engine
         config = e.args.kv_events
-        if config is None or e.caches is None:
+        if config is None or e.caching.caches is None:
             return None
         return wire.describe(
             port_base=int(config.endpoint.rpartition(":")[2]),
@@ -353,7 +353,7 @@ class Api:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.idle:
-            for cache in self.engine.caches or ():
+            for cache in self.engine.caching.caches or ():
                 cache.clear()
             return web.Response(text=FLUSHED)
         return web.Response(text="Flush cache failed.\n", status=400)

@@ -54,14 +54,12 @@ real Mooncake Store client of the prefix cache's L3 (kit/sim/prefix.py).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kit.perf.gpus import DEFAULT_GPU
 from kit.sim.prefix import PoolSettings
-
-SPEED_ENV = "PDKIT_SIM_SPEED"
+from kit.topology.sim_env import SettingsError, env_integer, env_number, speed_from_env
 
 # SGLang 0.5.23 defaults (sglang/srt/environ.py).
 BOOTSTRAP_TIMEOUT_S = 300.0
@@ -72,10 +70,6 @@ HEARTBEAT_MAX_FAILURE = 2
 HEALTH_CHECK_TIMEOUT_S = 20.0
 TRANSFER_THREADS = 4
 FAULTS = ("refuse", "hang", "corrupt")
-
-
-class SettingsError(ValueError):
-    """An environment variable holds a value the sim cannot use."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +101,7 @@ class SimSettings:
 
         Raises `SettingsError` naming the variable when a value is malformed.
         """
-        interval = _number(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_S)
+        interval = env_number(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_S)
         level = env.get("PDKIT_SIM_LOG_LEVEL") or None
         if level is not None and not isinstance(logging.getLevelName(level.upper()), int):
             raise SettingsError(f"PDKIT_SIM_LOG_LEVEL={level!r} is not a log level name")
@@ -126,65 +120,33 @@ class SimSettings:
         return cls(
             kv_pool=pool,
             gpu=env.get("PDKIT_SIM_GPU") or DEFAULT_GPU,
-            load_seconds=_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
+            load_seconds=env_number(env, "PDKIT_SIM_LOAD_SECONDS", 1.0, minimum=0.0),
             speed=speed_from_env(env),
-            seed=_integer(env, "PDKIT_SIM_SEED", 0) if seed else None,
-            kv_scale=_number(env, "PDKIT_SIM_KV_SCALE", 1024.0, minimum=1.0),
-            answer_tokens=_integer(env, "PDKIT_SIM_ANSWER_TOKENS", 128, minimum=0),
+            seed=env_integer(env, "PDKIT_SIM_SEED", 0) if seed else None,
+            kv_scale=env_number(env, "PDKIT_SIM_KV_SCALE", 1024.0, minimum=1.0),
+            answer_tokens=env_integer(env, "PDKIT_SIM_ANSWER_TOKENS", 128, minimum=0),
             log_level=level,
-            bootstrap_timeout_s=_number(
+            bootstrap_timeout_s=env_number(
                 env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", BOOTSTRAP_TIMEOUT_S, minimum=0.0
             ),
-            waiting_timeout_s=_number(
+            waiting_timeout_s=env_number(
                 env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", WAITING_TIMEOUT_S, minimum=0.0
             ),
             # SGLang clamps the interval to at least 2 s (disaggregation/common/conn.py).
             heartbeat_interval_s=max(HEARTBEAT_MIN_INTERVAL_S, interval),
-            heartbeat_max_failure=_integer(
+            heartbeat_max_failure=env_integer(
                 env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", HEARTBEAT_MAX_FAILURE, minimum=1
             ),
-            health_check_timeout_s=_number(
+            health_check_timeout_s=env_number(
                 env, "SGLANG_HEALTH_CHECK_TIMEOUT", HEALTH_CHECK_TIMEOUT_S, minimum=0.0
             ),
             health_generation=env.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true")
             .strip()
             .lower()
             not in ("0", "false", "no", "off"),
-            transfer_threads=_integer(
+            transfer_threads=env_integer(
                 env, "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", TRANSFER_THREADS, minimum=1
             ),
             host_ip=env.get("SGLANG_HOST_IP") or None,
             fault=fault,
         )
-
-
-def speed_from_env(env: Mapping[str, str]) -> float:
-    """``PDKIT_SIM_SPEED`` (model seconds per wall second; default 1); `SettingsError` when it
-    is not a positive number. The Plan reads it from the topology with the same rule."""
-    return _number(env, SPEED_ENV, 1.0, minimum=1e-6)
-
-
-def _number(env: Mapping[str, str], name: str, default: float, minimum: float = -math.inf) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum:
-        raise SettingsError(f"{name}={raw!r} must be a finite number >= {minimum:g}")
-    return value
-
-
-def _integer(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise SettingsError(f"{name}={raw!r} must be >= {minimum}")
-    return value

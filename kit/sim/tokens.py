@@ -1,10 +1,8 @@
 """Text and tokens in the emulated model.
 
-The one rule for prompts: **a text is ``ceil(UTF-8 bytes / 4)`` tokens** (at least 1), the
-usual rule of thumb for English with BPE tokenizers. Token ids come from the bytes, 4 per
-token, so the same text always gives the same ids. A chat request is first rendered with
-`render_chat` (``<|role|>\\n{content}\\n`` per message, then ``<|assistant|>\\n``), then counted
-by the same rule.
+Prompts are counted and encoded by `kit.byte_tokenizer` (a text is ``ceil(UTF-8 bytes / 4)``
+tokens; a chat request is first rendered with `render_chat`), which lives below the sim so that
+the bench and the router read the same rule without importing the emulator.
 
 Outputs: the emulated model speaks words from `WORDS`, one word per token (``" word"``, id
 ``WORD_ID_BASE + index``). Which words, and when the model would end its answer with EOS, is
@@ -15,44 +13,19 @@ different across prompts. Log-probabilities are a fixed function of (position, t
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from collections.abc import Sequence
 
-# The tokenizer itself lives below the sim, where pdkit's router can use it too.
-from kit.kvevents.prompt import BYTES_PER_TOKEN, WORD_ID_BASE, encode, render_chat
+from kit.byte_tokenizer import (
+    BYTES_PER_TOKEN,
+    WORD_ID_BASE,
+    WORDS,
+    count_text_tokens,
+    encode,
+    render_chat,
+)
 
 EOS_TOKEN_ID = 2
-
-_WORD_LIST = """the of and to in is that it for on with as was at by be this from are or an have not
-    they which one you were all we her she there would their has been if more when will who
-    what so no out up into than them can only other new some could time these two may then do
-    first any my now such like our over man me even most made after also did many before must
-    through back years where much your way well down should because each just those people how
-    too little state good very make world still own see men work long get here between both
-    life being under never day same another know while last might us great old year off come
-    since against go came right used take three states himself few house use during without
-    again place around however home small found thought went say part once general high upon
-    school every does got united left number course war until always away something fact
-    though water less public put think almost hand enough far took head yet government system
-    better set told nothing night end why called didn find going look asked later knew point
-    next program city business give group toward young days let room president side social
-    given present several order national possible rather second face per among form important
-    often things looked early white case john become large big need four within felt along
-    children saw best church ever least power development light thing seemed family interest
-    want members mind country area others done turned although open god service certain kind
-    problem began different door thus help sense means whole matter perhaps itself york times
-    law human line above name example action company hands local show whether five history
-    gave today either act feet across taken past quite anything seen having death experience
-    body word half really week field car words already information tell together college shall
-    money period held keep sure free seems real behind cannot miss political air question
-    making office brought whose special major heard problems ago became federal"""
-WORDS = tuple(_WORD_LIST.split())
-
-
-def count_text_tokens(text: str) -> int:
-    """Tokens in `text` by the rule above."""
-    return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
 
 
 def decode_token(token_id: int) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from kit.perf.kvpool import page_runs
+from kit.perf.kv_pages import page_runs
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from kit.errors import Problem
 from kit.topology.place import Placement
-from kit.topology.schema import Role, Topology
+from kit.topology.schema import RoleSpec, Topology
 
 
 def cpu_host_problems(topology: Topology, placed: Placement) -> Iterator[Problem]:
@@ -62,7 +62,7 @@ def _instances(topology: Topology, placed: Placement, cpu: set[str]) -> Iterator
         for node in p.nodes:
             (on_cpu if node.host in cpu else on_gpu).setdefault(p.role, node.host)
     for role, host in on_cpu.items():
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         for key in ("tp", "dp", "ep", "pp"):
             size = getattr(spec, key)
             if size > 1:

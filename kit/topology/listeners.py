@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from kit.topology import ports
 from kit.topology.place import InstancePlacement, Node
-from kit.topology.plan import PortUse
-from kit.topology.schema import Role, Topology
+from kit.topology.plan_types import PortUse
+from kit.topology.schema import RoleSpec, Topology
 
 CLIENTS = "clients"
 DECODE_HOSTS = "decode hosts"
@@ -24,7 +24,7 @@ LOCAL = "local"
 
 def process_ports(topology: Topology, p: InstancePlacement, node: Node) -> tuple[PortUse, ...]:
     """The ports the process of `p` on `node` listens on, HTTP first."""
-    spec: Role = getattr(topology, p.role)
+    spec: RoleSpec = getattr(topology, p.role)
     attention_dp = spec.parallelism.attention_dp
     used = [PortUse(first=p.http_port, last=p.http_port, what="HTTP", reached_by=CLIENTS)]
     if p.bootstrap_port is not None:

@@ -26,7 +26,7 @@ from kit.topology import ports
 from kit.topology.args import normalize_flag
 from kit.topology.layout import instance_name
 from kit.topology.nics import NicChoice, choose_nics
-from kit.topology.schema import ROLE_NAMES, Host, Role, Topology
+from kit.topology.schema import ROLE_NAMES, Host, RoleSpec, Topology
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def placement(topology: Topology) -> Placement:
 
 def role_switchable(topology: Topology, role: str) -> bool:
     """The role's instances start with --enable-pd-role-switch (defaults.args or its args)."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     merged = {
         normalize_flag(k): v
         for source in (topology.defaults.args, spec.args)
@@ -129,7 +129,7 @@ def role_switchable(topology: Topology, role: str) -> bool:
 
 def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
     """(HTTP base, bootstrap base, dist-init base) for a role, defaults applied."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     http = spec.port or (ports.PREFILL_HTTP if role == "prefill" else ports.DECODE_HTTP)
     bootstrap = spec.bootstrap_port or ports.BOOTSTRAP
     dist_init = spec.dist_init_port or (
@@ -140,7 +140,7 @@ def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
 
 def nccl_base(topology: Topology, role: str) -> int:
     """The first --nccl-port of a role on each CPU host, default applied."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     return spec.nccl_port or (ports.PREFILL_NCCL if role == "prefill" else ports.DECODE_NCCL)
 
 
@@ -152,7 +152,7 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     prefill_pins = [name for name in topology.prefill.hosts if name in states]
     shared = set(prefill_pins or states)
     for role in ROLE_NAMES:
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         pins = [name for name in spec.hosts if name in states]
         candidates = pins or [h.name for h in topology.hosts]
         if not candidates:
@@ -192,7 +192,7 @@ def _fit(need: int, hosts: list[_HostState], top: set[str]) -> tuple[Node, ...] 
 
 
 def _no_fit(
-    topology: Topology, role: str, index: int, spec: Role, hosts: list[_HostState]
+    topology: Topology, role: str, index: int, spec: RoleSpec, hosts: list[_HostState]
 ) -> Problem:
     need = spec.gpus_per_instance
     free = ", ".join(f"{s.host.name}: {s.free} of {s.host.gpus}" for s in hosts)
@@ -236,7 +236,7 @@ def _assign_ports(
     bootstrap = take("bootstrap", bootstrap_base) if role == "prefill" or switchable else None
     # A DP-attention instance gets a dist-init port on one host too: SGLang would otherwise
     # derive its ZMQ ports from --port (+ 233 ..), and instances at ports k and k + 1 collide.
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     needs_dist_init = len(nodes) > 1 or spec.parallelism.attention_dp
     dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if needs_dist_init else None
     on_cpu = all(states[n.host].host.device == "cpu" for n in nodes)

@@ -156,7 +156,7 @@ class KvEvents(Strict):
     )
 
 
-class Role(RoleDefaults):
+class RoleSpec(RoleDefaults):
     """The prefill or the decode instances."""
 
     count: int = Field(1, ge=1, description="Number of instances.")
@@ -666,8 +666,8 @@ class Topology(Strict):
     defaults: RoleDefaults = Field(
         default_factory=RoleDefaults, description="args/env shared by prefill and decode."
     )
-    prefill: Role = Field(default_factory=Role, description="The prefill instances.")
-    decode: Role = Field(default_factory=Role, description="The decode instances.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="The prefill instances.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="The decode instances.")
     transfer: Transfer = Field(default_factory=Transfer, description="How KV moves.")
     router: Router = Field(default_factory=Router, description="The load balancer.")
     slo: SLO = Field(default_factory=SLO, description="Latency targets for status and bench.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kit.errors import Problem
-from kit.topology.schema import ROLE_NAMES, PDTimeouts, Role, Topology
+from kit.topology.schema import ROLE_NAMES, PDTimeouts, RoleSpec, Topology
 
 PD_TIMEOUT_ENV: dict[str, str] = {
     "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
@@ -30,7 +30,7 @@ _INTEGER_FIELDS = {"bootstrap_timeout_s", "waiting_timeout_s", "heartbeat_max_fa
 
 def user_env(topology: Topology, role: str) -> dict[str, str]:
     """The user's env for a role: transfer.env < defaults.env < role.env."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     return {**topology.transfer.env, **topology.defaults.env, **spec.env}
 
 

@@ -18,7 +18,7 @@ from kit.topology.kvpool import kv_pool_host, kv_pool_problems
 from kit.topology.listeners import process_ports
 from kit.topology.place import InstancePlacement, Placement, placement
 from kit.topology.policies import PDKIT_POLICIES, SMG_POLICIES
-from kit.topology.schema import ROLE_NAMES, Role, Topology
+from kit.topology.schema import ROLE_NAMES, RoleSpec, Topology
 from kit.topology.timeouts import env_problems as timeout_env_problems
 
 
@@ -76,7 +76,7 @@ def _references(topology: Topology) -> Iterator[Problem]:
                 "give every host a unique name.",
             )
     for role in ROLE_NAMES:
-        spec: Role = getattr(topology, role)
+        spec: RoleSpec = getattr(topology, role)
         for i, pin in enumerate(spec.hosts):
             if pin not in names:
                 yield Problem(
@@ -238,7 +238,7 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
     monitoring_host = _monitoring_host(topology)
     reported: set[tuple[str, str]] = set()
     for p in placements:
-        spec: Role = getattr(topology, p.role)
+        spec: RoleSpec = getattr(topology, p.role)
         for node in p.nodes:
             host = topology.host(node.host)
             bind = spec.bind or host.address

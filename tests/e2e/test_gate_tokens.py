@@ -13,8 +13,8 @@ import yaml
 from rich.console import Console
 
 from kit.deploy import gate
-from kit.deploy.context import DeployContext
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
 from kit.observe.doctor import DoctorOptions
 from kit.plan.resolve import resolve
 from tests.support.ports import free_port, free_ports

@@ -16,7 +16,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from kit.kvevents.prompt import encode
+from kit.byte_tokenizer import encode
 from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
 from kit.lb.server import LoadBalancer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.deploy.runner import run_playbook
+from kit.hosts.playbook import run_playbook
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$*" >> "@LOG@"

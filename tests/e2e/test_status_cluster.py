@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from kit.plan.resolve import resolve
-from kit.topology.plan import Plan, WorkerProcess
+from kit.topology.plan_types import Plan, WorkerProcess
 from tests.conftest import REPO, run_pdkit
 from tests.support.ports import free_block
 from tests.support.requires import require_smg

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.deploy.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_hosts
+from kit.hosts.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_hosts
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
 

@@ -3,7 +3,7 @@ the playbooks, and installed with the `sim` extra into a fresh venv outside the 
 `pdkit up` serves a copy of topologies/local.yaml and its `pdkit down` leaves nothing running.
 
 Fast and offline: pdkit's dependencies are installed from wheels packed from this test venv
-(kit.deploy.wheels, the same code as `pdkit provision --wheelhouse`; a few seconds), pinned to
+(kit.hosts.wheels, the same code as `pdkit provision --wheelhouse`; a few seconds), pinned to
 the versions installed here; nothing is byte-compiled ahead of use.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from kit.deploy.wheels import (
+from kit.hosts.wheels import (
     PDKIT_DISTRIBUTION,
     requirement_closure,
     wheel_from_installed,

@@ -56,7 +56,7 @@ from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# kit.sim.tokens, the emulated tokenizer, imports the standard library only.
+# kit.sim.tokens, the emulated tokenizer (kit.byte_tokenizer), imports the standard library only.
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import sglang_hooks

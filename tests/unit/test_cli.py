@@ -65,7 +65,7 @@ def test_schema_is_json_schema_with_descriptions():
     schema = json.loads(pdkit("schema").stdout)
     assert schema["additionalProperties"] is False
     assert "prefill" in schema["properties"]
-    assert schema["$defs"]["Role"]["properties"]["tp"]["description"]
+    assert schema["$defs"]["RoleSpec"]["properties"]["tp"]["description"]
 
 
 def test_help_has_examples():

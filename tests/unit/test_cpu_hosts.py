@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kit.deploy.inventory import build_inventory, deploy_hosts
 from kit.errors import TopologyError
+from kit.hosts.inventory import build_inventory, deploy_hosts
 from kit.plan.resolve import resolve
 from kit.sglang import cpu
 from tests.conftest import REPO

@@ -4,7 +4,7 @@ instance."""
 
 from __future__ import annotations
 
-from kit.deploy.inventory import worker_record
+from kit.hosts.inventory import worker_record
 from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout
 from tests.conftest import REPO

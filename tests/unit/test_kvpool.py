@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.deploy.inventory import build_inventory, deploy_hosts
 from kit.errors import TopologyError
+from kit.hosts.inventory import build_inventory, deploy_hosts
 from kit.plan.monitoring import prometheus_config
 from kit.plan.resolve import resolve
 from kit.plan.shell import plan_to_shell

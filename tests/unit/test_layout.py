@@ -102,23 +102,42 @@ def test_the_walk_sees_an_import_inside_a_function(tmp_path):
     assert imported_modules(module) == {"tools.gen_catalog", "tests.x"}
 
 
+LAYER_ORDER: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("autoscale",),
+    ("deploy",),
+    ("hosts",),
+    ("sizing",),
+    ("bench", "plan"),
+    ("lb", "observe", "sglang", "sim"),
+    ("kvevents", "perf"),
+    ("topology",),
+    ("aio", "byte_tokenizer", "net", "secrets"),
+    ("errors",),
+)
+"""kit's layers, top to bottom, as docs/development.md draws them: each package and each module
+of kit/ itself imports only from layers below its own, never sideways or up."""
+
 KIT_LAYERS: dict[str, set[str]] = {
-    # The base: modules of kit/ itself (errors, net, secrets, aio) and the schema floor.
+    # The base: modules of kit/ itself (errors, net, secrets, aio, byte_tokenizer) and the
+    # schema floor.
     "topology": {"errors", "net", "secrets"},
     "kvevents": set(),
     "perf": {"errors", "topology"},
     "sglang": {"errors", "net", "topology"},
-    "lb": {"aio", "errors", "kvevents", "net", "secrets", "topology"},
-    "sim": {"aio", "errors", "kvevents", "net", "perf", "topology"},
-    "plan": {"errors", "net", "sglang", "sim", "topology"},
+    "lb": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "secrets", "topology"},
+    "sim": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "perf", "topology"},
+    "plan": {"errors", "net", "sglang", "topology"},
     "observe": {"errors", "net", "perf", "topology"},
-    "bench": {"aio", "errors", "net", "perf", "secrets", "sim", "topology"},
+    "bench": {"aio", "byte_tokenizer", "errors", "net", "perf", "secrets", "topology"},
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
-    "deploy": {"errors", "net", "observe", "perf", "plan", "secrets", "topology"},
+    "hosts": {"errors", "perf", "plan", "topology"},
+    "deploy": {"errors", "hosts", "net", "observe", "perf", "plan", "secrets", "topology"},
     "autoscale": {
         "bench",
         "deploy",
         "errors",
+        "hosts",
         "net",
         "observe",
         "perf",
@@ -127,10 +146,127 @@ KIT_LAYERS: dict[str, set[str]] = {
         "topology",
     },
 }
-"""What each package of kit/ may import from the rest of kit/ (design.md's layers: the Plan is
-assembled in kit/plan above kit/sglang, and renders the router's command from the options table
-in kit/topology without importing the router's runtime, kit/lb; kit/topology imports nothing
-above it; only kit/cli imports everything)."""
+"""What each package of kit/ may import from the rest of kit/ (docs/development.md's layers:
+the Plan is assembled in kit/plan above kit/sglang, and renders the router's command from the
+options table in kit/topology without importing the router's runtime, kit/lb; kit/deploy stands
+on kit/hosts; kit/topology imports nothing above it; only kit/cli imports everything)."""
+
+EMULATOR_USERS = {"cli"}
+"""The packages that may import kit/sim: the bench and the Plan do not know the emulator."""
+
+MAX_MODULE_LINES = 700
+LONG_MODULES_ALLOWED = ("kit/sglang/startup/",)
+"""Generated and rule tables, one row per SGLang refusal."""
+
+
+def kit_unit(path: Path) -> str:
+    """The layer unit of a file of kit/: its package (kit/lb/x.py -> lb) or its own module
+    (kit/net.py -> net)."""
+    parts = path.relative_to(REPO / "kit").parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def kit_imports() -> list[tuple[str, str, str]]:
+    """(file, its unit, the unit it imports) for every import of kit/ by kit/ across units."""
+    found = []
+    for path in sorted((REPO / "kit").rglob("*.py")):
+        if path == REPO / "kit" / "__init__.py":
+            continue
+        source = kit_unit(path)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module == "kit":  # from kit import errors
+                    targets = [f"kit.{a.name}" for a in node.names]
+                else:
+                    targets = [node.module]
+            for target in targets:
+                unit = target.split(".")[1] if under(target, "kit") and "." in target else ""
+                if unit and unit != source:
+                    found.append((str(path.relative_to(REPO)), source, unit))
+    return found
+
+
+def layer_rank(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYER_ORDER) if unit in layer)
+
+
+def test_every_unit_of_kit_has_its_layer():
+    units = {kit_unit(p) for p in (REPO / "kit").rglob("*.py")} - {"__init__"}
+    placed = {unit for layer in LAYER_ORDER for unit in layer}
+    assert sorted(units - placed) == [], "add it to LAYER_ORDER and docs/development.md"
+    assert sorted(placed - units) == []
+
+
+def test_no_import_runs_back_up():
+    up = [
+        (file, target)
+        for file, source, target in kit_imports()
+        if layer_rank(target) <= layer_rank(source)
+    ]
+    assert up == [], "an import of kit/ runs sideways or up LAYER_ORDER"
+
+
+def test_no_import_circle_between_kit_packages():
+    graph: dict[str, set[str]] = {}
+    for _, source, target in kit_imports():
+        graph.setdefault(source, set()).add(target)
+
+    def circle_from(start: str) -> list[str]:
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            unit, path = stack.pop()
+            for below in sorted(graph.get(unit, set())):
+                if below == start:
+                    return [*path, start]
+                if below not in seen:
+                    seen.add(below)
+                    stack.append((below, [*path, below]))
+        return []
+
+    circles = [c for unit in sorted(graph) if (c := circle_from(unit))]
+    assert circles == []
+
+
+def test_the_declared_layers_follow_the_layer_order():
+    sideways = [
+        (package, below)
+        for package, allowed in KIT_LAYERS.items()
+        for below in allowed
+        if layer_rank(below) <= layer_rank(package)
+    ]
+    assert sideways == []
+
+
+def test_only_the_cli_imports_the_emulator():
+    found = [
+        (file, source)
+        for file, source, target in kit_imports()
+        if target == "sim" and source not in EMULATOR_USERS
+    ]
+    assert found == [], "the bench and the Plan (and all but the CLI) do not know the emulator"
+    assert "sim" not in KIT_LAYERS["bench"] and "sim" not in KIT_LAYERS["plan"]
+
+
+def test_hosts_import_nothing_of_deploy():
+    found = [(f, s) for f, s, t in kit_imports() if s == "hosts" and t == "deploy"]
+    assert found == [], "kit/deploy stands on kit/hosts, never the other way"
+
+
+def long_modules() -> list[str]:
+    return sorted(
+        str(path.relative_to(REPO))
+        for path in (REPO / "kit").rglob("*.py")
+        if not str(path.relative_to(REPO)).startswith(LONG_MODULES_ALLOWED)
+        and len(path.read_text().splitlines()) > MAX_MODULE_LINES
+    )
+
+
+def test_no_kit_module_is_over_700_lines():
+    assert long_modules() == []
 
 
 @pytest.mark.parametrize("package", sorted(KIT_LAYERS))

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import yaml
 
-from kit.deploy.inventory import build_inventory, deploy_hosts
-from kit.deploy.provision import provision_vars
 from kit.errors import TopologyError
+from kit.hosts.inventory import build_inventory, deploy_hosts
+from kit.hosts.provision import provision_vars
 from kit.plan.monitoring import prometheus_config
 from kit.plan.resolve import resolve
 from kit.plan.shell import plan_to_shell

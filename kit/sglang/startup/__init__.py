@@ -24,7 +24,7 @@ from kit.sglang.hicache import POOL_KEYS, pool_args
 from kit.sglang.startup import v0_5_22, v0_5_23
 from kit.sglang.startup.rules import LaunchValues, StartupRule
 from kit.topology.args import normalize_flag
-from kit.topology.schema import ROLE_NAMES, ArgValue, Role, Topology
+from kit.topology.schema import ROLE_NAMES, ArgValue, RoleSpec, Topology
 
 KeyPath = tuple[str | int, ...]
 
@@ -47,7 +47,7 @@ def launch_values(
 ) -> tuple[LaunchValues, dict[str, KeyPath]]:
     """What `role`'s servers start with, and for each flag the topology key that sets it:
     defaults.args < the role's args, then the flags pdkit sets (kit/sglang/render.py)."""
-    spec: Role = getattr(topology, role)
+    spec: RoleSpec = getattr(topology, role)
     values: dict[str, object] = {}
     keys: dict[str, KeyPath] = {}
     for scope, args in (("defaults", topology.defaults.args), (role, spec.args)):

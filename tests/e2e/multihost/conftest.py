@@ -33,7 +33,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sim hosts' wheels, packed once per session from this environment (no index; a few
     seconds)."""
-    from kit.deploy.wheels import build_wheelhouse  # noqa: PLC0415
+    from kit.hosts.wheels import build_wheelhouse  # noqa: PLC0415
 
     folder = Path(tmp_path_factory.mktemp("wheelhouse"))
     build_wheelhouse(HOST_REQUIREMENTS, folder)

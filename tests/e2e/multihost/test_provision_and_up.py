@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.deploy.context import load_context
+from kit.hosts.context import load_context
 from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
 

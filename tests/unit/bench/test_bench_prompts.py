@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kit.bench.prompts import PromptPlan, prompt_text, request_body
+from kit.byte_tokenizer import count_text_tokens, render_chat
 from kit.perf.workload import TRACE_BLOCK_TOKENS
-from kit.sim.tokens import count_text_tokens, render_chat
 
 
 @pytest.mark.parametrize("tokens", [7, 8, 64, 511, 2048])

@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from kit.deploy.changes import Step, diff, only_instances, order, waves
-from kit.deploy.inventory import deploy_hosts
 from kit.deploy.state import (
     DeploymentRecord,
     ProcessRecord,
@@ -19,6 +18,7 @@ from kit.deploy.state import (
     save_record,
 )
 from kit.errors import DeployError
+from kit.hosts.inventory import deploy_hosts
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
 

@@ -7,15 +7,15 @@ import pytest
 from rich.console import Console
 
 from kit.deploy import gate
-from kit.deploy.context import DeployContext
-from kit.deploy.inventory import DeployHost
-from kit.deploy.logs import ssh_argv
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.inventory import DeployHost
+from kit.hosts.logs import ssh_argv
 from kit.observe.doctor import DoctorOptions, Instance, Matrix, PairResult, Transfer
 from kit.observe.signatures import SIGNATURES, Match
 from kit.plan.resolve import resolve
 from kit.topology.layout import HostLayout
-from kit.topology.plan import HostPlan
+from kit.topology.plan_types import HostPlan
 from tests.conftest import REPO
 
 REFUSED = next(s for s in SIGNATURES if s.name == "rpc_refused")

@@ -11,9 +11,9 @@ import yaml
 from rich.console import Console
 
 from kit.deploy import DeployContext, UpOptions, restart, up
-from kit.deploy.runner import playbooks_dir
 from kit.deploy.state import build_record, save_record, templates_digest
 from kit.errors import DeployError
+from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
 

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from kit.deploy.changes import diff, only_instances
-from kit.deploy.inventory import deploy_hosts
 from kit.deploy.state import build_record, load_starts, save_starts
 from kit.deploy.surge import EXPECTED_START_S, decide, stand_in, start_estimate
+from kit.hosts.inventory import deploy_hosts
 from kit.plan.resolve import resolve, resolve_surge
 from tests.conftest import REPO
 

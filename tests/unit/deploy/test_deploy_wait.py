@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from kit.deploy.context import load_context
 from kit.deploy.wait import Target, wait_ready, worker_targets
+from kit.hosts.context import load_context
 from tests.conftest import base_topology
 
 

@@ -204,7 +204,7 @@ def test_lines_of_other_requests_and_other_formats_are_not_taken():
 
 def test_the_routers_own_access_line_is_read_back(caplog):
     from kit.lb.access import AccessLog  # noqa: PLC0415
-    from kit.lb.dispatch import Exchange  # noqa: PLC0415
+    from kit.lb.exchange import Exchange  # noqa: PLC0415
     from kit.lb.protocol import parse_request  # noqa: PLC0415
     from kit.lb.recent import PathRecord  # noqa: PLC0415
 

@@ -6,7 +6,7 @@ import pytest
 
 from kit.perf.clock import VirtualClock
 from kit.perf.gpus import gpu_spec
-from kit.perf.kvpool import KvPool
+from kit.perf.kv_pages import KvPages
 from kit.perf.models import resolve_model
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence
 from kit.perf.timing import StepShape, TimingModel
@@ -43,7 +43,7 @@ def make(mode=Mode.NULL, pages=4096, page_size=16, max_running=256, chunk=8192, 
     sched = Scheduler(
         mode=mode,
         timing=timing,
-        pool=KvPool(pages, page_size),
+        pool=KvPages(pages, page_size),
         clock=clock,
         max_running=max_running,
         chunk_size=chunk,

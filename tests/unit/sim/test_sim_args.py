@@ -11,7 +11,8 @@ import pytest
 from kit.perf.clock import RealClock
 from kit.sim.args import ArgsError, parse_args
 from kit.sim.engine import Engine
-from kit.sim.settings import SettingsError, SimSettings
+from kit.sim.settings import SimSettings
+from kit.topology.sim_env import SettingsError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.perf.kvpool import KvPool, page_runs
+from kit.perf.kv_pages import KvPages, page_runs
 from kit.sim.transfer import (
     MAX_BUFFER_BYTES,
     TransferError,
@@ -16,14 +16,14 @@ from kit.sim.transfer import (
 
 
 def test_pool_hands_out_contiguous_pages_first():
-    pool = KvPool(10, 16)
+    pool = KvPages(10, 16)
     assert pool.alloc(3) == [0, 1, 2]
     assert pool.alloc(20) is None and pool.free_pages == 7
     assert page_runs([0, 1, 2, 7, 8, 4]) == [(0, 3), (7, 2), (4, 1)]
 
 
 def test_freed_blocks_come_back_as_contiguous_runs():
-    pool = KvPool(100, 1)
+    pool = KvPages(100, 1)
     first, second = pool.alloc(30), pool.alloc(30)
     pool.free(first)
     pool.free(second)
@@ -32,7 +32,7 @@ def test_freed_blocks_come_back_as_contiguous_runs():
 
 
 def test_a_pool_of_millions_of_pages_costs_what_it_hands_out():
-    pool = KvPool(50_000_000, 1)  # an EP instance's rank; a listed free list took GBs
+    pool = KvPages(50_000_000, 1)  # an EP instance's rank; a listed free list took GBs
     first = pool.alloc(3)
     assert first == [0, 1, 2] and pool.free_pages == 50_000_000 - 3
     pool.free(first)

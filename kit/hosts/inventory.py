@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from kit.plan.monitoring import prometheus_config
 from kit.topology.layout import HostLayout, service_name, unit_pattern
-from kit.topology.plan import (
+from kit.topology.plan_types import (
     Command,
     HostPlan,
     KvPoolProcess,

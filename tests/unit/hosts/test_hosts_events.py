@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kit.deploy.events import RunProgress
-from kit.deploy.runner import PlaybookResult, failure_report
+from kit.hosts.events import RunProgress
+from kit.hosts.playbook import PlaybookResult, failure_report
 
 FILES_TASK = "Ensure the deployment's directories and each process's files are current"
 

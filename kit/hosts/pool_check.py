@@ -1,18 +1,18 @@
 """`pdkit doctor`'s KV pool check (topology `kv_pool:`): from each host whose workers use the
 pool, a Mooncake Store client set up as those workers' (their MOONCAKE_* settings from the Plan)
 reaches the master, puts a page, gets it back unchanged and removes it
-(`kit/deploy/poolprobe.py`, sent to the host's Python on stdin like kvprobe.py).
+(`poolprobe.py` in the playbooks' `roles/pdkit_check/files/`, sent to the host's Python on
+stdin like kvprobe.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from kit.deploy.context import DeployContext
-from kit.deploy.transfer_check import run_probe
+from kit.hosts.context import DeployContext
+from kit.hosts.transfer_check import run_probe
 
-PROBE = Path(__file__).with_name("poolprobe.py")
+PROBE = "poolprobe.py"
 PAGE_BYTES = 256 * 1024
 """A page of the probe (a real one is page_size x kv_bytes_per_token: 8 MiB for Llama-3.1-8B
 with 64 tokens in bf16); big enough to go through the transfer engine, quick on any link."""

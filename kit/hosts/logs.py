@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kit.deploy.inventory import DeployHost
 from kit.errors import DeployError
+from kit.hosts.inventory import DeployHost
 
 FOLLOW_INTERVAL_S = 0.25
 _CHUNK = 8192

@@ -1,7 +1,7 @@
 """Ansible's event stream (as ansible-runner delivers it) -> what pdkit shows: per host the
 task it runs and its counts, per process what changed, and for a failure the host, the task,
 the item and what the module said on stderr. Pure: `RunProgress.feed` takes one event dict and
-returns the lines worth printing; the rich view lives in `kit.deploy.view`.
+returns the lines worth printing; the rich view lives in `kit.hosts.progress`.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.deploy.context import load_context
-from kit.deploy.provision import (
+from kit.errors import DeployError
+from kit.hosts.context import load_context
+from kit.hosts.provision import (
     _pdkit_wheel,
     check_deep_gemm,
     check_skip,
@@ -20,7 +21,6 @@ from kit.deploy.provision import (
     provision_inventory,
     wheel_version,
 )
-from kit.errors import DeployError
 from tests.conftest import REPO, base_topology
 
 WHEEL = Path("/ctl/dist/sglang_pdkit-0.1.0-py3-none-any.whl")

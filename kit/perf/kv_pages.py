@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from kit.perf.timing import pages
 
 
-class KvPool:
+class KvPages:
     """Fixed pool of `total_pages` pages; allocation costs the pages taken, not the pool's size."""
 
     def __init__(self, total_pages: int, page_size: int) -> None:

@@ -10,7 +10,7 @@ import jinja2
 import pytest
 import yaml
 
-from kit.deploy.layout import state_dir
+from kit.hosts.state_dir import state_dir
 from kit.topology.layout import (
     MAX_SOCKET_PATH,
     HostLayout,

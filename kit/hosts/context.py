@@ -5,17 +5,21 @@ resolved once."""
 from __future__ import annotations
 
 import difflib
+import fcntl
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kit.deploy.inventory import DeployHost, build_inventory, deploy_hosts
-from kit.deploy.layout import state_dir
-from kit.deploy.logs import LogFile
 from kit.errors import DeployError
+from kit.hosts.inventory import DeployHost, build_inventory, deploy_hosts
+from kit.hosts.logs import LogFile
+from kit.hosts.state_dir import state_dir
 from kit.plan.resolve import resolve
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,24 @@ def load_context(
 ) -> DeployContext:
     """Resolve the topology (every check runs first) and build its context."""
     return DeployContext.build(resolve(topology), topology, state_base, control_python)
+
+
+@contextmanager
+def deployment_lock(ctx: DeployContext) -> Iterator[None]:
+    """One `pdkit up`/`down` per deployment at a time (a lock file in the state dir)."""
+    ctx.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(ctx.state_dir / "lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise DeployError(
+                f"another pdkit up/down of deployment {ctx.plan.name} is running ({holder}); "
+                "nothing was changed. To fix: wait for it to finish, or stop it."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kit.deploy.discover import HostFacts, gpu_type, propose
+from kit.hosts.discover import HostFacts, gpu_type, propose
 from tests.conftest import REPO
 from tests.support.fake_hosts import EXPECTED_NICS, SW0, fake_nvidia_smi, fake_sys
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from kit.deploy.context import load_context
-from kit.deploy.hostcheck import ITEMS, check_spec, exit_code, judge, table
+from kit.hosts.context import load_context
+from kit.hosts.hostcheck import ITEMS, check_spec, exit_code, judge, table
 from tests.conftest import REPO, base_topology
 
 PROBE = REPO / "playbooks/roles/pdkit_check/files/host_check.py"

@@ -11,14 +11,14 @@ import zipfile
 import pytest
 from packaging.utils import canonicalize_name
 
-from kit.deploy.wheels import (
+from kit.errors import DeployError
+from kit.hosts.wheels import (
     _tags,
     build_wheelhouse,
     pack_wheelhouse,
     pdkit_wheel,
     requirement_closure,
 )
-from kit.errors import DeployError
 from tests.conftest import REPO
 
 

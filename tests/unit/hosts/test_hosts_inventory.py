@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kit.deploy.inventory import (
+from kit.hosts.inventory import (
     CONTROL_ROUTER_ADMIN_KEY_ENV,
     CONTROL_ROUTER_KEY_ENV,
     build_inventory,

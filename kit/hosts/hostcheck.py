@@ -23,15 +23,15 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.context import DeployContext
-from kit.deploy.inventory import DeployHost
-from kit.deploy.provision import FactsCollector, fp8_model
-from kit.deploy.runner import failure_report, run_playbook
-from kit.deploy.view import AnsibleView
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.inventory import DeployHost
+from kit.hosts.playbook import failure_report, run_playbook
+from kit.hosts.progress import AnsibleView
+from kit.hosts.provision import FactsCollector, fp8_model
 from kit.plan.router import SMG_REQUIREMENT
 from kit.topology import ports
-from kit.topology.plan import Plan, PortUse, WorkerProcess
+from kit.topology.plan_types import Plan, PortUse, WorkerProcess
 
 Verdict = Literal["ok", "install", "fail"]
 

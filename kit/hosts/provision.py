@@ -5,7 +5,7 @@ adds per-host variables derived from the Plan (`provision_vars`, pure): which ro
 GPU, RDMA or model work for engine sim or on a router-only host), the RDMA devices and GID index
 the workers use, the GPUs the topology counts on, where the model comes from, and where the
 Python environment's packages come from. pdkit itself always goes to the hosts as a wheel of
-the control machine's pdkit (`kit.deploy.wheels`), so hosts run exactly the same code.
+the control machine's pdkit (`kit.hosts.wheels`), so hosts run exactly the same code.
 
 Roles: base (OS packages, locked-memory limit, huge pages), nvidia, rdma, python, model; each
 can be skipped (`--skip`), and any role variable set with `-e NAME=VALUE`.
@@ -25,18 +25,17 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.context import DeployContext
-from kit.deploy.inventory import DeployHost
-from kit.deploy.layout import display_path
-from kit.deploy.runner import PlaybookResult, failure_report, run_playbook
-from kit.deploy.steps import deployment_lock
-from kit.deploy.transfer_check import measure_rails, raise_on_failed
-from kit.deploy.view import AnsibleView
-from kit.deploy.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext, deployment_lock
+from kit.hosts.inventory import DeployHost
+from kit.hosts.playbook import PlaybookResult, failure_report, run_playbook
+from kit.hosts.progress import AnsibleView
+from kit.hosts.state_dir import display_path
+from kit.hosts.transfer_check import measure_rails, raise_on_failed
+from kit.hosts.wheels import PDKIT_DISTRIBUTION, pack_wheelhouse, pdkit_wheel, wheel_name
 from kit.plan.router import SMG_REQUIREMENT
 from kit.topology.nics import RDMA_BACKENDS
-from kit.topology.plan import Plan
+from kit.topology.plan_types import Plan
 
 ROLES = ("base", "nvidia", "rdma", "python", "model")
 """Role tags of provision.yml, in the order they run."""
@@ -62,7 +61,7 @@ class ProvisionOptions:
     verbose: bool = False
     transfer_test: bool = False
     """Then move KV-sized buffers with Mooncake between every pair of worker hosts on every
-    rail (kit.deploy.transfer_check)."""
+    rail (kit.hosts.transfer_check)."""
     compile_deep_gemm: bool = False
     """Compile DeepGEMM's kernels for every single-node FP8 worker (`deep_gemm_workers`)."""
 
@@ -168,7 +167,7 @@ def provision_vars(
         "pdkit_rdma_gid_index": "" if gid_index is None else str(gid_index),
         "pdkit_model_source": _model_source(plan) if workers else "none",
         "pdkit_model_path": plan.model.path,
-        # Where `pdkit up` points the workers' HF_HOME (kit.deploy.inventory).
+        # Where `pdkit up` points the workers' HF_HOME (kit.hosts.inventory).
         "pdkit_model_hf_home": host.layout.hf_home,
         "pdkit_model_revision": plan.model.revision or "",
         "pdkit_python_sglang_version": plan.sglang_version,

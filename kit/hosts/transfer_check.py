@@ -3,9 +3,10 @@ pair of worker hosts, on every rail, with the bandwidth it reached against the l
 
 A rail is one RDMA device the host's workers use (protocol rdma, the NIC named), or, where KV
 moves over TCP (mooncake_tcp, engine sim), the host's address (protocol tcp). Rail i of a host
-writes to rail i of its peer (modulo the peer's rail count). Each host runs `kit/deploy/kvprobe.py`
-with the deployment's Python (the provisioned venv), sent on stdin over SSH like `pdkit logs`
-reaches hosts; a target serves its buffer, an initiator writes into it and times the writes.
+writes to rail i of its peer (modulo the peer's rail count). Each host runs `kvprobe.py` (a host
+script of the playbooks, `roles/pdkit_check/files/`) with the deployment's Python (the
+provisioned venv), sent on stdin over SSH like `pdkit logs` reaches hosts; a target serves its
+buffer, an initiator writes into it and times the writes.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kit.deploy.context import DeployContext
-from kit.deploy.inventory import DeployHost
-from kit.deploy.logs import ssh_argv
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.inventory import DeployHost
+from kit.hosts.logs import ssh_argv
+from kit.hosts.playbook import host_script
 from kit.topology.nics import RDMA_BACKENDS
 
-PROBE = Path(__file__).with_name("kvprobe.py")
+PROBE = "kvprobe.py"
+PROBE_ROLE = "pdkit_check"
+"""The role whose files/ hold the probes pdkit sends to the hosts (beside its host_check.py)."""
 SIZE_BYTES = 32 * 1024**2
 ROUNDS = 4
 START_TIMEOUT_S = 60.0
@@ -136,13 +139,13 @@ class ProbeRun:
         return last_error(self.stderr) or f"exit status {self.returncode}"
 
 
-def run_probe(host: DeployHost, script: Path, args: list[str], timeout_s: float) -> ProbeRun | None:
-    """Run `script` (sent on stdin) with the host's Python; None when it does not end within
-    `timeout_s`."""
+def run_probe(host: DeployHost, script: str, args: list[str], timeout_s: float) -> ProbeRun | None:
+    """Run the probe `script` of `PROBE_ROLE`'s files (sent on stdin) with the host's Python;
+    None when it does not end within `timeout_s`."""
     try:
         done = subprocess.run(
             host_argv(host, args),
-            input=script.read_text(),
+            input=host_script(PROBE_ROLE, script),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -173,7 +176,7 @@ class _Target:
             text=True,
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(PROBE.read_text())
+        self.proc.stdin.write(host_script(PROBE_ROLE, PROBE))
         self.proc.stdin.close()
         self.session = ""
         self.addr = 0

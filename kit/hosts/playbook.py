@@ -25,8 +25,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from kit.deploy.events import RunProgress
 from kit.errors import DeployError
+from kit.hosts.events import RunProgress
 
 PLAYBOOKS_ENV = "PDKIT_PLAYBOOKS"
 PLAYBOOKS_PACKAGE = "kit.playbooks"
@@ -41,6 +41,27 @@ def playbooks_dir(scratch: Path) -> Path:
     ``kit.playbooks`` (``site-packages/kit/playbooks`` of an installed wheel, the repository's
     ``playbooks/`` in an editable install). Package data that is no folder on disk (pdkit
     imported from a zip) is copied to ``scratch/playbooks`` first: ansible-playbook reads files."""
+    found = _playbooks()
+    if isinstance(found, Path):
+        return found
+    return extract_tree(found, scratch / "playbooks")
+
+
+def host_script(role: str, name: str) -> str:
+    """The text of a host script in a role's ``files/`` of the same playbooks folder, for the
+    scripts pdkit itself sends to a host's Python on stdin (the transfer and KV pool probes)."""
+    script = _playbooks().joinpath("roles", role, "files", name)
+    try:
+        return script.read_text()
+    except OSError as exc:
+        raise DeployError(
+            f"pdkit's host script roles/{role}/files/{name} cannot be read ({exc}). To fix: "
+            f"reinstall pdkit, or point {PLAYBOOKS_ENV} at a complete playbooks folder."
+        ) from exc
+
+
+def _playbooks() -> Traversable:
+    """The playbooks folder as `playbooks_dir` finds it, a zip's resource folder left as is."""
     override = os.environ.get(PLAYBOOKS_ENV)
     if override:
         path = Path(override)
@@ -62,9 +83,7 @@ def playbooks_dir(scratch: Path) -> Path:
         ) from exc
     if not shipped.joinpath("deploy.yml").is_file():
         raise DeployError(f"pdkit's playbooks at {shipped} have no deploy.yml. {reinstall}")
-    if isinstance(shipped, Path):
-        return shipped
-    return extract_tree(shipped, scratch / "playbooks")
+    return shipped
 
 
 def extract_tree(source: Traversable, target: Path) -> Path:

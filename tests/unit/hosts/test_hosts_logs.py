@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from kit.deploy.inventory import DeployHost
-from kit.deploy.logs import LogFile, follow, matching_lines, show_logs, ssh_argv, tail_lines
+from kit.hosts.inventory import DeployHost
+from kit.hosts.logs import LogFile, follow, matching_lines, show_logs, ssh_argv, tail_lines
 from kit.topology.layout import HostLayout
-from kit.topology.plan import HostPlan
+from kit.topology.plan_types import HostPlan
 
 
 def host(root, connection="local", user="root"):

@@ -8,8 +8,9 @@ import zipfile
 
 import pytest
 
-from kit.deploy.runner import PLAYBOOKS_ENV, playbooks_dir
 from kit.errors import DeployError
+from kit.hosts.playbook import PLAYBOOKS_ENV, host_script, playbooks_dir
+from kit.hosts.transfer_check import PROBE_ROLE
 from tests.conftest import REPO
 
 
@@ -33,6 +34,21 @@ def test_pdkit_playbooks_overrides_and_a_folder_without_deploy_yml_is_named(tmp_
         playbooks_dir(tmp_path)
 
 
+@pytest.mark.parametrize("probe", ["kvprobe.py", "poolprobe.py"])
+def test_the_probes_sent_to_hosts_are_host_scripts_of_the_playbooks(probe, monkeypatch):
+    monkeypatch.delenv(PLAYBOOKS_ENV, raising=False)
+    shipped = REPO / "playbooks" / "roles" / PROBE_ROLE / "files" / probe
+    assert host_script(PROBE_ROLE, probe) == shipped.read_text()
+    compile(shipped.read_text(), probe, "exec")  # what the host's `python -` runs
+
+
+def test_a_playbooks_folder_without_the_probe_names_the_script(tmp_path, monkeypatch):
+    (tmp_path / "deploy.yml").write_text("---\n")
+    monkeypatch.setenv(PLAYBOOKS_ENV, str(tmp_path))
+    with pytest.raises(DeployError, match=r"roles/pdkit_check/files/kvprobe.py cannot be read"):
+        host_script(PROBE_ROLE, "kvprobe.py")
+
+
 def test_zipped_playbooks_are_copied_to_a_real_folder_replacing_an_older_copy(
     tmp_path, monkeypatch
 ):
@@ -47,7 +63,7 @@ def test_zipped_playbooks_are_copied_to_a_real_folder_replacing_an_older_copy(
         for name, data in files.items():
             out.writestr(name, data)
     monkeypatch.syspath_prepend(str(archive))
-    monkeypatch.setattr("kit.deploy.runner.PLAYBOOKS_PACKAGE", "zipped_playbooks")
+    monkeypatch.setattr("kit.hosts.playbook.PLAYBOOKS_PACKAGE", "zipped_playbooks")
     monkeypatch.delenv(PLAYBOOKS_ENV, raising=False)
     scratch = tmp_path / "state"
     (scratch / "playbooks" / "roles" / "gone").mkdir(parents=True)
@@ -67,7 +83,7 @@ def test_zipped_playbooks_are_copied_to_a_real_folder_replacing_an_older_copy(
 
 
 def test_a_missing_playbooks_package_says_how_to_reinstall(tmp_path, monkeypatch):
-    monkeypatch.setattr("kit.deploy.runner.PLAYBOOKS_PACKAGE", "kit.no_such_playbooks")
+    monkeypatch.setattr("kit.hosts.playbook.PLAYBOOKS_PACKAGE", "kit.no_such_playbooks")
     monkeypatch.delenv(PLAYBOOKS_ENV, raising=False)
     with pytest.raises(DeployError, match=r"not installed with it\. To fix: reinstall pdkit"):
         playbooks_dir(tmp_path)

@@ -28,11 +28,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from kit.deploy.context import DeployContext
-from kit.deploy.provision import FactsCollector
-from kit.deploy.runner import failure_report, run_playbook
-from kit.deploy.view import AnsibleView
 from kit.errors import DeployError
+from kit.hosts.context import DeployContext
+from kit.hosts.playbook import failure_report, run_playbook
+from kit.hosts.progress import AnsibleView
+from kit.hosts.provision import FactsCollector
 from kit.perf.gpus import UnknownGpuError, gpu_spec
 from kit.topology.edit import HostFields, edit_topology
 from kit.topology.load import parse_topology, read_topology_text

@@ -1,7 +1,9 @@
-"""The Plan: the single resolved record of a deployment, one entry per OS process.
+"""The Plan's types: the single resolved record of a deployment, one entry per OS process.
 
-Every later stage (render, deploy, probes, bench) reads the Plan; none re-derives a port, a GPU
-or an address. `pdkit render --json` prints it.
+`kit/plan` builds it (`kit.plan.resolve.resolve`); its types live here, in the topology floor
+below kit/plan, because the layers kit/plan asks for argv (kit/sglang, kit/lb) and every later
+stage (deploy, probes, bench) read them. None re-derives a port, a GPU or an address.
+`pdkit render --json` prints it.
 """
 
 from __future__ import annotations
