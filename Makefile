@@ -85,8 +85,18 @@ lint: $(VENV)/.stamp
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
 
+# The suite in two runs. First every test but the real engine's, spread over PYTEST_WORKERS
+# processes (pytest-xdist, --dist loadgroup: an e2e module stays in one worker in file order,
+# so does a folder whose tests share one fixture; tests/conftest.py); most e2e time is waiting
+# on servers, so more workers than cores. Then the real SGLang engine's tests alone: each of
+# its servers takes a core for a minute to start. The second runs even if the first failed.
+PYTEST_WORKERS ?= 4
 test: deps
-	$(VENV)/bin/pytest -q -ra --durations=25
+	status=0; \
+	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
+		-m "not real_sglang" || status=$$?; \
+	$(VENV)/bin/pytest -q -ra --durations=10 -m real_sglang || status=$$?; \
+	exit $$status
 
 test-unit: $(VENV)/.stamp
 	$(VENV)/bin/pytest -q -m "not e2e and not sglang"

@@ -38,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.local_deploy import free_ports
+from tests.support.ports import free_ports
 from tests.support.real_sglang import RealServer, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -48,7 +48,8 @@ import aiohttp
 
 from kit.bench.prompts import block_text
 from kit.perf.workload import multi_turn_hash_ids
-from tests.support.sim_launch import SimProcess, free_port, worker_argv
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, worker_argv
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

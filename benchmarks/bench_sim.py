@@ -32,7 +32,8 @@ from kit.perf.sweep import goodput, percentile, rate_grid, run_rate
 from kit.perf.timing import Efficiency, StepShape
 from kit.perf.workload import fixed_poisson, poisson_workload
 from kit.topology.schema import SLO
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 PROMPT, OUTPUT = 512, 64
 DISTSERVE_SLO = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)

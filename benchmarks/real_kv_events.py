@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 import zmq
 
-from tests.support.local_deploy import free_ports
+from tests.support.ports import free_ports
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,15 @@
-"""Shared fixtures: paths, topology builders."""
+"""Shared fixtures (paths, topology builders) and the markers each test folder gives its tests.
+
+tests/unit/ needs nothing but this venv. Under tests/e2e/ every test starts real processes or
+tools and is marked `e2e`; its folders add what they need on top:
+
+    tests/e2e/sglang/       `sglang`: SGLang's own parser and hooks, in .venv-sglang
+    tests/e2e/real_sglang/  `real_sglang`: the real engine on the CPU, .venv-sglang-cpu
+    tests/e2e/multihost/    `netns`: root, network namespaces and sshd
+
+`make test-unit` is `-m "not e2e and not sglang"`, i.e. tests/unit/. A marker that is not a
+folder's (`index`: reaches the package index) is set in its test module.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +24,36 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
+
+FOLDER_MARKS = {
+    ("e2e",): ("e2e",),
+    ("e2e", "sglang"): ("sglang",),
+    ("e2e", "real_sglang"): ("real_sglang",),
+    ("e2e", "multihost"): ("netns",),
+}
+"""Markers of the tests under each folder of tests/ (and of its subfolders)."""
+
+ONE_WORKER_FOLDERS = (("e2e", "real_sglang"),)
+"""Folders whose tests run in one pytest-xdist worker, in file order: the real engine's, which
+take the machine's CPU (`make test` runs them alone, after the others)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = REPO / "tests"
+    for item in items:
+        path = item.path.relative_to(tests)
+        folders = path.parts[:-1]
+        for folder, marks in FOLDER_MARKS.items():
+            if folders[: len(folder)] == folder:
+                for mark in marks:
+                    item.add_marker(mark)
+        # `make test` spreads the tests over xdist workers (--dist loadgroup). An e2e module's
+        # tests stay together in one worker, in file order: they share its module fixtures
+        # (a deployment, a cluster, real servers) and some build on the one before.
+        if folders[:1] == ("e2e",) and item.get_closest_marker("xdist_group") is None:
+            whole = folders[:2] in ONE_WORKER_FOLDERS
+            item.add_marker(pytest.mark.xdist_group("/".join(folders[:2] if whole else path.parts)))
 
 
 def run_pdkit(

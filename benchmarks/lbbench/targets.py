@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.lbbench.cpu import pin
 from kit.lb.config import DEFAULT_DECODE_POLICY, DEFAULT_PREFILL_POLICY
 from tests.support.fake_worker import FakeWorkerProcess
-from tests.support.sim_launch import free_port
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO / ".bench" / "lb"

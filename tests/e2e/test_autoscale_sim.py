@@ -11,13 +11,9 @@ import re
 import subprocess
 import uuid
 
-import pytest
 import yaml
 
-from tests.e2e.test_up_local import pdkit
-from tests.support.local_deploy import start_bench, write_topology
-
-pytestmark = pytest.mark.e2e
+from tests.support.local_deploy import pdkit, start_bench, write_topology
 
 
 def bench(topology, out, seconds: float) -> subprocess.Popen[str]:

@@ -13,8 +13,6 @@ import pytest
 
 from tests.support.fake_worker import FakeWorkerProcess
 
-pytestmark = pytest.mark.e2e
-
 
 def post(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(

@@ -17,10 +17,8 @@ from kit.errors import DeployError
 from kit.hosts.context import DeployContext
 from kit.observe.doctor import DoctorOptions
 from kit.plan.resolve import resolve
-from tests.support.local_deploy import free_ports
-from tests.support.sim_launch import SimProcess, free_port, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port, free_ports
+from tests.support.sim_launch import SimProcess, worker_argv
 
 FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3"}
 BAD = ("prefill-0 x decode-1", "prefill-1 x decode-1")

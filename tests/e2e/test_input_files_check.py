@@ -13,8 +13,6 @@ import yaml
 
 from tests.conftest import REPO
 
-pytestmark = __import__("pytest").mark.e2e
-
 TASKS = REPO / "playbooks" / "roles" / "pdkit_process" / "tasks" / "inputs.yml"
 
 

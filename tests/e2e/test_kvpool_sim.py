@@ -8,13 +8,9 @@ import random
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from kit.observe.prom import parse_metrics
 from tests.support.kvpool import PoolCluster
 from tests.support.sim_launch import SimProcess, request_json
-
-pytestmark = pytest.mark.e2e
 
 ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20"}
 PAGE = 16

@@ -14,7 +14,6 @@ import os
 import time
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from kit.byte_tokenizer import encode
@@ -22,9 +21,8 @@ from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
 from kit.lb.server import LoadBalancer
 from tests.support.lb_cluster import FAST_HEALTH, run
-from tests.support.sim_launch import SimProcess, free_port, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, worker_argv
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}

@@ -9,15 +9,13 @@ import signal
 from contextlib import ExitStack
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
 from tests.support.lb_cluster import FAST_HEALTH, run
-from tests.support.sim_launch import SimProcess, free_port, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, worker_argv
 
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_GPU": "H100-SXM"}
 

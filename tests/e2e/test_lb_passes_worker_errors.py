@@ -17,8 +17,6 @@ import pytest
 from tests.oracles.request_corpus import CASES, MODEL, SERVERS
 from tests.support.sim_launch import PdCluster
 
-pytestmark = pytest.mark.e2e
-
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "50", "PDKIT_SIM_GPU": "H100-SXM"}
 # One refusal of each shape: a FastAPI validation error, the /generate contract's, the serving
 # classes', the tokenizer manager's (sampling params, the context), and one inside a stream.

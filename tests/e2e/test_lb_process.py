@@ -12,14 +12,11 @@ import sys
 import time
 
 import aiohttp
-import pytest
 
 from tests.conftest import REPO
 from tests.support.fake_worker import FakeWorker, Ledger
 from tests.support.lb_cluster import run, sse_events
-from tests.support.sim_launch import free_port
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
 
 
 class LbProcess:

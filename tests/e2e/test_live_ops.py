@@ -10,33 +10,26 @@ a time, while the other serves.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
-from tests.e2e.test_up_local import layout, pdkit, pids
-from tests.support.local_deploy import start_bench, write_topology
-
-pytestmark = pytest.mark.e2e
-
-BENCH_RATE = 4.0
-BENCH_S = 75.0
+from tests.support.local_deploy import (
+    BENCH_S,
+    bench_under_load,
+    layout,
+    pdkit,
+    pids,
+    write_topology,
+)
 
 
 def _counts(topology: Path, data: dict, prefill: int, decode: int) -> None:
     data["prefill"]["count"], data["decode"]["count"] = prefill, decode
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def _bench(topology: Path, out: Path) -> subprocess.Popen[str]:
-    requests = str(int(BENCH_RATE * BENCH_S))
-    return start_bench(topology, out, "--rate", str(BENCH_RATE), "--duration", str(BENCH_S),
-                       "--requests", requests, "--output-len", "32")  # fmt: skip
 
 
 def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):
@@ -58,7 +51,7 @@ def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):
         )
         assert pids(topology, name) == before  # --diff changed nothing
 
-        bench = _bench(topology, tmp_path / "bench")
+        bench = bench_under_load(topology, tmp_path / "bench")
         started = time.monotonic()
         try:
             up = pdkit("up", str(topology))

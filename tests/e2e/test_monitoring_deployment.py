@@ -27,18 +27,9 @@ from kit.deploy.services import supervisor_processes
 from kit.observe.dashboard import dashboard, panel_queries, substitute
 from kit.observe.probe import Prober
 from kit.observe.prometheus import query, scrape_health
-from kit.topology.layout import HostLayout, host_root
-from tests.conftest import run_pdkit
-from tests.support.local_deploy import (
-    API_KEY,
-    API_KEY_ENV,
-    free_ports,
-    processes_of,
-    write_topology,
-)
+from tests.support.local_deploy import API_KEY, layout, pdkit, processes_of
+from tests.support.ports import free_ports
 from tests.support.requires import require_command
-
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(autouse=True)
@@ -46,29 +37,20 @@ def _prometheus_installed():
     require_command("prometheus", "prometheus")
 
 
-UP_TIMEOUT_S = 240
 SCRAPE_INTERVAL_S = 1
 
 
-def pdkit(*args: str, timeout: float = UP_TIMEOUT_S):
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env[API_KEY_ENV] = API_KEY
-    return run_pdkit(*args, timeout=timeout, env=env)
-
-
 @pytest.fixture
-def deployment(tmp_path):
-    name = f"e2e-mon-{uuid.uuid4().hex[:6]}"
-    topology, data = write_topology(tmp_path, name)
+def monitored(deployment):
+    """The deployment fixture's copy of local.yaml with `monitoring:` on and admission in the
+    router: (topology, name, data, layout, Prometheus URL), not yet up."""
+    topology, name, data = deployment
     (port,) = free_ports(1)
     data["monitoring"] = {"port": port, "bind": "127.0.0.1", "scrape_interval_s": SCRAPE_INTERVAL_S}
     # Generous objectives: admission runs (its metrics exist) and refuses nothing.
     data["router"]["args"] = {"admission": True, "slo-ttft-ms": 5000, "slo-tpot-ms": 500}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
-    layout = HostLayout(name, host_root(f".pdkit/{name}/root", topology.parent))
-    yield topology, name, data, layout, f"http://127.0.0.1:{port}"
-    if supervisor_processes(layout.supervisord_socket) is not None:
-        pdkit("down", str(topology))
+    return topology, name, data, layout(topology, name), f"http://127.0.0.1:{port}"
 
 
 def prometheus(coroutine_factory):
@@ -110,8 +92,8 @@ def send_unanswered(router: str, request_id: str) -> None:
         urllib.request.urlopen(request, timeout=2).read()
 
 
-def test_prometheus_dashboard_trace_and_idle_status_on_one_deployment(deployment, tmp_path):
-    topology, name, data, layout, prometheus_url = deployment
+def test_prometheus_dashboard_trace_and_idle_status_on_one_deployment(monitored, tmp_path):
+    topology, name, data, layout, prometheus_url = monitored
     router = f"http://127.0.0.1:{data['router']['port']}"
 
     up = pdkit("up", str(topology))

@@ -14,8 +14,6 @@ import pytest
 
 from kit.hosts.playbook import run_playbook
 
-pytestmark = pytest.mark.e2e
-
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$*" >> "@LOG@"
 case "$1" in

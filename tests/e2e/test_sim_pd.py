@@ -12,9 +12,8 @@ import pytest
 
 from kit.lb.logprobs import merge_body
 from kit.lb.protocol import Merge
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3", "PDKIT_SIM_SEED": "5"}
 ROOM = iter(range(1000, 10**6))

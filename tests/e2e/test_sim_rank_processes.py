@@ -8,14 +8,12 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "20", "PDKIT_SIM_GPU": "H100-SXM"}

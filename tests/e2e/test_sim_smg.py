@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import time
-from pathlib import Path
 
 import openai
 import pytest
 
 from kit.deploy.routing import RouterAdmin
-from tests.support.requires import require_file
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
+from tests.support.ports import free_port
+from tests.support.requires import require_smg
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
-pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-SMG = os.environ.get("PDKIT_SMG") or str(REPO / ".venv-smg" / "bin" / "smg")
 FAST = {"PDKIT_SIM_SPEED": "10", "PDKIT_SIM_LOAD_SECONDS": "0.3"}
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    require_file(SMG, "make deps (the smg venv, .venv-smg)")
+    smg = require_smg()
     bootstrap = free_port()
     prefill = SimProcess(
         worker_argv(port=free_port(), mode="prefill", bootstrap_port=bootstrap), env=FAST
@@ -39,7 +34,7 @@ def gateway(tmp_path_factory):
         port, metrics = free_port(), free_port()
         router = subprocess.Popen(
             [
-                SMG,
+                smg,
                 "launch",
                 "--pd-disaggregation",
                 "--prefill",

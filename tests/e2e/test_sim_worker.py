@@ -11,9 +11,8 @@ import openai
 import pytest
 
 from kit.observe.prom import parse_metrics
-from tests.support.sim_launch import SimProcess, free_port, request_json, worker_argv
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, request_json, worker_argv
 
 FAST = {"PDKIT_SIM_SPEED": "20", "PDKIT_SIM_LOAD_SECONDS": "1.0", "PDKIT_SIM_SEED": "3"}
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,13 +28,11 @@ import yaml
 from kit.plan.resolve import resolve
 from kit.topology.plan_types import Plan, WorkerProcess
 from tests.conftest import REPO, run_pdkit
-from tests.support.requires import require_file
-
-pytestmark = pytest.mark.e2e
+from tests.support.ports import free_block
+from tests.support.requires import require_smg
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SERVED = "llama-test"
-SMG = Path(os.environ.get("PDKIT_SMG") or REPO / ".venv-smg" / "bin" / "smg")
 FAST_SIM = {"PDKIT_SIM_LOAD_SECONDS": "0.2"}
 ADMIN_KEY = "test-admin-key"
 LONG_PROMPT = 60_000  # tokens: seconds of emulated prefill, time to kill the prefill mid-way
@@ -46,29 +43,6 @@ SLOW_PREFILL = {"PDKIT_SIM_SPEED": "0.25"}
 # Probe timeout (s) where every worker answers: generous, as a loaded 2-core machine can take
 # seconds to answer /metrics, and a timed-out probe hides what the test looks for.
 PROBE_TIMEOUT = 10
-
-
-def free_block(count: int) -> int:
-    """The first of `count` consecutive ports that are free on 127.0.0.1 right now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65000:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no block of free ports")
 
 
 def write_topology(
@@ -174,7 +148,7 @@ class Cluster:
     def start_router(self, **env: str) -> None:
         argv = self.plan.router.command.argv(sys.executable)
         if self.plan.router.kind == "smg":
-            argv[0] = str(SMG)
+            argv[0] = require_smg()
         self._spawn("router", argv, {**self.plan.router.env, **env})
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
@@ -476,7 +450,7 @@ def test_wrong_model_still_loading_and_no_healthy_decode(tmp_path):
 
 
 def test_smg_router_ready_then_no_healthy_decode(tmp_path):
-    require_file(SMG, "make deps (the smg venv, .venv-smg)")
+    require_smg()
     topology = write_topology(tmp_path, "smg", router="smg")
     with running(topology, tmp_path) as cluster:
         for w in cluster.plan.workers:

@@ -12,49 +12,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
-import uuid
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kit.deploy.services import supervisor_processes
-from kit.topology.layout import HostLayout, host_root
-from tests.conftest import run_pdkit
-from tests.support.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
-
-pytestmark = pytest.mark.e2e
-
-UP_TIMEOUT_S = 240
-
-
-def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env[API_KEY_ENV] = API_KEY
-    return run_pdkit(*args, timeout=timeout, env=env)
-
-
-def layout(topology: Path, name: str) -> HostLayout:
-    """The deployment's layout on its one host (root `.pdkit/<name>/root`, see write_topology)."""
-    return HostLayout(name, host_root(f".pdkit/{name}/root", topology.absolute().parent))
-
-
-def pids(topology: Path, name: str) -> dict[str, int]:
-    view = supervisor_processes(layout(topology, name).supervisord_socket)
-    assert view is not None, "supervisord of the deployment does not answer"
-    return {n: info.pid for n, info in view.items() if info.state in ("STARTING", "RUNNING")}
-
-
-@pytest.fixture
-def deployment(tmp_path):
-    """A fresh copy of local.yaml; brought down at the end if anything still runs."""
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    topology, data = write_topology(tmp_path, name)
-    yield topology, name, data
-    if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
-        pdkit("down", str(topology))
+from tests.support.local_deploy import API_KEY, chat, layout, pdkit, pids, processes_of
 
 
 def test_up_serves_is_idempotent_restarts_only_what_changed_and_down_leaves_nothing(deployment):

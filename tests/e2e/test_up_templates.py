@@ -19,8 +19,6 @@ from kit.hosts.inventory import CONTROL_ROUTER_KEY_ENV, build_inventory, deploy_
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.e2e
-
 TEMPLATES = REPO / "playbooks" / "roles" / "pdkit_process" / "templates"
 
 

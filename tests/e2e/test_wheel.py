@@ -3,8 +3,8 @@ the playbooks, and installed with the `sim` extra into a fresh venv outside the 
 `pdkit up` serves a copy of topologies/local.yaml and its `pdkit down` leaves nothing running.
 
 Fast and offline: pdkit's dependencies are installed from wheels packed from this test venv
-(kit.hosts.wheels, the same code as `pdkit provision --wheelhouse`), cached in pytest's cache
-folder, pinned to the versions installed here; nothing is byte-compiled ahead of use.
+(kit.hosts.wheels, the same code as `pdkit provision --wheelhouse`; a few seconds), pinned to
+the versions installed here; nothing is byte-compiled ahead of use.
 """
 
 from __future__ import annotations
@@ -18,19 +18,15 @@ import uuid
 import zipfile
 from pathlib import Path
 
-import pytest
 from packaging.utils import canonicalize_name
 
 from kit.hosts.wheels import (
     PDKIT_DISTRIBUTION,
     requirement_closure,
     wheel_from_installed,
-    wheel_name,
 )
 from tests.conftest import REPO
 from tests.support.local_deploy import API_KEY, API_KEY_ENV, chat, processes_of, write_topology
-
-pytestmark = pytest.mark.e2e
 
 UP_TIMEOUT_S = 240
 
@@ -60,16 +56,15 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def dependency_wheels(cache: Path) -> list[str]:
-    """Wheels of pdkit's dependencies with the sim extra, packed from this venv into `cache`
-    unless there already; returns the pins (name==version) that make pip take exactly them."""
+def dependency_wheels(folder: Path) -> list[str]:
+    """Wheels of pdkit's dependencies with the sim extra, packed from this venv into `folder`;
+    returns the pins (name==version) that make pip take exactly them."""
     pins = []
     for dist in requirement_closure([f"{PDKIT_DISTRIBUTION}[sim]"]):
         name = dist.metadata["Name"]
         if canonicalize_name(name) == PDKIT_DISTRIBUTION:
             continue
-        if not any(cache.glob(f"{wheel_name(name)}-{dist.version}-*.whl")):
-            wheel_from_installed(dist, cache)
+        wheel_from_installed(dist, folder)
         pins.append(f"{name}=={dist.version}")
     return pins
 
@@ -116,9 +111,7 @@ def processes_mentioning(folder: Path) -> list[str]:
     return found
 
 
-def test_the_installed_wheel_deploys_the_local_topology_from_outside_the_checkout(
-    tmp_path, request
-):
+def test_the_installed_wheel_deploys_the_local_topology_from_outside_the_checkout(tmp_path):
     wheel = build_wheel(tmp_path / "dist")
     listed = set(zipfile.ZipFile(wheel).namelist())
     assert shipped_files() - listed == set()
@@ -126,13 +119,14 @@ def test_the_installed_wheel_deploys_the_local_topology_from_outside_the_checkou
     assert "kit/playbooks/group_vars/all.yml" in listed
     assert not [n for n in listed if "__pycache__" in n or n.endswith(".pyc")]
 
-    cache = request.config.cache.mkdir("pdkit-dependency-wheels")
-    pins = dependency_wheels(cache)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pins = dependency_wheels(wheels)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python, pdkit = venv / "bin" / "python", venv / "bin" / "pdkit"
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
-    install += ["--no-index", "--no-compile", "--find-links", str(cache)]
+    install += ["--no-index", "--no-compile", "--find-links", str(wheels)]
     install += [f"{PDKIT_DISTRIBUTION}[sim] @ {wheel.as_uri()}", *pins]
     installed = subprocess.run(install, capture_output=True, text=True, timeout=300, check=False)
     assert installed.returncode == 0, installed.stderr

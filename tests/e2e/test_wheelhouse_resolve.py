@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.index]
+pytestmark = pytest.mark.index
 
 KERNELS = "sglang-kernel==0.4.10"
 

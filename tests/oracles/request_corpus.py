@@ -1,6 +1,6 @@
 """Request bodies for /generate, /v1/completions and /v1/chat/completions: valid, edge and
 invalid, each sent to the sim and to SGLang 0.5.23's own request handling
-(tests/e2e/test_sim_matches_sglang_requests.py), which must answer them alike.
+(tests/e2e/sglang/test_sim_matches_sglang_requests.py), which must answer them alike.
 
 A case names its endpoint, its body (a JSON value, or `Raw` text that is not JSON), the
 server it goes to (`SERVERS`: the launch flags beyond the model's), and, for a refusal, a

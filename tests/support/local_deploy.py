@@ -1,43 +1,33 @@
 """Helpers for the end-to-end tests that deploy a copy of topologies/local.yaml: its own name,
-root and free ports (never a developer's `make up`), a chat request through the router, and the
-processes that belong to a deployment."""
+root and free ports (never a developer's `make up`), `pdkit` run against it, its layout and the
+PIDs its supervisord runs, a chat request through the router, `pdkit bench` load in the
+background, and the processes that belong to a deployment. The fixture that deploys one is in
+tests/e2e/conftest.py."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO
+from kit.deploy.services import supervisor_processes
+from kit.topology.layout import HostLayout, host_root
+from tests.conftest import REPO, run_pdkit
+from tests.support.ports import free_ports
 
 API_KEY = "e2e-router-key-93f1c2"
 API_KEY_ENV = "PDKIT_E2E_KEY"
 """The router's API key comes from this environment variable (see write_topology)."""
 
+UP_TIMEOUT_S = 240
+"""Seconds a `pdkit up` of a local sim deployment may take (Ansible on 2 loaded cores)."""
 
-def free_ports(count: int) -> list[int]:
-    """`count` ports, in blocks where a role needs consecutive ones: found by binding port 0."""
-    found: list[int] = []
-    while len(found) < count:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if all(_free(p) for p in (port, port + 1)) and not {port, port + 1} & set(found):
-            found.append(port)
-    return found
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+BENCH_RATE = 4.0
+BENCH_S = 75.0
+"""The steady load of bench_under_load: requests/s, and seconds it sends for."""
 
 
 def write_topology(folder: Path, name: str) -> tuple[Path, dict]:
@@ -54,6 +44,31 @@ def write_topology(folder: Path, name: str) -> tuple[Path, dict]:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, data
+
+
+def deploy_env() -> dict[str, str]:
+    """This environment for pdkit commands against a test deployment: the router's API key in
+    API_KEY_ENV, and no PDKIT_STATE_DIR of the caller's (the state goes beside the topology)."""
+    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
+    env[API_KEY_ENV] = API_KEY
+    return env
+
+
+def pdkit(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """`pdkit ARGS` as a user runs it, in deploy_env(); never raises on a non-zero exit."""
+    return run_pdkit(*args, timeout=timeout, env=deploy_env())
+
+
+def layout(topology: Path, name: str) -> HostLayout:
+    """The deployment's layout on its one host (root `.pdkit/<name>/root`, see write_topology)."""
+    return HostLayout(name, host_root(f".pdkit/{name}/root", topology.absolute().parent))
+
+
+def pids(topology: Path, name: str) -> dict[str, int]:
+    """{process: PID} of what the deployment's supervisord runs (starting or running)."""
+    view = supervisor_processes(layout(topology, name).supervisord_socket)
+    assert view is not None, "supervisord of the deployment does not answer"
+    return {n: info.pid for n, info in view.items() if info.state in ("STARTING", "RUNNING")}
 
 
 def chat(base_url: str, stream: bool) -> str:
@@ -93,16 +108,22 @@ def processes_of(name: str) -> list[int]:
 
 
 def start_bench(topology: Path, out: Path, *args: str) -> subprocess.Popen[str]:
-    """`pdkit bench TOPOLOGY ARGS --no-predict --json --out OUT` in the background, with the
-    router's API key from API_KEY_ENV (the test deployment's)."""
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    env[API_KEY_ENV] = API_KEY
+    """`pdkit bench TOPOLOGY ARGS --no-predict --json --out OUT` in the background, in
+    deploy_env()."""
     argv = ["bench", str(topology), *args, "--no-predict", "--json", "--out", str(out)]
     return subprocess.Popen(
         [sys.executable, "-c", "from kit.cli import main; main()", *argv],
         cwd=REPO,
-        env=env,
+        env=deploy_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def bench_under_load(topology: Path, out: Path) -> subprocess.Popen[str]:
+    """BENCH_RATE requests/s for BENCH_S seconds of 32 output tokens, in the background: the
+    load that live operations (scaling, restarts) must not fail a request of."""
+    requests = str(int(BENCH_RATE * BENCH_S))
+    return start_bench(topology, out, "--rate", str(BENCH_RATE), "--duration", str(BENCH_S),
+                       "--requests", requests, "--output-len", "32")  # fmt: skip

@@ -20,7 +20,7 @@ import yaml
 
 from kit.sglang import cpu
 from tests.conftest import REPO
-from tests.support.local_deploy import free_ports
+from tests.support.ports import free_ports
 from tests.support.sim_launch import request_json
 
 START_TIMEOUT_S = 420.0

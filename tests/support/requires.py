@@ -6,10 +6,13 @@ quietly on a machine where it never ran."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import REPO
 
 
 def require_command(name: str, package: str) -> str:
@@ -29,3 +32,11 @@ def require_file(path: Path | str, fix: str) -> Path:
     if not found.exists():
         pytest.fail(f"{found} does not exist: {fix}", pytrace=False)
     return found
+
+
+def require_smg() -> str:
+    """The SGLang Model Gateway's executable: $PDKIT_SMG, else the smg venv's (`make deps`);
+    fails the test saying how to install it."""
+    path = os.environ.get("PDKIT_SMG") or str(REPO / ".venv-smg" / "bin" / "smg")
+    require_file(path, "make deps (the smg venv, .venv-smg: pip install smg==1.13.0)")
+    return path

@@ -3,8 +3,8 @@ status, the content type, the JSON shape (keys and value types, not values), a s
 format, and `/metrics` names and labels. `differences` lists where two observations part, each
 as a stable id ``CASE|ASPECT|DETAIL`` that a list of known differences can match (fnmatch).
 
-Only the standard library: used by tests/e2e/test_sim_wire_fidelity.py against a real SGLang
-server and a sim worker side by side.
+Only the standard library: used by tests/e2e/real_sglang/test_sim_wire_fidelity.py against a
+real SGLang server and a sim worker side by side.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from kit.kvevents.blocks import block_hashes
 from kit.kvevents.publisher import Publisher, offset_endpoint
 from kit.sim.prefix_cache import PrefixCache
 from tests.conftest import REPO
-from tests.support.sim_launch import free_port
+from tests.support.ports import free_port
 
 # SGLang 0.5.23's own hashes of [5..12] at page size 4 (`mem_cache.utils.get_hash_str` and
 # `hash_str_to_int64`, run in .venv-sglang-cpu).

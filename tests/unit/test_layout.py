@@ -63,6 +63,28 @@ def test_the_shared_test_code_imports_no_test_module(folder):
     assert found == [], f"{folder}/ is shared: move what it needs out of the test module into it"
 
 
+SHARED_TEST_CODE = ("tests.support", "tests.oracles", "tests.conftest")
+"""What a test may import from tests/: the helpers, the oracles and the root conftest's paths and
+builders. A test module or a folder's conftest imported by another file runs its module code
+twice (pytest imports it under its own name too) and hides which helpers are shared."""
+
+
+def test_tests_import_only_the_shared_test_code():
+    found = [(f, m) for f, m in imports_from("tests") if under(m, "tests")]
+    found = [(f, m) for f, m in found if not under(m, *SHARED_TEST_CODE)]
+    assert found == [], f"move what tests share into {SHARED_TEST_CODE[:2]}"
+
+
+def test_the_test_folders_hold_only_tests_and_their_fixtures():
+    helpers = [
+        str(path.relative_to(REPO))
+        for folder in ("tests/unit", "tests/e2e")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if not path.name.startswith("test_") and path.name not in ("conftest.py", "__init__.py")
+    ]
+    assert helpers == [], "helpers live in tests/support (fixtures in a conftest.py)"
+
+
 def test_no_relative_import_hides_a_crossing():
     relative = [
         str(path.relative_to(REPO))

@@ -11,9 +11,9 @@ applies the pinned version's table to the values each role's servers start with 
 each problem at the key that set the value.
 
 The tables hold the checks that read only flags and pdkit's own parallelism, not those that
-need the GPU, the model's config or the installed kernels. tests/e2e/test_sglang_startup_rules.py
-runs SGLang's own hooks on a bad and a good value of every rule, so a table cannot drift from
-SGLang.
+need the GPU, the model's config or the installed kernels.
+tests/e2e/sglang/test_sglang_startup_rules.py runs SGLang's own hooks on a bad and a good value of
+every rule, so a table cannot drift from SGLang.
 """
 
 from __future__ import annotations

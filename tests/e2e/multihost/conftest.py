@@ -1,4 +1,5 @@
-"""Fixtures for the multi-host tests: a bed of network-namespace hosts with their own sshd.
+"""Fixtures for the multi-host tests: a bed of network-namespace hosts with their own sshd, and
+the sim hosts' wheelhouse (helpers in tests/support/multihost.py).
 
 Needs root, iproute2 and openssh-server. Skips with the reason elsewhere; under CI (env CI set)
 a bed that cannot be built fails the run instead, so that the multi-host tests never silently
@@ -7,34 +8,19 @@ stop running.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import run_pdkit as shared_run_pdkit
-from tests.support.netns import TestBed, unavailable_reason
-
-HOST_REQUIREMENTS = ["sglang-pdkit[sim]", "supervisor"]
-"""What a sim host's venv needs: pdkit with the non-CUDA Mooncake build, and supervisord."""
-
-
-def require_testbed() -> None:
-    """Skip (or, in CI, fail) when this machine cannot build the test bed."""
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the multi-host tests, but {reason}", pytrace=False)
-    pytest.skip(reason)
+from tests.support.multihost import HOST_REQUIREMENTS, require_testbed
+from tests.support.netns import TestBed
 
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
-    """Three namespace hosts a, b, c, created once per session and removed at its end."""
+    """Three namespace hosts a, b, c, created once per session (per xdist worker: each bed has
+    its own subnet) and removed at its end."""
     require_testbed()
     bed = TestBed(base=Path(tmp_path_factory.mktemp("testbed"))).create()
     try:
@@ -45,46 +31,10 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sim hosts' wheels, packed once per session from this environment (no index)."""
+    """The sim hosts' wheels, packed once per session from this environment (no index; a few
+    seconds)."""
     from kit.hosts.wheels import build_wheelhouse  # noqa: PLC0415
 
     folder = Path(tmp_path_factory.mktemp("wheelhouse"))
     build_wheelhouse(HOST_REQUIREMENTS, folder)
     return folder
-
-
-def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
-    """A sim topology over the bed: prefill on a, decode on b, router on c, KV over Mooncake
-    TCP between the namespaces, supervisord on every host, each host its own root."""
-    a, b, c = bed.hosts[:3]
-    data = {
-        "name": name,
-        "engine": "sim",
-        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct", "served_name": "llama-3.1-8b"},
-        "hosts": [
-            {
-                "name": host.name,
-                "address": host.address,
-                "ssh": {"user": "root", "port": host.ssh_port, "key": str(bed.ssh_key)},
-                "gpus": 1,
-                "gpu_type": "H100-SXM",
-                "service_manager": "supervisord",
-                "root": str(host.root),
-            }
-            for host in (a, b, c)
-        ],
-        "prefill": {"count": 1, "hosts": [a.name]},
-        "decode": {"count": 1, "hosts": [b.name]},
-        "defaults": {"args": {"page-size": 16}},
-        "transfer": {"backend": "mooncake_tcp"},
-        "router": {"kind": "pdkit", "host": c.name, "port": 8000, "bind": c.address},
-    }
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
-    env = {**os.environ, **bed.ansible_env(), "COLUMNS": "200"}
-    return shared_run_pdkit(*args, timeout=timeout, env=env)

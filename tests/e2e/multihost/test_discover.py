@@ -12,11 +12,9 @@ import shutil
 import pytest
 import yaml
 
-from tests.e2e.multihost.conftest import bed_topology, run_pdkit
+from tests.support.fake_hosts import EXPECTED_NICS, fake_nvidia_smi, fake_sys
+from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
-from tests.unit.hosts.test_hosts_discover import EXPECTED_NICS, fake_nvidia_smi, fake_sys
-
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 
 
 @pytest.fixture

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import TestBed
-
-pytestmark = pytest.mark.netns
+from tests.support.multihost import require_testbed
+from tests.support.netns import TestBed, remove_stale
 
 
 def test_every_host_answers_over_ssh_with_strict_host_keys(testbed: TestBed):
@@ -64,7 +63,6 @@ def test_hosts_reach_each_other_but_no_route_leaves_the_bridge(testbed: TestBed)
 def test_a_process_started_over_ssh_lives_in_the_namespace_and_dies_with_the_bed(
     tmp_path_factory: pytest.TempPathFactory,
 ):
-    from tests.e2e.multihost.conftest import require_testbed  # noqa: PLC0415
 
     require_testbed()
     bed = TestBed(base=tmp_path_factory.mktemp("bed1"), names=("x",)).create()
@@ -99,8 +97,6 @@ def test_a_process_started_over_ssh_lives_in_the_namespace_and_dies_with_the_bed
 
 
 def test_leftovers_of_a_dead_run_are_removed_at_the_next_start():
-    from tests.e2e.multihost.conftest import require_testbed  # noqa: PLC0415
-    from tests.support.netns import remove_stale  # noqa: PLC0415
 
     require_testbed()
     dead = "4194399z"  # above any pid_max: the run that made these is surely gone

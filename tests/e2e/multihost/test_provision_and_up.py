@@ -26,10 +26,8 @@ import pytest
 import yaml
 
 from kit.hosts.context import load_context
-from tests.e2e.multihost.conftest import bed_topology, run_pdkit
+from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
-
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.multihost.conftest import run_pdkit
+from tests.support.fake_hosts import PROPRIETARY, fake_device, fake_proc
+from tests.support.multihost import run_pdkit
 from tests.support.netns import NetnsHost, TestBed
-from tests.unit.hosts.test_hosts_provision_probes import PROPRIETARY, fake_device, fake_proc
-
-pytestmark = [pytest.mark.netns, pytest.mark.e2e]
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
 # Two H100s; persistence mode is remembered in the host's home, like the driver would.

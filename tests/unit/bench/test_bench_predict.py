@@ -13,7 +13,7 @@ from kit.bench.records import write_records
 from kit.plan.resolve import resolve
 from kit.sizing.calibration import CALIBRATION_ENV
 from tests.conftest import REPO, run_pdkit
-from tests.unit.sizing.test_sizing_calibration import synthetic_records
+from tests.support.sizing_cases import synthetic_records
 
 
 def a100_sglang_topology(tmp_path):

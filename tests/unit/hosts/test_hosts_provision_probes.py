@@ -11,29 +11,9 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.support.fake_hosts import OPEN, PROPRIETARY, fake_device, fake_proc, write
 
 ROLES = REPO / "playbooks" / "roles"
-
-
-def write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-
-
-def fake_device(root: Path, name: str, state: str, gids: dict[int, tuple[str, str]]) -> None:
-    port = root / name / "ports" / "1"
-    write(root / name / "node_type", "1: CA")
-    write(root / name / "fw_ver", "28.39.1002")
-    write(root / name / "device" / "numa_node", "1")
-    write(port / "state", state)
-    write(port / "phys_state", "5: LinkUp")
-    write(port / "link_layer", "Ethernet")
-    write(port / "rate", "400 Gb/sec (4X NDR)")
-    write(port / "gids" / "0", "fe80:0000:0000:0000:0000:0000:0000:0000")  # empty slot
-    for index, (gid, kind) in gids.items():
-        write(port / "gids" / str(index), gid)
-        write(port / "gid_attrs" / "types" / str(index), kind)
-        write(port / "gid_attrs" / "ndevs" / str(index), "ens1f0")
 
 
 def rdma_facts(*args: str) -> dict:
@@ -80,17 +60,6 @@ def test_a_host_without_rdma_has_no_devices(tmp_path):
         "devices_with_gid_index": [],
         "gpudirect": {"nvidia_peermem": False, "dmabuf": False, "driver": "", "kernel": ""},
     }
-
-
-def fake_proc(root: Path, modules: list[str], driver: str, kernel: str) -> Path:
-    write(root / "modules", "\n".join(f"{m} 16384 0 - Live 0x0" for m in modules))
-    write(root / "driver" / "nvidia" / "version", driver)
-    write(root / "sys" / "kernel" / "osrelease", kernel)
-    return root
-
-
-PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Wed Jan 22 2025"
-OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build"
 
 
 def test_gpudirect_is_nvidia_peermem_or_dmabuf_with_open_modules(tmp_path):

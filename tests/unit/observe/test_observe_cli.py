@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from tests.conftest import run_pdkit
+from tests.support import ports
 
 pdkit = run_pdkit
 
@@ -37,12 +37,7 @@ def nothing_running(write_topology, free_port) -> str:
 
 @pytest.fixture
 def free_port():
-    def pick() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
-    return pick
+    return ports.free_port
 
 
 @pytest.mark.parametrize("command", ["health", "status"])

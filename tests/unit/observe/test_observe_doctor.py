@@ -27,27 +27,9 @@ from kit.observe.doctor import (
 from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
 from kit.observe.probe import Prober
 from kit.plan.resolve import resolve
+from tests.support.ports import free_block
 
 SLOW = 60.0
-
-
-def free_block(count: int) -> int:
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
 
 
 @dataclass

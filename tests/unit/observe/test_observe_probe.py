@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from dataclasses import replace
 
@@ -16,13 +15,8 @@ from kit.observe.probe import Prober
 from kit.observe.targets import RouterTarget, Targets
 from kit.observe.worker import evaluate_worker
 from kit.topology.schema import SLO
-from tests.unit.observe.builders import worker_target
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.observe_builders import worker_target
+from tests.support.ports import free_port
 
 
 @contextlib.asynccontextmanager

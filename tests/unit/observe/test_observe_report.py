@@ -8,7 +8,7 @@ from rich.console import Console
 
 from kit.observe.report import build_report, report_to_json
 from kit.observe.view import health_lines, status_view
-from tests.unit.observe.builders import (
+from tests.support.observe_builders import (
     D0,
     P0,
     P1,

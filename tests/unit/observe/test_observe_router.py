@@ -8,7 +8,7 @@ from kit.observe.probe import Fetched, RouterAnswers
 from kit.observe.router import evaluate_router
 from kit.observe.view import router_lines
 from kit.topology.schema import SLO
-from tests.unit.observe.builders import (
+from tests.support.observe_builders import (
     D0,
     P0,
     P1,
@@ -17,8 +17,8 @@ from tests.unit.observe.builders import (
     pdkit_answers,
     pdkit_metrics,
 )
-from tests.unit.observe.builders import router_got as got
-from tests.unit.observe.builders import router_target as target
+from tests.support.observe_builders import router_got as got
+from tests.support.observe_builders import router_target as target
 
 
 def test_pdkit_router_ready_with_its_worker_view_rates_and_latency():

@@ -14,7 +14,7 @@ from kit.observe import run
 from kit.observe.report import build_report
 from kit.plan.resolve import resolve
 from tests.conftest import REPO
-from tests.unit.observe.builders import cluster
+from tests.support.observe_builders import cluster
 
 PLAN = resolve(REPO / "topologies" / "local.yaml")
 

@@ -6,7 +6,7 @@ import pytest
 
 from kit.observe.probe import WorkerAnswers
 from kit.observe.worker import evaluate_worker
-from tests.unit.observe.builders import (
+from tests.support.observe_builders import (
     METRICS,
     NOW,
     failed,
@@ -15,8 +15,8 @@ from tests.unit.observe.builders import (
     ok,
     server_info,
 )
-from tests.unit.observe.builders import worker_answers as answers
-from tests.unit.observe.builders import worker_target as target
+from tests.support.observe_builders import worker_answers as answers
+from tests.support.observe_builders import worker_target as target
 
 
 def test_a_healthy_worker_shows_its_load_summed_over_dp_ranks():

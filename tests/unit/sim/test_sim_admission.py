@@ -1,5 +1,5 @@
 """The context-length rules and --allow-auto-truncate, as SGLang's tokenizer manager and
-scheduler apply them (the differential test, tests/e2e/test_sim_matches_sglang_requests.py,
+scheduler apply them (the differential test, tests/e2e/sglang/test_sim_matches_sglang_requests.py,
 holds the sim to SGLang's own code; these pin the numbers)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from kit.sim.admission import Limits, check_lengths, sampling_params
 from kit.sim.args import parse_args
 from kit.sim.errors import RequestRefused
-from tests.unit.sim.test_sim_api import serve
+from tests.support.sim_server import serve
 
 LIMITS = Limits(context_len=256, vocab=1000, kv_capacity=10_000)
 TRUNCATE = Limits(context_len=256, vocab=1000, kv_capacity=10_000, allow_auto_truncate=True)

@@ -8,18 +8,13 @@ import json
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from kit.perf.clock import RealClock
 from kit.sim.admission import Limits
 from kit.sim.api_native import RequestRefused, parse_generate
 from kit.sim.api_openai import StreamFormatter, parse_chat, parse_completion
-from kit.sim.args import parse_args
-from kit.sim.engine import Engine
 from kit.sim.requests import GenerateInput, RequestState
-from kit.sim.server import Api
-from kit.sim.settings import SimSettings
 from kit.sim.tokens import OutputSource
+from tests.support.sim_server import serve
 
 VOCAB = 32000
 LIMITS = Limits(context_len=4096, vocab=VOCAB, kv_capacity=100_000)
@@ -118,18 +113,6 @@ def test_openai_bodies():
         parse_completion({"prompt": "x", "max_tokens": 0}, LIMITS)
     with pytest.raises(RequestRefused, match="Messages cannot be empty"):
         parse_chat({"messages": []}, LIMITS)
-
-
-async def serve(argv, env=None):
-    args = parse_args(
-        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama", *argv]
-    )
-    settings = SimSettings.from_env({"PDKIT_SIM_SPEED": "20", **(env or {})})
-    engine = Engine(args, settings, RealClock(asyncio.get_running_loop(), settings.speed))
-    api = Api(engine)
-    server = TestServer(api.app(), host="127.0.0.1")
-    await server.start_server()
-    return api, server
 
 
 def run(coro):

@@ -9,8 +9,8 @@ import aiohttp
 
 from kit.sim.prefix import LocalCache, PoolSettings, page_bytes, page_keys, parse_size
 from kit.sim.prefix_cache import PrefixCache
-from tests.support.sim_launch import free_port
-from tests.unit.sim.test_sim_api import serve
+from tests.support.ports import free_port
+from tests.support.sim_server import serve
 
 
 def test_a_page_key_names_the_whole_prefix_up_to_its_page():

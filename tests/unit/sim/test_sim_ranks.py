@@ -8,7 +8,7 @@ import pytest
 
 from kit.sim.engine import StartupError
 from kit.sim.ranks import RankError, RankServer, join_rank0
-from tests.support.sim_launch import free_port
+from tests.support.ports import free_port
 
 
 def run(coro):

@@ -15,7 +15,6 @@ from kit.perf.cluster import Cluster, InstanceConfig, Instances
 from kit.perf.gpus import gpu_spec
 from kit.perf.models import resolve_model
 from kit.perf.timing import Efficiency
-from kit.perf.workload import WorkloadSpec
 from kit.sizing.calibration import (
     BenchRun,
     Calibration,
@@ -30,6 +29,7 @@ from kit.sizing.calibration import (
 )
 from kit.sizing.problem import SizingError
 from kit.topology.schema import SLO
+from tests.support.sizing_cases import synthetic_records
 
 TRUE = Efficiency(compute=0.45, memory=0.55)
 SLO_WALL = SLO(ttft_ms=1600, tpot_ms=160, attainment=0.9)  # 400/40 ms at speed 0.25
@@ -39,32 +39,6 @@ SPEED = 0.25
 def two_p_one_d() -> Cluster:
     config = InstanceConfig(resolve_model("meta-llama/Llama-2-13b-hf"), gpu_spec("A100-80G"))
     return Cluster(prefill=Instances(config, 2), decode=Instances(config, 1))
-
-
-def synthetic_records(cluster: Cluster, rates: list[float], speed: float) -> list[RequestRecord]:
-    """What `pdkit bench` would record on a sim deployment of `cluster` at `speed`, each
-    rate (wall requests/s) a point of 120 requests, the first 10 warm-up."""
-    records = []
-    for rate in rates:
-        requests = WorkloadSpec(count=120, seed=3).requests(rate / speed)
-        for i, (request, outcome) in enumerate(zip(requests, cluster.run(requests), strict=True)):
-            wall = request.arrival / speed
-            records.append(
-                RequestRecord(
-                    index=i,
-                    rate=rate,
-                    warmup=i < 10,
-                    input_tokens=request.prompt_len,
-                    output_tokens=request.output_len,
-                    scheduled_s=wall,
-                    sent_s=wall,
-                    status=200,
-                    ok=True,
-                    ttft_ms=outcome.ttft_s * 1000 / speed,
-                    tpot_ms=outcome.tpot_s * 1000 / speed,
-                )
-            )
-    return records
 
 
 def write_run(folder: Path, records: list[RequestRecord], goodput: float | None = None) -> Path:

@@ -17,7 +17,7 @@ from kit.perf.timing import Efficiency
 from kit.plan.resolve import resolve
 from kit.sizing.calibration import CALIBRATION_ENV, with_efficiency
 from tests.conftest import REPO, run_pdkit
-from tests.unit.sizing.test_sizing_calibration import synthetic_records
+from tests.support.sizing_cases import synthetic_records
 
 LOCAL = str(REPO / "topologies" / "local.yaml")
 DISTSERVE = [

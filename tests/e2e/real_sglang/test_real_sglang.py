@@ -34,9 +34,9 @@ from kit.deploy.services import supervisor_processes
 from kit.observe.prom import parse_metrics
 from kit.observe.signatures import diagnose
 from kit.plan.resolve import resolve
-from kit.topology.layout import HostLayout, host_root
-from tests.conftest import run_pdkit
-from tests.support.local_deploy import free_ports, processes_of
+from kit.topology.layout import HostLayout
+from tests.support.local_deploy import layout, pdkit, pids, processes_of
+from tests.support.ports import free_ports
 from tests.support.real_sglang import (
     GREEDY,
     RealServer,
@@ -44,24 +44,19 @@ from tests.support.real_sglang import (
     tiny_model,
     write_topology,
 )
+from tests.support.requires import require_smg
 from tests.support.sim_launch import request_json
 
 # Starting real servers takes minutes here: the module's set-up (the pair and the colocated
 # server) and the live change (two starts of a decode) get more than the suite's 300 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 UP_TIMEOUT_S = 900
 MODEL = "tiny-llama"
-SMG = os.environ.get("PDKIT_SMG") or str(Path(__file__).resolve().parents[2] / ".venv-smg/bin/smg")
 PROMPTS = ["The quick brown fox", "Hello world, this is", "Once upon a time"]
 KEEP_GOING = {"ignore_eos": True}
 """SGLang's extension: the tiny model samples its EOS now and then (seen: 2 of 6 tokens, then
 stop), and these tests count tokens."""
-
-
-def pdkit(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PDKIT_STATE_DIR"}
-    return run_pdkit(*args, timeout=timeout, env=env)
 
 
 @dataclass
@@ -80,13 +75,10 @@ class Deployment:
 
     @property
     def layout(self) -> HostLayout:
-        root = host_root(self.data["hosts"][0]["root"], self.topology.absolute().parent)
-        return HostLayout(self.name, root)
+        return layout(self.topology, self.name)
 
     def pids(self) -> dict[str, int]:
-        view = supervisor_processes(self.layout.supervisord_socket)
-        assert view is not None, "supervisord of the deployment does not answer"
-        return {n: i.pid for n, i in view.items() if i.state in ("STARTING", "RUNNING")}
+        return pids(self.topology, self.name)
 
     def log(self, process: str) -> str:
         return Path(self.layout.log_file(process)).read_text(errors="replace")
@@ -123,14 +115,10 @@ def real(tmp_path_factory):
     finally:
         colocated.stop()
         odd.stop()
-        if supervisor_processes(HostLayout(name, _root(topology, data)).supervisord_socket):
+        if supervisor_processes(layout(topology, name).supervisord_socket):
             pdkit("down", str(topology), timeout=300)
         if deployment is not None:
             print(f"\nreal SGLang start times (s): {deployment.start_s}")
-
-
-def _root(topology: Path, data: dict) -> str:
-    return host_root(data["hosts"][0]["root"], topology.absolute().parent)
 
 
 def test_up_gates_the_real_pair_and_serves_the_openai_client(real):
@@ -221,14 +209,13 @@ def test_a_short_bench_point_against_the_real_pair(real, tmp_path):
 
 
 def test_smg_serves_the_openai_client_through_the_real_pair(real, tmp_path):
-    if not Path(SMG).exists():
-        pytest.fail(f"smg is not at {SMG}: run `make .venv-smg/.stamp` (pip install smg==1.13.0)")
+    smg = require_smg()
     plan = resolve(real.topology)
     (prefill,), (decode,) = plan.role("prefill"), plan.role("decode")
     port, metrics = free_ports(2)
     with (tmp_path / "smg.log").open("wb") as log:
         router = subprocess.Popen(
-            [SMG, "launch", "--pd-disaggregation", "--prefill", prefill.url,
+            [smg, "launch", "--pd-disaggregation", "--prefill", prefill.url,
              str(prefill.bootstrap_port), "--decode", decode.url, "--host", "127.0.0.1",
              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
              str(metrics), "--worker-startup-check-interval", "1",

@@ -25,8 +25,6 @@ from kit.topology.place import placement
 from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
 from tests.oracles.sglang_startup_cases import CASES, Case
 
-pytestmark = pytest.mark.sglang
-
 HOOKS_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_hooks.py"
 RULES = {rule.name: rule for rule in STARTUP_RULES["0.5.23"]}
 

@@ -28,9 +28,8 @@ import pytest
 from kit.perf.models import resolve_model
 from tests.oracles.request_corpus import CASES, MODEL, SERVERS, SHORT, Case
 from tests.oracles.sglang_parser import REPO_ROOT, run_sglang_tool
-from tests.support.sim_launch import SimProcess, free_port, worker_argv
-
-pytestmark = [pytest.mark.e2e, pytest.mark.sglang]
+from tests.support.ports import free_port
+from tests.support.sim_launch import SimProcess, worker_argv
 
 REQUESTS_TOOL = REPO_ROOT / "tests" / "oracles" / "sglang_requests.py"
 FAST = {"PDKIT_SIM_SPEED": "50", "PDKIT_SIM_LOAD_SECONDS": "0.2", "PDKIT_SIM_SEED": "1"}

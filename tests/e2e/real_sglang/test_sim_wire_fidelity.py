@@ -15,12 +15,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.oracles.request_corpus import CASES, Case
+from tests.support.ports import free_port
 from tests.support.real_sglang import RealServer, tiny_model
-from tests.support.sim_launch import SimProcess, free_port
+from tests.support.sim_launch import SimProcess
 from tests.support.wire import differences, metric_labels, send
 
 # Start-up (30-110 s) and the corpus at the tiny model's CPU speed on a loaded machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 CONTEXT = ["--context-length", "128"]
 """Both servers: a request with no output bound (max_tokens null) then ends within seconds on the

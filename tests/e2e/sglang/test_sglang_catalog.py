@@ -9,8 +9,6 @@ import pytest
 from kit.sglang.catalog import load_catalog, supported_versions
 from tests.oracles.sglang_parser import CATALOG_TOOL, REPO_ROOT, parse_with_sglang, run_sglang_tool
 
-pytestmark = pytest.mark.sglang
-
 CATALOG_DIR = REPO_ROOT / "kit" / "sglang" / "catalogs"
 
 # SGLang docs, one host 1P1D: the prefill server.

@@ -11,8 +11,6 @@ from kit.sglang.catalog import supported_versions
 from tests.conftest import TOPOLOGIES
 from tests.oracles.sglang_parser import parse_with_sglang
 
-pytestmark = pytest.mark.sglang
-
 
 @pytest.mark.parametrize("version", supported_versions())
 def test_every_rendered_argv_parses_with_sglang(version):
