@@ -202,10 +202,10 @@ class RoleSpec(RoleDefaults):
         None,
         ge=1,
         le=65535,
-        description=f"CPU hosts: first --nccl-port (torch.distributed's rendezvous) on each "
-        f"host, +1 per instance, so that servers starting together on one host never pick the "
-        f"same one. Default: prefill {ports.PREFILL_NCCL}, decode {ports.DECODE_NCCL}. GPU "
-        f"hosts leave it to SGLang.",
+        description=f"First --nccl-port (torch.distributed's port) on each host, +1 per "
+        f"instance, so that servers starting together never pick the same one and none lands "
+        f"on a port pdkit plans. Default: prefill {ports.PREFILL_NCCL}, decode "
+        f"{ports.DECODE_NCCL}.",
     )
     bind: str | None = Field(
         None,

@@ -1,7 +1,7 @@
 # pdkit plan 'deepseek-r1-ep': engine sglang, SGLang 0.5.23, model deepseek-ai/DeepSeek-R1, transfer mooncake
 
 ## host prefill-0 (10.0.2.10)
-# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 0 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 0 of 4, dist-init 10.0.2.10:5000
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.10 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -17,6 +17,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
   --node-rank 0 \
+  --nccl-port 30500 \
   --chunked-prefill-size 524288 \
   --deepep-config /data/deepep/prefill_config.json \
   --deepep-mode normal \
@@ -45,7 +46,7 @@ python -m kit.lb \
   --request-timeout 200000
 
 ## host prefill-1 (10.0.2.11)
-# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 1 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 1 of 4, dist-init 10.0.2.10:5000
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.11 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -61,6 +62,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
   --node-rank 1 \
+  --nccl-port 30500 \
   --chunked-prefill-size 524288 \
   --deepep-config /data/deepep/prefill_config.json \
   --deepep-mode normal \
@@ -79,7 +81,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host prefill-2 (10.0.2.12)
-# prefill-0-node2 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 2 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node2 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 2 of 4, dist-init 10.0.2.10:5000
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.12 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -95,6 +97,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
   --node-rank 2 \
+  --nccl-port 30500 \
   --chunked-prefill-size 524288 \
   --deepep-config /data/deepep/prefill_config.json \
   --deepep-mode normal \
@@ -113,7 +116,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host prefill-3 (10.0.2.13)
-# prefill-0-node3 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, node 3 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node3 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 3 of 4, dist-init 10.0.2.10:5000
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.13 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -129,6 +132,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.10:5000 \
   --nnodes 4 \
   --node-rank 3 \
+  --nccl-port 30500 \
   --chunked-prefill-size 524288 \
   --deepep-config /data/deepep/prefill_config.json \
   --deepep-mode normal \
@@ -147,7 +151,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-0 (10.0.2.20)
-# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 0 of 9, dist-init 10.0.2.20:5500
+# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 0 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.20 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -162,6 +166,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 0 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -176,7 +181,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-1 (10.0.2.21)
-# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 1 of 9, dist-init 10.0.2.20:5500
+# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 1 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.21 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -191,6 +196,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 1 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -205,7 +211,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-2 (10.0.2.22)
-# decode-0-node2 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 2 of 9, dist-init 10.0.2.20:5500
+# decode-0-node2 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 2 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.22 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -220,6 +226,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 2 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -234,7 +241,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-3 (10.0.2.23)
-# decode-0-node3 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 3 of 9, dist-init 10.0.2.20:5500
+# decode-0-node3 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 3 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.23 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -249,6 +256,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 3 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -263,7 +271,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-4 (10.0.2.24)
-# decode-0-node4 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 4 of 9, dist-init 10.0.2.20:5500
+# decode-0-node4 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 4 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.24 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -278,6 +286,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 4 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -292,7 +301,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-5 (10.0.2.25)
-# decode-0-node5 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 5 of 9, dist-init 10.0.2.20:5500
+# decode-0-node5 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 5 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.25 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -307,6 +316,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 5 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -321,7 +331,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-6 (10.0.2.26)
-# decode-0-node6 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 6 of 9, dist-init 10.0.2.20:5500
+# decode-0-node6 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 6 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.26 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -336,6 +346,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 6 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -350,7 +361,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-7 (10.0.2.27)
-# decode-0-node7 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 7 of 9, dist-init 10.0.2.20:5500
+# decode-0-node7 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 7 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.27 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -365,6 +376,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 7 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \
@@ -379,7 +391,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --page-size 1
 
 ## host decode-8 (10.0.2.28)
-# decode-0-node8 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, node 8 of 9, dist-init 10.0.2.20:5500
+# decode-0-node8 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 8 of 9, dist-init 10.0.2.20:5500
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.28 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -394,6 +406,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --dist-init-addr 10.0.2.20:5500 \
   --nnodes 9 \
   --node-rank 8 \
+  --nccl-port 30600 \
   --deepep-mode low_latency \
   --disable-radix-cache \
   --enable-dp-lm-head \

@@ -1,0 +1,54 @@
+"""The settings a multi-node or wide-EP cluster needs (#36 item 5): --nccl-port planned for every
+instance, the ZMQ allow-list of multi-node instances, the RoCE GID index, the wide-EP profile and
+the facts `pdkit discover` saved."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.errors import TopologyError
+from kit.plan.resolve import resolve
+from tests.conftest import base_topology
+
+
+def flag(args: tuple[str, ...], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_every_instance_gets_an_nccl_port_apart_from_the_others(write_topology):
+    plan = resolve(write_topology(base_topology()))
+    ports = [(w.host, w.nccl_port) for w in plan.workers]
+    assert ports == [("a", 30500), ("a", 30501), ("b", 30600)]
+    for w in plan.workers:
+        assert flag(w.command.args, "--nccl-port") == str(w.nccl_port)
+        assert any(u.what == "NCCL" and u.first == w.nccl_port for u in w.ports)
+
+
+def test_a_multi_node_instance_has_one_nccl_port_on_every_node(write_topology):
+    data = base_topology()
+    data["prefill"] = {"count": 1, "tp": 16}
+    data["decode"] = {"count": 1, "tp": 8, "hosts": ["c"]}
+    data["hosts"].append({**data["hosts"][1], "name": "c", "address": "10.0.0.3"})
+    plan = resolve(write_topology(data))
+    prefill = [w for w in plan.workers if w.role == "prefill"]
+    assert [w.nccl_port for w in prefill] == [30500, 30500]
+
+
+def test_dp_replicas_pick_their_own_nccl_ports(write_topology):
+    """SGLang gives every replica the one --nccl-port and binds it once per replica."""
+    data = base_topology()
+    data["decode"] = {"count": 1, "tp": 2, "dp": 2, "hosts": ["b"]}
+    plan = resolve(write_topology(data))
+    (decode,) = [w for w in plan.workers if w.role == "decode"]
+    assert decode.nccl_port is None and "--nccl-port" not in decode.command.args
+
+
+def test_an_nccl_port_on_the_routers_metrics_port_is_refused(write_topology):
+    data = base_topology()
+    data["router"] = {"host": "a", "kind": "smg"}
+    data["prefill"]["nccl_port"] = 28999
+    with pytest.raises(TopologyError) as caught:
+        resolve(write_topology(data))
+    assert "port 29000 on a is used by both prefill-1 (NCCL) and the router's metrics" in str(
+        caught.value
+    )
