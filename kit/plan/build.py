@@ -105,7 +105,8 @@ def build_workers(
                         p.role,
                         host,
                         ucx,
-                        render.collective_env(topology, p.role, host, nics, p.nnodes),
+                        render.collective_env(topology, p.role, host, nics, p.nnodes)
+                        | render.zmq_peers_env(topology, p, host),
                         pool_clients=pool_clients[host.name],
                     ),
                     python=sglang_python(topology, host.name, topology_dir),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from kit.net import bare_host, host_port
+from kit.net import bare_host, host_port, is_ip
 from kit.sglang import cpu, hicache
 from kit.sglang.dialects import dialect
 from kit.topology.args import Flag, flag_groups, normalize_flag
@@ -130,6 +130,27 @@ def collective_env(
     if host.network_interface:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = host.network_interface
     return env
+
+
+def zmq_peers_env(topology: Topology, p: InstancePlacement, host: Host) -> dict[str, str]:
+    """A multi-node SGLang instance's ZMQ allow-list: the TCP sockets SGLang binds for its
+    nodes (0.5.23 `restrict_zmq_peers`) admit only the instance's own nodes
+    (SGLANG_ZMQ_ALLOWED_PEERS, a comma list of IP addresses), and each node connects from its
+    own address (SGLANG_ZMQ_SOURCE_IP), so that a host with several addresses is not refused.
+
+    Empty for a single-node instance, engine sim, a version without the allow-list, and where
+    a node's address is a name rather than an IP (SGLang takes IP addresses only)."""
+    if topology.engine != "sglang" or p.nnodes == 1:
+        return {}
+    if not dialect(topology.sglang_version).zmq_peer_allow_list:
+        return {}
+    addresses = [bare_host(topology.host(n.host).address) for n in p.nodes]
+    if not all(is_ip(a) for a in addresses):
+        return {}
+    return {
+        "SGLANG_ZMQ_ALLOWED_PEERS": ",".join(dict.fromkeys(addresses)),
+        "SGLANG_ZMQ_SOURCE_IP": bare_host(host.address),
+    }
 
 
 def worker_env(

@@ -52,3 +52,34 @@ def test_an_nccl_port_on_the_routers_metrics_port_is_refused(write_topology):
     assert "port 29000 on a is used by both prefill-1 (NCCL) and the router's metrics" in str(
         caught.value
     )
+
+
+def multi_node_prefill(version: str = "0.5.23") -> dict:
+    data = base_topology()
+    data["sglang_version"] = version
+    data["hosts"].append({**data["hosts"][1], "name": "c", "address": "10.0.0.3"})
+    data["prefill"] = {"count": 1, "tp": 16, "hosts": ["b", "c"]}
+    data["decode"] = {"count": 1, "tp": 8, "hosts": ["a"]}
+    return data
+
+
+def test_a_multi_node_instance_admits_only_its_nodes_to_its_zmq_sockets(write_topology):
+    plan = resolve(write_topology(multi_node_prefill()))
+    node0, node1 = (w for w in plan.workers if w.role == "prefill")
+    assert node0.env["SGLANG_ZMQ_ALLOWED_PEERS"] == "10.0.0.2,10.0.0.3"
+    assert node1.env["SGLANG_ZMQ_ALLOWED_PEERS"] == "10.0.0.2,10.0.0.3"
+    assert (node0.env["SGLANG_ZMQ_SOURCE_IP"], node1.env["SGLANG_ZMQ_SOURCE_IP"]) == (
+        "10.0.0.2",
+        "10.0.0.3",
+    )
+    (decode,) = [w for w in plan.workers if w.role == "decode"]
+    assert "SGLANG_ZMQ_ALLOWED_PEERS" not in decode.env  # one node: no TCP peers
+
+
+def test_no_zmq_allow_list_where_sglang_has_none_or_a_node_has_a_name(write_topology):
+    old = resolve(write_topology(multi_node_prefill("0.5.22"), "old.yaml"))
+    assert not any("SGLANG_ZMQ_ALLOWED_PEERS" in w.env for w in old.workers)
+    named = multi_node_prefill()
+    named["hosts"][2]["address"] = "node-c.cluster"
+    plan = resolve(write_topology(named, "named.yaml"))
+    assert not any("SGLANG_ZMQ_ALLOWED_PEERS" in w.env for w in plan.workers)
