@@ -326,6 +326,11 @@ class Plan(Frozen):
     workers: tuple[WorkerProcess, ...]
     router: RouterProcess
     slo: SLO
+    readiness_timeout_s: float | None = Field(
+        None,
+        description="Seconds `pdkit up` waits for the workers (cluster.readiness_timeout_s or "
+        "its profile's); None: the engine's default.",
+    )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
 

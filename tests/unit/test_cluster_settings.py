@@ -83,3 +83,44 @@ def test_no_zmq_allow_list_where_sglang_has_none_or_a_node_has_a_name(write_topo
     named["hosts"][2]["address"] = "node-c.cluster"
     plan = resolve(write_topology(named, "named.yaml"))
     assert not any("SGLANG_ZMQ_ALLOWED_PEERS" in w.env for w in plan.workers)
+
+
+def test_the_wide_ep_profile_raises_every_timeout_and_keeps_deep_gemm_kernels(write_topology):
+    data = multi_node_prefill()
+    data["cluster"] = {"profile": "wide_ep"}
+    plan = resolve(write_topology(data))
+    for w in plan.workers:
+        assert flag(w.command.args, "--watchdog-timeout") == "3600"
+        assert flag(w.command.args, "--dist-timeout") == "3600"
+        assert w.env["TORCH_DISTRIBUTED_DEFAULT_TIMEOUT"] == "3600"
+        assert w.env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "60"
+        assert w.env["SGLANG_DG_CACHE_DIR"] == "/var/cache/pdkit/deep_gemm"
+    assert plan.readiness_timeout_s == 3600
+
+
+def test_explicit_keys_win_over_the_profile(write_topology):
+    data = multi_node_prefill()
+    data["cluster"] = {
+        "profile": "wide_ep",
+        "watchdog_timeout_s": 900,
+        "deep_gemm_cache_dir": "/data/dg",
+        "readiness_timeout_s": 7200,
+    }
+    data["transfer"]["timeouts"] = {"heartbeat_max_failures": 5}
+    data["decode"]["args"] = {"watchdog-timeout": 1200}
+    plan = resolve(write_topology(data))
+    prefill, _, decode = plan.workers
+    assert flag(prefill.command.args, "--watchdog-timeout") == "900"
+    assert flag(decode.command.args, "--watchdog-timeout") == "1200"  # a role's args win
+    assert prefill.env["SGLANG_DG_CACHE_DIR"] == "/data/dg"
+    assert prefill.env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "5"
+    assert plan.readiness_timeout_s == 7200
+
+
+def test_the_standard_profile_renders_nothing_of_its_own(write_topology):
+    plan = resolve(write_topology(base_topology()))
+    assert plan.readiness_timeout_s is None
+    for w in plan.workers:
+        assert "--watchdog-timeout" not in w.command.args
+        assert "SGLANG_DG_CACHE_DIR" not in w.env
+        assert w.env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "2"
