@@ -107,7 +107,10 @@ class LiveChange:
 
     @property
     def worker_timeout(self) -> float:
-        return self.options.worker_timeout or WORKER_TIMEOUT_S[self.ctx.plan.engine]
+        plan = self.ctx.plan
+        return (
+            self.options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
+        )
 
     def _admin(self) -> RouterAdmin:
         router = self.ctx.plan.router
