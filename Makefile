@@ -91,11 +91,15 @@ typecheck: $(VENV)/.stamp
 # on servers, so more workers than cores. Then the real SGLang engine's tests alone: each of
 # its servers takes a core for a minute to start. The second runs even if the first failed.
 PYTEST_WORKERS ?= 4
+# e2e modules whose timing (a pool write landing before the next request, an autoscale move
+# under load) failed now and then beside three other workers on 2 cores: run alone, after.
+SERIAL_E2E := tests/e2e/test_kvpool_sim.py tests/e2e/test_kvpool_up.py tests/e2e/test_autoscale_sim.py
 test: deps
 	status=0; \
 	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
-		-m "not real_sglang" || status=$$?; \
+		-m "not real_sglang" $(addprefix --ignore=,$(SERIAL_E2E)) || status=$$?; \
 	$(VENV)/bin/pytest -q -ra --durations=10 -m real_sglang || status=$$?; \
+	$(VENV)/bin/pytest -q -ra --durations=5 $(SERIAL_E2E) || status=$$?; \
 	exit $$status
 
 test-unit: $(VENV)/.stamp
