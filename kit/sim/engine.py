@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from kit.byte_tokenizer import WORD_ID_BASE
 from kit.net import host_port
 from kit.perf.clock import RealClock
 from kit.perf.cluster import InstanceConfig
@@ -293,7 +294,7 @@ class Engine:
         if refusal is not None and not inp.health_check:
             state.fail(refusal, 400)
             return state
-        crash = embedding_crash(inp.prompt_ids, self.model.vocab)
+        crash = embedding_crash(inp.prompt_ids, max(self.model.vocab, 2 * WORD_ID_BASE))
         if crash and self.mode is not Mode.DECODE and not inp.health_check:
             self.on_fatal(crash)  # a decode embeds only its own output
         if inp.return_logprob and inp.logprob_start_len > inp.prompt_len:
