@@ -8,7 +8,8 @@
     ├── ProbeError             a worker or router could not be asked for its state
     ├── SecretError            (kit/secrets.py) a key asked for is missing, unreadable or empty
     ├── LbError                (kit/lb/errors.py) the load balancer cannot start or run
-    │   └── LbConfigError      a bad `pdkit lb` option, key file or worker URL
+    │   ├── LbConfigError      a bad `pdkit lb` option, key file or worker URL
+    │   └── TokenizerError     (kit/lb/tokenizer.py) the served model's tokenizer cannot be loaded
     ├── ModelConfigError       (kit/perf/models.py) a model config.json that cannot be read
     ├── UnknownGpuError        (kit/perf/gpus.py) a GPU the performance model has no numbers for
     ├── WorkloadError          (kit/perf/workload.py) a workload that cannot be built

@@ -34,6 +34,15 @@ def bare_host(address: str) -> str:
     return address
 
 
+def is_ip(address: str) -> bool:
+    """Whether `address` (bare or bracketed) is an IP literal rather than a name."""
+    try:
+        ipaddress.ip_address(bare_host(address))
+    except ValueError:
+        return False
+    return True
+
+
 def is_ipv6(address: str) -> bool:
     """Whether `address` (bare or bracketed) is an IPv6 literal."""
     try:

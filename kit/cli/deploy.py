@@ -42,8 +42,8 @@ def up(
         float | None,
         typer.Option(
             "--timeout",
-            help="Seconds for every worker to become ready (default: 120 for engine sim, "
-            "1800 for sglang).",
+            help="Seconds for every worker to become ready (default: the topology's "
+            "cluster.readiness_timeout_s, else 120 for engine sim, 1800 for sglang).",
             metavar="SECONDS",
             show_default=False,
         ),
@@ -126,8 +126,8 @@ def restart(
         float | None,
         typer.Option(
             "--timeout",
-            help="Seconds for each restarted worker to become ready (default: 120 for engine "
-            "sim, 1800 for sglang).",
+            help="Seconds for each restarted worker to become ready (default: the topology's "
+            "cluster.readiness_timeout_s, else 120 for engine sim, 1800 for sglang).",
             metavar="SECONDS",
             show_default=False,
         ),

@@ -11,7 +11,10 @@ First, before anything changes, each replacement of a role's only instance is co
 (`kit.deploy.surge`): a surge runs it as three waves in the Plan of the topology with one more
 instance of the role (add the stand-in, the replacement, remove the stand-in, then its service
 definitions deleted); the hold and a forced gap run it as any other step; a refusal raises.
-Each joining wave's start (deploy to /health) is measured per instance for the next estimate.
+A replacement at the same URL leaves pdkit's router listing the worker as returning (not
+removed), so that requests for its role are held, not refused, while it is away; a failed join
+takes it out for good. Each joining wave's phases (stop, start, gate, readmission) are measured
+per instance for the next estimate.
 The record (`kit.deploy.state`) is saved after each wave, so a failed run leaves it saying what
 runs; an instance that failed to join is left out of it and joins on the next `pdkit up`.
 
@@ -42,8 +45,10 @@ from kit.deploy.state import (
     ProcessRecord,
     build_record,
     load_starts,
+    load_windows,
     save_record,
     save_starts,
+    save_windows,
     templates_digest,
 )
 from kit.deploy.steps import (
@@ -57,7 +62,7 @@ from kit.deploy.steps import (
     router_key,
     wait_until_ready,
 )
-from kit.deploy.surge import OnlyInstance, decide, stand_in, start_estimate
+from kit.deploy.surge import PHASES, OnlyInstance, decide, stand_in, start_estimate
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
@@ -102,7 +107,10 @@ class LiveChange:
 
     @property
     def worker_timeout(self) -> float:
-        return self.options.worker_timeout or WORKER_TIMEOUT_S[self.ctx.plan.engine]
+        plan = self.ctx.plan
+        return (
+            self.options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
+        )
 
     def _admin(self) -> RouterAdmin:
         router = self.ctx.plan.router
@@ -179,6 +187,7 @@ class LiveChange:
         a surge where one more instance fits on free GPUs, else the hold where the instance
         starts within it, else `DeployError` naming the gap (unless `--force`)."""
         measured = load_starts(self.ctx.state_dir)
+        windows = load_windows(self.ctx.state_dir)
         covers: list[OnlyInstance] = []
         refused: list[str] = []
         for step in only_instances(changes, recorded):
@@ -187,7 +196,7 @@ class LiveChange:
                 candidate: tuple[tuple[ProcessRecord, ...], str] = ((), plan)
             else:
                 candidate = stand_in(self._record_of(plan), self.target, recorded)
-            estimate = start_estimate(step.instance, self.ctx.plan.engine, measured)
+            estimate = start_estimate(step.instance, self.ctx.plan.engine, measured, windows)
             hold = self.ctx.plan.router.hold_timeout_s
             decided = decide(step, candidate, estimate, hold, force=self.options.force)
             if isinstance(decided, str):
@@ -199,7 +208,7 @@ class LiveChange:
             raise DeployError(
                 f"{'; '.join(refused)}. Nothing was changed. To fix: free GPUs for one more "
                 "instance of the role (pdkit then starts a stand-in first), scale the role up "
-                "first, or raise router.faults.hold_timeout_s above the start time; or run "
+                "first, or raise router.faults.hold_timeout_s above its time away; or run "
                 f"`{command}` again with --force to accept the gap."
             )
         return covers
@@ -290,34 +299,72 @@ class LiveChange:
         self.console.print(f"[bold]{escape('; '.join(s.describe() for s in wave))}[/]")
         leaving = [s for s in wave if s.kind != "add"]
         joining = [s for s in wave if s.kind != "remove"]
+        # Replaced where they are: the router holds their role's requests until they are back.
+        returning = [s.old_url for s in leaving if s.old_url and s.old_url == s.new_url]
+        phases: dict[str, float] = {}
+        began = time.monotonic()
         if leaving:
             urls = [s.old_url for s in leaving if s.old_url]
-            for drained in asyncio.run(self._take_out(urls)):
+            back = self._back_within() if returning else 0.0
+            for drained in asyncio.run(self._take_out(urls, set(returning), back)):
                 self.console.print(f"  {_drained_line(drained)}", markup=False, highlight=False)
+            if returning:
+                self.console.print(
+                    f"  the router holds their role's requests until they are back (at most "
+                    f"{back:.0f} s): {', '.join(returning)}",
+                    markup=False,
+                    highlight=False,
+                )
             stopping = [p for s in leaving for p in s.old]
             self.console.print(f"  stopping {', '.join(p.name for p in stopping)}", markup=False)
             self._run("stop.yml", None, self._inventory(stop=stopping))
             record = record.without(p.name for p in stopping)
             save_record(self.ctx.state_dir, record)
+            phases["stop"] = time.monotonic() - began
         if not joining:
             return record
         names = [p.name for s in joining for p in s.new]
         started = time.monotonic()
-        self._run("deploy.yml", "workers", self._inventory(only=names))
-        self._wait_workers(names, "joining")
-        took = time.monotonic() - started
-        save_starts(self.ctx.state_dir, {s.instance: took for s in joining})
-        if self.options.gate:
-            self._gate(joining, record)
-        asyncio.run(self._join(joining))
+        try:
+            self._run("deploy.yml", "workers", self._inventory(only=names))
+            self._wait_workers(names, "joining")
+            phases["start"] = time.monotonic() - started
+            save_starts(self.ctx.state_dir, {s.instance: phases["start"] for s in joining})
+            if self.options.gate:
+                gated = time.monotonic()
+                self._gate(joining, record)
+                phases["gate"] = time.monotonic() - gated
+            joined = time.monotonic()
+            asyncio.run(self._join(joining))
+            phases["readmit"] = time.monotonic() - joined
+        except (DeployError, KeyboardInterrupt):
+            if returning:  # not coming back: the router stops holding for them
+                asyncio.run(self._take_out(returning, set(), 0.0))
+            raise
+        save_windows(self.ctx.state_dir, {s.instance: phases for s in joining})
+        if leaving:
+            away = ", ".join(f"{PHASES[p]} {v:.1f} s" for p, v in phases.items())
+            self.console.print(
+                f"  away {time.monotonic() - began:.1f} s ({away})", markup=False, highlight=False
+            )
         order = [p.name for p in self.target.processes]
         record = record.with_processes((p for s in joining for p in s.new), order)
         save_record(self.ctx.state_dir, record)
         return record
 
-    async def _take_out(self, urls: list[str]) -> list[Drained]:
+    def _back_within(self) -> float:
+        """The longest pdkit may take to bring a replaced instance back (its start, the gate's
+        pairs, the router's routing): past it, pdkit's router stops holding for it."""
+        gate = self.options.gate_options.timeout_s * len(self.ctx.plan.workers)
+        return self.worker_timeout + gate + ROUTED_TIMEOUT_S
+
+    async def _take_out(self, urls: list[str], returning: set[str], back: float) -> list[Drained]:
         async with self._admin() as admin:
-            return list(await asyncio.gather(*(admin.remove(url) for url in urls)))
+            return list(
+                await asyncio.gather(
+                    *(admin.remove(url, back if url in returning else 0.0) for url in urls)
+                )
+            )
 
     async def _join(self, joining: list[Step]) -> None:
         async with self._admin() as admin:
@@ -380,7 +427,7 @@ class LiveChange:
         async with self._admin() as admin:
             listed = await admin.workers()
             for url, worker in wanted.items():
-                if url in listed:
+                if url in listed and listed[url].state != "returning":
                     continue
                 self.console.print(
                     f"  {worker.instance_name} was not in the router: adding it", markup=False

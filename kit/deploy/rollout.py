@@ -159,7 +159,9 @@ def _up(
         ctx, console, "deploy.yml", tags="workers", secret_env=secret_env, verbose=options.verbose
     )
     console.print(f"  {result.progress.summary()}", style="dim", markup=False)
-    worker_timeout = options.worker_timeout or WORKER_TIMEOUT_S[plan.engine]
+    worker_timeout = (
+        options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
+    )
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {worker_timeout:.0f} s)")
     played = time.monotonic() - started
     statuses = wait_until_ready(ctx, console, worker_targets(plan), worker_timeout, None)

@@ -3,10 +3,12 @@
 pdkit's load balancer (kit/lb/admin.py), with the deployment's admin key:
     GET    /workers                          {"workers": [{"url", "role", "state", "inflight"}]}
     POST   /workers {"url", "role", "bootstrap_port"}    pending until its first good probe
-    DELETE /workers?url=URL&wait=true&grace=S
+    DELETE /workers?url=URL&wait=true&grace=S[&back_within=B]
                                              no new requests; answers once its in-flight
                                              requests finished or after S s (pdkit's drain
-                                             timeout; those left are cut off)
+                                             timeout; those left are cut off); with B, a
+                                             replacement: listed as "returning" (its role's
+                                             requests held) until POSTed again, or B s
 smg 1.13:
     GET    /workers                          {"workers": [{"id", "url", "worker_type",
                                                            "is_healthy", "status"}]}
@@ -176,9 +178,11 @@ class RouterAdmin:
         return parse_workers(self.kind, data)
 
     async def add(self, url: str, role: str, bootstrap_port: int | None) -> None:
-        """Register a worker (no-op when the router lists it already)."""
+        """Register a worker (no-op when the router lists it already, unless as returning: then
+        its new process is added)."""
         url = url.rstrip("/")
-        if url in await self.workers():
+        listed = (await self.workers()).get(url)
+        if listed is not None and listed.state != "returning":
             return
         role_field = "worker_type" if self.kind == "smg" else "role"
         body: dict[str, Any] = {"url": url, role_field: role}
@@ -205,9 +209,12 @@ class RouterAdmin:
                 )
             await asyncio.sleep(POLL_S)
 
-    async def remove(self, url: str) -> Drained:
+    async def remove(self, url: str, back_within: float = 0.0) -> Drained:
         """Take `url` out of routing and wait until its requests finished (at most the drain
-        timeout); removing a worker the router does not list is a clean no-op."""
+        timeout); removing a worker the router does not list is a clean no-op. With
+        `back_within` > 0 (pdkit's router; smg has no such state) the worker is being replaced:
+        the router lists it as returning and holds its role's requests until `add` brings it
+        back, or for that many seconds."""
         url = url.rstrip("/")
         began = time.monotonic()
         listed = (await self.workers()).get(url)
@@ -215,10 +222,13 @@ class RouterAdmin:
             return Drained(url, True, 0.0)
         if self.kind == "smg":
             return await self._remove_smg(listed, began)
+        params = {"url": url, "wait": "true", "grace": f"{self.drain_timeout:g}"}
+        if back_within > 0:
+            params["back_within"] = f"{back_within:g}"
         status, data = await self._call(
             "DELETE",
             "/workers",
-            params={"url": url, "wait": "true", "grace": f"{self.drain_timeout:g}"},
+            params=params,
             timeout=self.drain_timeout + 30,
         )
         if status not in (200, 202, 404):

@@ -39,6 +39,9 @@ RECORD_FORMAT = 2
 """2: each process's `flags`; 1: its rendered `args` (still read)."""
 STARTS_FILE = "starts.json"
 """Each instance's last measured start, seconds (`kit.deploy.surge` estimates from it)."""
+WINDOWS_FILE = "windows.json"
+"""Each instance's last measured replacement, seconds by phase (stop, start, gate, readmit):
+the time its role's requests wait when it is the role's only instance (`kit.deploy.surge`)."""
 TEMPLATES = Path("roles") / "pdkit_process" / "templates"
 """The templates every process's files are rendered from, under the playbooks folder."""
 
@@ -274,15 +277,20 @@ def save_record(state_dir: Path, record: DeploymentRecord) -> None:
         raise
 
 
+def _measured(path: Path) -> dict[str, Any]:
+    """A measurements file's object; empty when it is missing or unreadable (measurements are
+    only an estimate's source)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def load_starts(state_dir: Path) -> dict[str, float]:
     """Each instance's last measured start (seconds from its deploy to /health), by name;
     empty when none was measured or the file cannot be read (it is only an estimate's source)."""
-    try:
-        data = json.loads((state_dir / STARTS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    data = _measured(state_dir / STARTS_FILE)
     return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
 
 
@@ -291,6 +299,25 @@ def save_starts(state_dir: Path, measured: dict[str, float]) -> None:
     starts = load_starts(state_dir) | {k: round(v, 2) for k, v in measured.items()}
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / STARTS_FILE).write_text(json.dumps(starts, indent=2, sort_keys=True) + "\n")
+
+
+def load_windows(state_dir: Path) -> dict[str, dict[str, float]]:
+    """Each instance's last measured replacement, seconds by phase, by instance name; empty when
+    none was measured or the file cannot be read (it is only an estimate's source)."""
+    data = _measured(state_dir / WINDOWS_FILE)
+    return {
+        str(name): {str(k): float(v) for k, v in phases.items() if isinstance(v, int | float)}
+        for name, phases in data.items()
+        if isinstance(phases, dict)
+    }
+
+
+def save_windows(state_dir: Path, measured: dict[str, dict[str, float]]) -> None:
+    """Add `measured` (seconds by phase, by instance) to the recorded replacements."""
+    rounded = {n: {k: round(v, 2) for k, v in p.items()} for n, p in measured.items()}
+    windows = load_windows(state_dir) | rounded
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / WINDOWS_FILE).write_text(json.dumps(windows, indent=2, sort_keys=True) + "\n")
 
 
 def forget_record(state_dir: Path) -> None:

@@ -12,15 +12,17 @@ instance the role has none until the new one is in. Per such step, one path:
            stopped. No moment without a serving instance, at the price of two starts; after it
            every process runs where the topology places it, so the record, `pdkit status` and
            the next `pdkit up` see the topology and no change.
-    hold   no room for a stand-in, and the instance's expected start is shorter than the
-           router's hold (pdkit's router.faults.hold_timeout_s): requests wait for it.
+    hold   no room for a stand-in, and the instance's expected time away is shorter than the
+           router's hold (pdkit's router.faults.hold_timeout_s): the router lists it as
+           returning meanwhile (not removed), so requests for its role wait for it.
     gap    neither: the role would have no instance for longer than the hold, and requests
            would fail; refused without `--force`, with the estimate and where it comes from.
 
-The expected start is the instance's last measured start on these hosts (deploy playbook to
-/health, recorded by every `pdkit up` and `pdkit restart` in the state dir), else pdkit's
-figure for the engine. It leaves out the drain and the KV transfer gate, so the real gap is
-longer.
+The expected time away is the whole window its role's requests wait: stop (out of the router,
+drained, stopped), start (deploy playbook to /health), gate (the KV transfer gate) and
+readmission (into the router, routed to). Each phase is the instance's last measured one on
+these hosts (every `pdkit restart` and live `pdkit up` records its replacements in the state
+dir; every `pdkit up` its starts), else pdkit's figure for the engine.
 """
 
 from __future__ import annotations
@@ -32,27 +34,53 @@ from kit.deploy.changes import Step, holds
 from kit.deploy.state import DeploymentRecord, ProcessRecord
 
 Cover = Literal["surge", "hold", "gap"]
-EXPECTED_START_S = {"sim": 5.0, "sglang": 110.0}
-"""Seconds an instance takes from its deploy to /health when none was measured: the sim in
-1-5 s; SGLang 30-110 s on CPU hosts here with a small model, more with real weights on GPUs."""
+PHASES = {"stop": "stop", "start": "start", "gate": "gate", "readmit": "readmission"}
+"""The phases of a replacement, as recorded (`kit.deploy.state.WINDOWS_FILE`) and as printed."""
+EXPECTED_S = {
+    "sim": {"stop": 3.0, "start": 5.0, "gate": 0.5, "readmit": 0.5},
+    "sglang": {"stop": 10.0, "start": 110.0, "gate": 20.0, "readmit": 2.0},
+}
+"""Seconds per phase when none was measured. The sim's, measured on the local default here
+(2P1D, supervisord, under load): stop 2-4 s (the drain and Ansible's stop playbook), start
+4-14 s (the deploy playbook to /health, the more the busier the machine), gate 0.2 s,
+readmission 0.3 s. SGLang starts in 30-110 s on CPU hosts here with a small model, more
+with real weights on GPUs; its drain on SIGTERM and a real gate request take longer too."""
 
 
 @dataclass(frozen=True)
 class StartEstimate:
-    """How long an instance takes to start (seconds), and where the figure comes from."""
+    """How long an instance is away when replaced (seconds, all phases), and where the figure
+    comes from (each phase's seconds, and which were measured)."""
 
     seconds: float
     source: str
 
 
-def start_estimate(instance: str, engine: str, measured: dict[str, float]) -> StartEstimate:
-    """`instance`'s expected start: its last measured one (`measured`, seconds by instance),
-    else the engine's figure (`EXPECTED_START_S`)."""
-    if instance in measured:
-        return StartEstimate(measured[instance], "its last start on these hosts, measured")
-    return StartEstimate(
-        EXPECTED_START_S[engine], f"pdkit's figure for engine {engine}; none measured yet"
-    )
+def start_estimate(
+    instance: str,
+    engine: str,
+    starts: dict[str, float],
+    windows: dict[str, dict[str, float]] | None = None,
+) -> StartEstimate:
+    """`instance`'s expected time away: per phase its last measured replacement (`windows`,
+    seconds by phase by instance), for the start else its last measured start (`starts`), else
+    the engine's figure (`EXPECTED_S`)."""
+    window = (windows or {}).get(instance, {})
+    if "start" not in window and instance in starts:
+        window = window | {"start": starts[instance]}
+    phases = {p: window.get(p, EXPECTED_S[engine][p]) for p in PHASES}
+    parts = ", ".join(f"{name} {phases[p]:.1f} s" for p, name in PHASES.items())
+    measured = [name for p, name in PHASES.items() if p in window]
+    if len(measured) == len(PHASES):
+        where = "its last replacement on these hosts, measured"
+    elif measured:
+        where = (
+            f"{', '.join(measured)} measured on these hosts, the rest pdkit's figures for engine "
+            f"{engine}"
+        )
+    else:
+        where = f"pdkit's figures for engine {engine}; none measured yet"
+    return StartEstimate(sum(phases.values()), f"{parts}: {where}")
 
 
 @dataclass(frozen=True)
@@ -75,9 +103,8 @@ class OnlyInstance:
         """`decode-0 would leave the decodes without an instance for at least 6 s (...)`."""
         assert self.estimate is not None
         return (
-            f"{self.step.instance} would leave the {self.step.role}s without an instance for at "
-            f"least {self.estimate.seconds:.0f} s ({self.estimate.source}; plus its drain and "
-            "the KV transfer gate)"
+            f"{self.step.instance} would leave the {self.step.role}s without an instance for "
+            f"about {self.estimate.seconds:.0f} s ({self.estimate.source})"
         )
 
     def line(self) -> str:
@@ -96,7 +123,7 @@ class OnlyInstance:
             return (
                 f"{step.instance} is the only {step.role} and no GPU is free for a stand-in "
                 f"({self.why_no_surge}): hold: it is expected back within {hold} "
-                f"(start {self.estimate.seconds:.0f} s, {self.estimate.source})"
+                f"(away {self.estimate.seconds:.0f} s: {self.estimate.source})"
             )
         return (
             f"{step.instance} is the only {step.role} and no GPU is free for a stand-in "

@@ -2,11 +2,16 @@
 
 GET    /workers                       {"workers": [...]} with state, reason, in-flight
 POST   /workers  {"url", "role", "bootstrap_port"?}   201, the new worker (pending until
-                                      its first good health probe)
-DELETE /workers?url=URL[&wait=true][&grace=S]
+                                      its first good health probe); a returning one's URL is
+                                      added again (its new process)
+DELETE /workers?url=URL[&wait=true][&grace=S][&back_within=B]
                                       202 draining (200 once removed when wait=true): no new
                                       requests; removed when its in-flight requests finish
-                                      or after `grace` s (default: the lb's --drain-grace)
+                                      or after `grace` s (default: the lb's --drain-grace).
+                                      With `back_within`, an operator replaces its process:
+                                      it stays listed as returning (requests for its role are
+                                      held, not refused) until added again, or removed after
+                                      B s
 """
 
 from __future__ import annotations
@@ -41,23 +46,23 @@ def _worker_url(raw: str) -> str:
         raise ApiError(400, str(exc), "bad_request", param="url") from None
 
 
-def _grace(raw: str | None, default: float) -> float:
-    """The drain grace of one DELETE (s): `?grace=` when given, else the lb's default."""
+def _seconds(raw: str | None, default: float, param: str, what: str) -> float:
+    """Seconds from one DELETE's query (`?grace=`, `?back_within=`), 0 to a day; `default`
+    when not given; 400 otherwise."""
     if raw is None:
         return default
     try:
-        grace = float(raw)
+        seconds = float(raw)
     except ValueError:
-        grace = -1.0
-    if not 0 <= grace <= MAX_GRACE:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_GRACE:
         raise ApiError(
             400,
-            f"'grace' is the seconds to let in-flight requests finish, 0 to {MAX_GRACE:g} "
-            f"(got {raw!r})",
+            f"'{param}' is {what}, 0 to {MAX_GRACE:g} (got {raw!r})",
             "bad_request",
-            param="grace",
+            param=param,
         )
-    return grace
+    return seconds
 
 
 class AdminRoutes:
@@ -75,9 +80,10 @@ class AdminRoutes:
         self._on_added = on_added
         self._on_removed = on_removed
         self._drains: dict[str, asyncio.Task[int]] = {}
+        self._returns: dict[str, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
-        for task in list(self._drains.values()):
+        for task in [*self._drains.values(), *self._returns.values()]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -117,7 +123,11 @@ class AdminRoutes:
                 "bad_request",
                 param="bootstrap_port",
             )
-        if self._pool.get(url) is not None:
+        known = self._pool.get(url)
+        if known is not None and known.state is State.RETURNING:
+            self._stop_return(url)  # its new process: added afresh, pending its probe
+            self._pool.remove(url)
+        elif known is not None:
             raise ApiError(409, f"worker {url} is already registered; remove it first", "conflict")
         worker = self._pool.add(WorkerSpec(url, role, port), time.monotonic())
         self._on_added(worker)
@@ -134,7 +144,19 @@ class AdminRoutes:
         worker = self._pool.get(url)
         if worker is None:
             raise ApiError(404, f"no worker {url} is registered", "not_found")
-        grace = _grace(request.query.get("grace"), self._drain_grace)
+        grace = _seconds(
+            request.query.get("grace"),
+            self._drain_grace,
+            "grace",
+            "the seconds to let in-flight requests finish",
+        )
+        back = _seconds(
+            request.query.get("back_within"),
+            0.0,
+            "back_within",
+            "the seconds within which the worker is added again (0: removed for good)",
+        )
+        self._stop_return(url)
         if worker.state is not State.DRAINING:
             self._pool.drain(worker, time.monotonic())
             log.info(
@@ -144,32 +166,58 @@ class AdminRoutes:
                 worker.inflight,
                 grace,
             )
-            self._drains[url] = asyncio.create_task(self._drain(worker, grace))
+            self._drains[url] = asyncio.create_task(self._drain(worker, grace, back))
         wait = request.query.get("wait", "").lower() in ("1", "true", "yes")
         if not wait:
             return web.json_response({"worker": worker.describe(time.monotonic())}, status=202)
         task = self._drains.get(url)
         left = await asyncio.shield(task) if task is not None else worker.inflight
-        return web.json_response(
-            {"removed": worker.url, "drained": left == 0, "inflight_left": left}
-        )
+        answer: dict[str, object] = {"removed": worker.url, "drained": left == 0}
+        answer["inflight_left"] = left
+        if worker.state is State.RETURNING:
+            answer["back_within"] = back
+        return web.json_response(answer)
 
-    async def _drain(self, worker: Worker, grace: float) -> int:
-        """Wait up to `grace` s for the worker's in-flight requests, then remove it; the number
-        still in flight when it was removed (those are cut off)."""
+    async def _drain(self, worker: Worker, grace: float, back: float) -> int:
+        """Wait up to `grace` s for the worker's in-flight requests, then remove it, or with
+        `back` > 0 mark it returning for `back` s; the number still in flight at that moment
+        (those are cut off)."""
         deadline = time.monotonic() + grace
         try:
             while worker.inflight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(DRAIN_POLL)
             left = worker.inflight
-            self._pool.remove(worker.url)
+            if back > 0:
+                self._pool.returning(worker, back, time.monotonic())
+                self._returns[worker.url] = asyncio.create_task(self._expire(worker, back))
+            else:
+                self._pool.remove(worker.url)
             await self._on_removed(worker)
             log.info(
-                "removed %s worker %s%s",
+                "removed %s worker %s%s%s",
                 worker.role,
                 worker.url,
                 f" with {left} requests still in flight" if left else "",
+                f"; returning within {back:g} s (its role's requests are held)" if back else "",
             )
             return left
         finally:
             self._drains.pop(worker.url, None)
+
+    async def _expire(self, worker: Worker, back: float) -> None:
+        """A returning worker not added again within `back` s is removed."""
+        await asyncio.sleep(back)
+        self._returns.pop(worker.url, None)
+        if self._pool.get(worker.url) is worker and worker.state is State.RETURNING:
+            self._pool.remove(worker.url)
+            log.warning(
+                "%s worker %s was not added again within %g s: removed",
+                worker.role,
+                worker.url,
+                back,
+            )
+
+    def _stop_return(self, url: str) -> None:
+        task = self._returns.pop(url, None)
+        if task is not None:
+            task.cancel()

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from kit.lb.protocol import PdRequest
 from kit.lb.workers import Worker
 
 Priority = Literal["high", "normal", "low"]
@@ -275,6 +276,12 @@ class Admission:
 
     def gauges(self) -> tuple[dict[str, PrefillModel], dict[str, DecodeModel]]:
         return self._prefills, self._decodes
+
+
+def prompt_size(pd: PdRequest) -> float:
+    """The prompt's token count: exact where the router knows its ids (`pd.ids`), else the
+    estimate of `prompt_tokens`."""
+    return float(len(pd.ids)) if pd.ids else prompt_tokens(pd.body, pd.path)
 
 
 def prompt_tokens(body: dict[str, object], path: str) -> float:

@@ -54,6 +54,7 @@ from kit.byte_tokenizer import encode, render_chat
 from kit.lb.kv_index import KvIndex, Pending, WorkerCache
 from kit.lb.policies import PrefixAffinity, _mix64, prefix_hash
 from kit.lb.protocol import CHAT, GENERATE, PdRequest
+from kit.lb.tokenizer import ModelTokenizer
 from kit.lb.workers import Worker
 
 
@@ -77,12 +78,17 @@ class Choice:
         return self.prompt_tokens - max(self.predicted, 0)
 
 
-def prompt_ids(pd: PdRequest, vocab: int | None) -> list[int] | None:
+def prompt_ids(
+    pd: PdRequest, vocab: int | None, tokenizer: ModelTokenizer | None = None
+) -> list[int] | None:
     """The prompt's token ids as the workers see them, or None when the router cannot know
-    them (text without the sim tokenizer, a batch)."""
-    if pd.batch_size is not None:
-        return None
+    them (text without a tokenizer, a batch, a chat shape the model tokenizer does not
+    reproduce). The model's tokenizer wins over the sim's."""
+    if pd.ids is not None or pd.batch_size is not None:
+        return pd.ids
     body = pd.body
+    if tokenizer is not None:
+        return tokenizer.prompt_ids(pd.path, body)
     if pd.path == GENERATE:
         ids = body.get("input_ids")
         if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
@@ -111,10 +117,12 @@ class CacheAware:
         *,
         load_factor: float = 1.25,
         vocab: int | None = None,
+        tokenizer: ModelTokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
         self.vocab = vocab
+        self.tokenizer = tokenizer
         self._fallback = PrefixAffinity(rng, load_factor)
         self._queued: dict[tuple[str, int | None], int] = {}
         self._clock = clock
@@ -131,7 +139,7 @@ class CacheAware:
         vocab = self.vocab
         if vocab is None:
             vocab = next((c.sim_vocab for c in caches.values() if c and c.sim_vocab), None)
-        ids = prompt_ids(pd, vocab)
+        ids = prompt_ids(pd, vocab, self.tokenizer)
         if ids is None or not any(caches.values()):
             worker = self._fallback.choose(workers, key)
             return Choice(worker, None, 1, len(ids) if ids else 0, -1)

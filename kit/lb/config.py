@@ -27,6 +27,7 @@ from kit.topology.router_options import (
     KEY_FILES,
     ROUTER_OPTIONS,
     RouterOptions,
+    model_tokenizer_path,
     option_problems,
     sim_vocab,
 )
@@ -289,6 +290,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         ),
     )
     return replace(config, **given)
+
+
+def prompt_tokenizer_path(config: LbConfig) -> str | None:
+    """The model folder of --prompt-tokens model:PATH, else None."""
+    return model_tokenizer_path(config.prompt_tokens) if config.prompt_tokens else None
 
 
 def prompt_vocab(config: LbConfig) -> int | None:

@@ -51,7 +51,7 @@ from kit.lb.admission import (
     Priority,
     Rejection,
     Ticket,
-    prompt_tokens,
+    prompt_size,
 )
 from kit.lb.cache_aware import CacheAware, Choice
 from kit.lb.config import LbConfig, Role
@@ -184,7 +184,7 @@ class Dispatcher:
         priority: Priority,
     ) -> Worker:
         """Admit the request (on `prefill` or a better one, returned) or raise the 429."""
-        tokens = ex.ticket.tokens if ex.ticket else prompt_tokens(ex.pd.body, ex.pd.path)
+        tokens = ex.ticket.tokens if ex.ticket else prompt_size(ex.pd)
         prefills = [w for w in self._pool.routable("prefill") if w.url not in excluded]
         verdict = admission.decide(prefill, prefills, decode, tokens, priority)
         if isinstance(verdict, Rejection):
@@ -210,7 +210,7 @@ class Dispatcher:
         key = affinity_key(pd, self._config.prefix_chars) if self._needs_key else None
         if not ex.request_id:
             ex.request_id = self.request_id(ex.request)
-        self._metrics.receive(prompt_tokens(pd.body, pd.path))
+        self._metrics.receive(prompt_size(pd))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
         await self._queue.turn(ex)

@@ -1,7 +1,7 @@
-"""The hold: a request that finds no routable worker of a role (a restart, a worker coming back
-from an ejection) waits for one up to --hold-timeout s, at most --hold-max requests at once;
-then, or past those, it gets a 503 with Retry-After that names every worker of the role and
-its state."""
+"""The hold: a request that finds no routable worker of a role (a restart: its worker listed as
+returning, `kit.lb.admin`; a worker coming back from an ejection) waits for one up to
+--hold-timeout s, at most --hold-max requests at once; then, or past those, it gets a 503 with
+Retry-After that names every worker of the role and its state."""
 
 from __future__ import annotations
 

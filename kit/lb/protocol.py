@@ -52,6 +52,9 @@ class PdRequest:
     batch_size: int | None
     merge: Merge
     spliceable: bool
+    # The prompt's token ids as the workers will see them, when the router knows them (its
+    # tokenizer, or ids the client sent): set once by the server, read by every use.
+    ids: list[int] | None = None
 
     @property
     def path_bytes(self) -> bytes:

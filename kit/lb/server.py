@@ -35,8 +35,8 @@ from aiohttp.web_protocol import RequestHandler
 from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig
-from kit.lb.cache_aware import CacheAware
-from kit.lb.config import LbConfig, Role, prompt_vocab
+from kit.lb.cache_aware import CacheAware, prompt_ids
+from kit.lb.config import LbConfig, Role, prompt_tokenizer_path, prompt_vocab
 from kit.lb.dispatch import Dispatcher
 from kit.lb.errors import ApiError, error_body
 from kit.lb.exchange import Exchange, path_headers
@@ -46,9 +46,11 @@ from kit.lb.kv_index import KvIndex, KvSubscriber
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
-from kit.lb.protocol import PD_ROUTES, parse_request
+from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
 from kit.lb.recent import RecentRequests
+from kit.lb.tokenizer import ModelTokenizer, load_for_router
 from kit.lb.upstream import Upstream
+from kit.lb.validate import check_request
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
 
 log = logging.getLogger("kit.lb")
@@ -101,6 +103,16 @@ class LoadBalancer:
         self.kv_index: KvIndex | None = None
         self.cache_aware: CacheAware | None = None
         prefill_policy: Policy
+        self.tokenizer: ModelTokenizer | None = None
+        if config.prompt_tokens and prompt_vocab(config) is None:
+            # Said once, at start-up: whether text prompts get exact ids.
+            self.tokenizer, note = load_for_router(prompt_tokenizer_path(config))
+            log.log(logging.INFO if self.tokenizer else logging.WARNING, "%s", note)
+        limits = self.tokenizer.limits if self.tokenizer else None
+        self.vocab_size = limits.vocab_size if limits else prompt_vocab(config)
+        self.context_length = config.context_length or (
+            limits.max_position_embeddings if limits else None
+        )
         if config.prefill_policy == "cache_aware":
             self.kv_index = KvIndex(
                 silence_s=config.kv_silence,
@@ -112,6 +124,7 @@ class LoadBalancer:
                 self.rng,
                 load_factor=config.affinity_load_factor,
                 vocab=prompt_vocab(config),
+                tokenizer=self.tokenizer,
             )
             self.metrics.cache_aware = self.cache_aware
         else:
@@ -466,6 +479,7 @@ class LoadBalancer:
                 request_id = dispatcher.request_id(request)
                 pd = parse_request(path, await self._read_body(request))
                 stream = pd.stream
+                self._check_prompt(pd)
                 ex = Exchange(request, pd, started, request_id)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:
@@ -514,6 +528,23 @@ class LoadBalancer:
                         cause=cause,
                         admission=admission,
                     )
+
+    def _check_prompt(self, pd: PdRequest) -> None:
+        """The prompt's ids, once (`pd.ids`), and the checks before any worker sees it: what
+        SGLang would crash on or refuse is a 400 here (`kit.lb.validate`)."""
+        if self.tokenizer is not None or self.vocab_size is not None:
+            pd.ids = prompt_ids(pd, self.vocab_size, self.tokenizer)
+        if not self.config.validate:
+            return
+        refusal = check_request(
+            pd.path,
+            pd.body,
+            pd.ids,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+        )
+        if refusal is not None:
+            raise ApiError(400, refusal.message, refusal.cause, param=refusal.param)
 
     def _log_failure(self, error: ApiError) -> None:
         """Log worker trouble (5xx), at most once a second per cause: a dead worker under load

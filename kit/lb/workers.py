@@ -15,6 +15,13 @@ that the routable lists stay current:
        │                               in Envoy), while another worker of its role is routable;
        │                               out for a backoff growing with each such ejection
     (added)                     any ──admin remove──▶ draining ──in-flight 0──▶ (removed)
+                                                          │ (removed with ?back_within=S: an
+                                                          ▼  operator replaces the process)
+      (added again: a new process) ◀──admin add──── returning ──S s pass──▶ (removed)
+
+A returning worker is not probed and not routable, but it counts as its role's worker: requests
+for a role whose only worker is returning are held (`kit.lb.hold`), not refused, until the
+operator adds it again (after its own gates) and its first good probe makes it routable.
 
 An unhealthy worker is probed every `recovery_interval` s (at most 0.5 s), and one that was out
 because it refused connections (it was down) is readmitted at its first good probe, so that a
@@ -43,6 +50,7 @@ class State(enum.Enum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
     DRAINING = "draining"
+    RETURNING = "returning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +194,13 @@ class WorkerPool:
     def drain(self, worker: Worker, now: float) -> None:
         """Stop routing new requests to `worker`; in-flight ones finish."""
         self._set(worker, State.DRAINING, "removed by admin, draining", "draining", now)
+
+    def returning(self, worker: Worker, within: float, now: float) -> None:
+        """`worker` (drained) is being replaced and expected back within `within` s: it stays
+        its role's worker, unrouted and unprobed, so that requests for its role are held."""
+        reason = f"being replaced, expected back within {within:g} s"
+        self._set(worker, State.RETURNING, reason, "returning", now)
+        worker.next_probe_at = now + within  # Retry-After says when
 
     def busy(self, worker: Worker, now: float) -> bool:
         """Whether `worker` is finishing requests: some in flight, and one ended or streamed

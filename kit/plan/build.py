@@ -105,7 +105,9 @@ def build_workers(
                         p.role,
                         host,
                         ucx,
-                        render.collective_env(topology, p.role, host, nics, p.nnodes),
+                        render.collective_env(topology, p.role, host, nics, p.nnodes)
+                        | render.zmq_peers_env(topology, p, host)
+                        | render.cluster_env(topology, layouts[host.name].root),
                         pool_clients=pool_clients[host.name],
                     ),
                     python=sglang_python(topology, host.name, topology_dir),
@@ -159,6 +161,7 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         workers=tuple(workers),
         router=router,
         slo=topology.slo,
+        readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
     )

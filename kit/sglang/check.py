@@ -39,7 +39,7 @@ OWNED_FLAGS: dict[str, str] = {
     "dist-init-addr": "<role>.dist_init_port",
     "base-gpu-id": "placement (pdkit assigns GPUs)",
     "device": "hosts[].device (cpu or cuda)",
-    "nccl-port": "<role>.nccl_port (rendered on CPU hosts; on GPU hosts SGLang picks one)",
+    "nccl-port": "<role>.nccl_port (pdkit plans it with every other port)",
     "api-key": "router.api_key_env (workers are reached only through the router)",
     "admin-api-key": "router.api_key_env",
     "kv-events-config": "<role>.kv_events (pdkit renders the publisher and its ports)",

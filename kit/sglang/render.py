@@ -11,8 +11,9 @@ list -> flag then items).
 from __future__ import annotations
 
 import json
+from pathlib import PurePosixPath
 
-from kit.net import bare_host, host_port
+from kit.net import bare_host, host_port, is_ip
 from kit.sglang import cpu, hicache
 from kit.sglang.dialects import dialect
 from kit.topology.args import Flag, flag_groups, normalize_flag
@@ -21,7 +22,7 @@ from kit.topology.place import InstancePlacement, Node
 from kit.topology.plan_types import Command
 from kit.topology.schema import ArgValue, Host, RoleSpec, Topology
 from kit.topology.sim_env import SIM_GPU_ENV
-from kit.topology.timeouts import timeouts_env, user_env
+from kit.topology.timeouts import timeouts_env, topology_timeouts, user_env
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "kit.sim"
@@ -34,15 +35,39 @@ PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
 
 
 def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
-    """The user's args for a role: pdkit defaults < the pool's HiCache flags (`kv_pool:`, which
-    `args` may not set) < defaults.args < role.args, normalized."""
+    """The user's args for a role: pdkit defaults < `cluster:`'s timeouts < the pool's HiCache
+    flags (`kv_pool:`, which `args` may not set) < defaults.args < role.args, normalized."""
     spec: RoleSpec = getattr(topology, role)
     merged: dict[str, ArgValue] = {}
     pool = hicache.pool_args(topology, role)
-    for source in (PDKIT_DEFAULT_ARGS, pool, topology.defaults.args, spec.args):
+    sources = (PDKIT_DEFAULT_ARGS, cluster_args(topology), pool, topology.defaults.args, spec.args)
+    for source in sources:
         for key, value in source.items():
             merged[normalize_flag(key)] = value
     return merged
+
+
+def cluster_args(topology: Topology) -> dict[str, ArgValue]:
+    """`cluster:`'s flags (its keys, else its profile's): --watchdog-timeout, --dist-timeout."""
+    cluster = topology.cluster
+    args: dict[str, ArgValue] = {}
+    if cluster.watchdog is not None:
+        args["watchdog-timeout"] = f"{cluster.watchdog:g}"
+    if cluster.distributed_timeout is not None:
+        args["dist-timeout"] = str(cluster.distributed_timeout)
+    return args
+
+
+def cluster_env(topology: Topology, host_root: str) -> dict[str, str]:
+    """`cluster:`'s environment on a host whose absolute root is `host_root`: torch.distributed's
+    default timeout and DeepGEMM's kernel cache (a relative folder is under the root)."""
+    cluster = topology.cluster
+    env: dict[str, str] = {}
+    if cluster.distributed_timeout is not None:
+        env["TORCH_DISTRIBUTED_DEFAULT_TIMEOUT"] = str(cluster.distributed_timeout)
+    if cluster.deep_gemm_dir is not None:
+        env["SGLANG_DG_CACHE_DIR"] = str(PurePosixPath(host_root, cluster.deep_gemm_dir))
+    return env
 
 
 PATH_FLAGS = (
@@ -132,6 +157,27 @@ def collective_env(
     return env
 
 
+def zmq_peers_env(topology: Topology, p: InstancePlacement, host: Host) -> dict[str, str]:
+    """A multi-node SGLang instance's ZMQ allow-list: the TCP sockets SGLang binds for its
+    nodes (0.5.23 `restrict_zmq_peers`) admit only the instance's own nodes
+    (SGLANG_ZMQ_ALLOWED_PEERS, a comma list of IP addresses), and each node connects from its
+    own address (SGLANG_ZMQ_SOURCE_IP), so that a host with several addresses is not refused.
+
+    Empty for a single-node instance, engine sim, a version without the allow-list, and where
+    a node's address is a name rather than an IP (SGLang takes IP addresses only)."""
+    if topology.engine != "sglang" or p.nnodes == 1:
+        return {}
+    if not dialect(topology.sglang_version).zmq_peer_allow_list:
+        return {}
+    addresses = [bare_host(topology.host(n.host).address) for n in p.nodes]
+    if not all(is_ip(a) for a in addresses):
+        return {}
+    return {
+        "SGLANG_ZMQ_ALLOWED_PEERS": ",".join(dict.fromkeys(addresses)),
+        "SGLANG_ZMQ_SOURCE_IP": bare_host(host.address),
+    }
+
+
 def worker_env(
     topology: Topology,
     role: str,
@@ -160,7 +206,7 @@ def worker_env(
         env["UCX_NET_DEVICES"] = ucx_devices
     # Both timeouts on both roles: a prefill_complete prefill waits both, and a role switch
     # turns one role into the other.
-    env.update(timeouts_env(topology.transfer.timeouts))
+    env.update(timeouts_env(topology_timeouts(topology)))
     env.update(role_env(topology, role))
     return dict(sorted(env.items()))
 

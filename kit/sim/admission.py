@@ -17,6 +17,10 @@ input of ``max_req_input_len`` tokens or more and caps ``max_new_tokens`` at wha
 leaves (`Limits.admit_input`, `Limits.cap_new_tokens`): the engine applies these, and its
 refusals end the request with an abort, which a stream reports inside the stream.
 
+SGLang checks no input id against the vocabulary: `embedding_crash` says what an id outside it
+does to a prefill or a plain server (the embedding's IndexError kills the scheduler and the whole
+server); the engine's `on_fatal` does the dying.
+
 Messages are SGLang's, word for word.
 """
 
@@ -108,6 +112,13 @@ def check_lengths(
             )
         max_new_tokens = max(0, context - input_tokens)
     return prompt, max_new_tokens
+
+
+def embedding_crash(prompt: Sequence[int], vocab: int) -> str | None:
+    """torch.embedding's words when a prompt id is outside the vocabulary, else None."""
+    if any(not 0 <= t < vocab for t in prompt):
+        return "IndexError: index out of range in self"
+    return None
 
 
 def check_features(

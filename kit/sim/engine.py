@@ -43,7 +43,7 @@ from kit.perf.gpus import GpuSpec, UnknownGpuError, gpu_spec
 from kit.perf.models import ModelShape
 from kit.perf.scheduler import FinishReason, Mode, Phase, Scheduler, Sequence, Step
 from kit.sim import faults, tokens, trace
-from kit.sim.admission import Limits
+from kit.sim.admission import Limits, embedding_crash
 from kit.sim.args import WorkerArgs
 from kit.sim.bootstrap import Reservation, RoomError, RoomTable
 from kit.sim.caching import Caching
@@ -97,6 +97,10 @@ class PdStats:
     kv_corrupted: int = 0  # KV that arrived altered and was decoded from anyway (no check)
 
 
+def _raise_fatal(what: str) -> None:
+    raise RuntimeError(what)
+
+
 def _gpu(name: str) -> GpuSpec:
     try:
         return gpu_spec(name)
@@ -109,6 +113,8 @@ class Engine:
 
     def __init__(self, args: WorkerArgs, settings: SimSettings, clock: RealClock) -> None:
         self.args = args
+        # A scheduler exception: the worker dies as SGLang's does; alone (tests) this raises.
+        self.on_fatal: Callable[[str], None] = _raise_fatal
         self.settings = settings
         self.clock = clock
         self.mode = Mode(args.disaggregation_mode)
@@ -287,6 +293,9 @@ class Engine:
         if refusal is not None and not inp.health_check:
             state.fail(refusal, 400)
             return state
+        crash = embedding_crash(inp.prompt_ids, self.model.vocab)
+        if crash and self.mode is not Mode.DECODE and not inp.health_check:
+            self.on_fatal(crash)  # a decode embeds only its own output
         if inp.return_logprob and inp.logprob_start_len > inp.prompt_len:
             state.fail(
                 f"req.logprob_start_len={inp.logprob_start_len} is higher than the number of "

@@ -48,10 +48,13 @@ RankLost = Callable[[str, int], None]
 
 
 def die_like_sglang(what: str, node_rank: int) -> None:
-    """What SGLang 0.5.23 does when a rank on another node is lost (see `kit.sim.ranks`): the
-    scheduler's exception, the SIGQUIT to its parent, and `kill_process_tree` killing the whole
-    process with SIGKILL, so every in-flight request loses its connection."""
-    logger.error("Scheduler hit an exception: RuntimeError: %s", what)
+    """What SGLang 0.5.23 does when its scheduler raises (a rank on another node lost, see
+    `kit.sim.ranks`; an input id outside the vocabulary): the scheduler's exception, the
+    SIGQUIT to its parent, and `kill_process_tree` killing the whole process with SIGKILL, so
+    every in-flight request loses its connection. `what` is the exception as SGLang logs it
+    (``IndexError: ...``); a bare message is a RuntimeError's."""
+    named = what.split(":", 1)[0].endswith("Error")
+    logger.error("Scheduler hit an exception: %s", what if named else f"RuntimeError: {what}")
     if node_rank == 0:
         logger.error("SIGQUIT received. It usually means one child failed.")
     else:
@@ -221,6 +224,7 @@ async def _run_rank0(
     began = time.monotonic()
     loop = asyncio.get_running_loop()
     engine = Engine(args, settings, RealClock(loop, settings.speed))
+    engine.on_fatal = lambda what: die_like_sglang(what, args.node_rank)
     host_ip = advertised_ip(args.host, settings.host_ip)
     engine.start_transfer_engine(host_ip)
     engine.start_kv_pool()

@@ -46,7 +46,7 @@ def process_ports(topology: Topology, p: InstancePlacement, node: Node) -> tuple
                 reached_by=CLIENTS,
             )
         )
-    if p.nccl_port is not None:  # CPU hosts: pdkit assigns it (GPU hosts: SGLang picks one)
+    if p.nccl_port is not None:  # pdkit assigns it, so that SGLang picks none at random
         used.append(PortUse(first=p.nccl_port, last=p.nccl_port, what="NCCL", reached_by=LOCAL))
     if node.rank == 0:
         reach = INSTANCE_NODES if p.nnodes > 1 else LOCAL

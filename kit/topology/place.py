@@ -14,7 +14,12 @@ Rules (documented in docs/topology.md):
   or runs DP attention, dist-init base + k * DIST_INIT_STRIDE (`kit.topology.listeners` lists
   the ports SGLang derives from it).
 - A CPU host (`device: cpu`) has no GPUs: an instance placed there takes none (it is one
-  process), and gets an --nccl-port, base + k per host like HTTP.
+  process).
+- Every instance gets an --nccl-port, base + k per host like HTTP (the same on each of its
+  nodes): left to SGLang, it is a random pick in 22000-29999 that may take a port pdkit plans
+  (the router's metrics at 29000) or race another server starting on the host. Except data-
+  parallel replicas (dp > 1 without dp_attention): SGLang 0.5.23 gives every replica the one
+  --nccl-port and binds it once per replica (`launch_dp_schedulers`), so they pick their own.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class InstancePlacement:
     bootstrap_port: int | None
     dist_init_port: int | None
     nccl_port: int | None = None
-    """--nccl-port: CPU hosts only (a GPU host leaves it to SGLang)."""
+    """--nccl-port (torch.distributed's port): every instance but DP replicas'."""
     kv_events_port: int | None = None
     """First KV-event publisher port (DP rank r: + r), where the role publishes them."""
 
@@ -139,7 +144,7 @@ def role_ports(topology: Topology, role: str) -> tuple[int, int, int]:
 
 
 def nccl_base(topology: Topology, role: str) -> int:
-    """The first --nccl-port of a role on each CPU host, default applied."""
+    """The first --nccl-port of a role on each host, default applied."""
     spec: RoleSpec = getattr(topology, role)
     return spec.nccl_port or (ports.PREFILL_NCCL if role == "prefill" else ports.DECODE_NCCL)
 
@@ -239,8 +244,8 @@ def _assign_ports(
     spec: RoleSpec = getattr(topology, role)
     needs_dist_init = len(nodes) > 1 or spec.parallelism.attention_dp
     dist_init = take(f"{role}-dist", dist_base, ports.DIST_INIT_STRIDE) if needs_dist_init else None
-    on_cpu = all(states[n.host].host.device == "cpu" for n in nodes)
-    nccl = take(f"{role}-nccl", nccl_base(topology, role)) if on_cpu else None
+    replicas = spec.dp > 1 and not spec.parallelism.attention_dp  # each binds its own
+    nccl = None if replicas else take(f"{role}-nccl", nccl_base(topology, role))
     kv = None
     if spec.kv_events is not None:
         kv_base = spec.kv_events.port or (

@@ -122,7 +122,7 @@ class WorkerProcess(Frozen):
         description="host:port of rank 0: multi-node or DP-attention instances only."
     )
     nccl_port: int | None = Field(
-        None, description="--nccl-port (CPU hosts; None: SGLang picks one at start)."
+        None, description="--nccl-port (torch.distributed's port), planned with the others."
     )
     rdma_devices: tuple[str, ...] = Field(
         description="RDMA devices the transfer engine of this process uses (none: no RDMA)."
@@ -326,6 +326,11 @@ class Plan(Frozen):
     workers: tuple[WorkerProcess, ...]
     router: RouterProcess
     slo: SLO
+    readiness_timeout_s: float | None = Field(
+        None,
+        description="Seconds `pdkit up` waits for the workers (cluster.readiness_timeout_s or "
+        "its profile's); None: the engine's default.",
+    )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
 

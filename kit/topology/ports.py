@@ -8,8 +8,9 @@ DECODE_DIST_INIT = 5500
 # Instances on one rank-0 host get dist-init ports this far apart, so that the ports SGLang
 # derives from each (`dist_init_ports`) never overlap.
 DIST_INIT_STRIDE = 50
-# CPU hosts: --nccl-port per server (SGLang's own choice races between servers starting
-# together). Clear of the HTTP bases' ZMQ blocks (--port + 233..238, server_args.py:818-845).
+# --nccl-port per server: SGLang's own choice (a random free port in 22000-29999) races between
+# servers starting together and may take the router's metrics port. Clear of the HTTP bases'
+# ZMQ blocks (--port + 233..238, server_args.py:818-845).
 PREFILL_NCCL = 30500
 DECODE_NCCL = 30600
 # SGLang's --kv-events-config publishers (its documented example uses 5557); one per DP rank.

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from kit.topology.args import Flag
+from kit.topology.args import Flag, normalize_flag
 from kit.topology.policies import DEFAULT_POLICIES
 from kit.topology.schema import SLO, Topology
 from kit.topology.timeouts import handoff_limit_s
@@ -29,6 +29,25 @@ EJECT_BACKOFF_MAX = 30.0
 SMG_REQUEST_TIMEOUT = 1800
 """smg 1.13's --request-timeout-secs default (s)."""
 _SLO = SLO()
+
+
+def model_tokenizer(topology: Topology) -> str | None:
+    """--prompt-tokens for the served model's tokenizer: ``model:PATH`` where the model is a
+    folder every host sees (an absolute path, so the router's host too) served by real SGLang;
+    None otherwise (a Hugging Face repo id, the sim's emulated model): the router then counts
+    and routes as it did without one."""
+    path = topology.model.path
+    return f"model:{path}" if topology.engine == "sglang" and path.startswith("/") else None
+
+
+def worker_context_length(topology: Topology) -> int | None:
+    """The prefills' ``--context-length`` (role args, then the shared ones), else None: the
+    router then takes the model's own from its config.json."""
+    for args in (topology.prefill.args, topology.defaults.args):
+        for key, value in args.items():
+            if normalize_flag(key) == "context-length" and isinstance(value, int):
+                return value
+    return None
 
 
 def stall_timeout_for(tpot: float) -> float:

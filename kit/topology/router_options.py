@@ -35,6 +35,7 @@ from kit.topology.router_flags import (
     backoff_max,
     faults,
     handoff_at_least,
+    model_tokenizer,
     option,
     policy,
     smg_breaker_open,
@@ -44,6 +45,7 @@ from kit.topology.router_flags import (
     stall,
     stall_timeout_for,
     with_admission,
+    worker_context_length,
 )
 from kit.topology.schema import SLO, Admission, Faults
 
@@ -363,13 +365,33 @@ class RouterOptions:
         group="routing",
         bound="> 0",
     )
-    # cache_aware: the prompt tokenizer ("sim:VOCAB", or "" for input_ids only) and when a
-    # worker's events count as stopped (kit.lb.kv_index).
+    # The prompt tokenizer ("model:PATH", "sim:VOCAB", or "" for input_ids only): the Plan
+    # gives the served model's folder (`model_tokenizer`). Then when a worker's events count
+    # as stopped (kit.lb.kv_index).
     prompt_tokens: str = option(
         "",
-        "cache_aware: how to get a text prompt's token ids: sim:VOCAB (the emulated "
-        "model's tokenizer); default: only /generate input_ids are hashed",
+        "how to get a text prompt's token ids (cache_aware, request checks, token counts): "
+        "model:PATH (the served model's tokenizer from the folder PATH, as SGLang 0.5.23 "
+        "tokenizes) or sim:VOCAB (the emulated model's); default: only token ids a client "
+        "sent are known, other prompts are estimated",
         group="routing",
+        plan=model_tokenizer,
+    )
+    # The checks before any worker sees a request (kit.lb.validate).
+    validate: bool = option(
+        True,
+        "refuse with a 400, before any worker sees it, a request SGLang 0.5.23 would crash on "
+        "or refuse: token ids outside the vocabulary, a prompt past the context, prompt + "
+        "max_tokens past it (default on; off only to test what the workers do)",
+        group="routing",
+    )
+    context_length: int = option(
+        0,
+        "tokens of context the request checks use (default 0: the served model's config.json, "
+        "with --prompt-tokens model:PATH; otherwise lengths are left to the workers)",
+        group="routing",
+        bound=">= 0",
+        plan=worker_context_length,
     )
     kv_silence: float = option(
         5.0,
@@ -464,6 +486,12 @@ def sim_vocab(spec: str) -> int | None:
     return int(vocab) if kind == "sim" and vocab.isdigit() and int(vocab) > 0 else None
 
 
+def model_tokenizer_path(spec: str) -> str | None:
+    """PATH of a --prompt-tokens model:PATH, else None."""
+    kind, _, path = spec.partition(":")
+    return path if kind == "model" and path else None
+
+
 def option_problems(values: RouterOptions) -> list[str]:
     """Why the router would refuse these values (each says how to fix), in table order;
     empty when it would start with them."""
@@ -479,10 +507,11 @@ def option_problems(values: RouterOptions) -> list[str]:
         problems.append("--eject-backoff-max must be at least --eject-backoff.")
     if values.affinity_load_factor < 1.0:
         problems.append("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
-    if values.prompt_tokens and not sim_vocab(values.prompt_tokens):
+    spec = values.prompt_tokens
+    if spec and not sim_vocab(spec) and not model_tokenizer_path(spec):
         problems.append(
-            f"--prompt-tokens {values.prompt_tokens!r}: expected sim:VOCAB (a positive "
-            "integer). To fix: use sim:VOCAB, or leave it out (input_ids only)."
+            f"--prompt-tokens {spec!r}: expected model:PATH (the model's folder) or sim:VOCAB "
+            "(a positive integer). To fix: use one, or leave it out (token ids only)."
         )
     if not values.health_path.startswith("/"):
         problems.append(f"--health-path {values.health_path!r} must start with '/'.")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from kit.topology import ports
+from kit.topology.autoscale_schema import Autoscale
+from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
+from kit.topology.strict import Strict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 
@@ -27,10 +30,6 @@ TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
 RouterKind = Literal["pdkit", "smg"]
 ServiceManager = Literal["systemd", "supervisord"]
 Device = Literal["cuda", "cpu"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Model(Strict):
@@ -202,10 +201,10 @@ class RoleSpec(RoleDefaults):
         None,
         ge=1,
         le=65535,
-        description=f"CPU hosts: first --nccl-port (torch.distributed's rendezvous) on each "
-        f"host, +1 per instance, so that servers starting together on one host never pick the "
-        f"same one. Default: prefill {ports.PREFILL_NCCL}, decode {ports.DECODE_NCCL}. GPU "
-        f"hosts leave it to SGLang.",
+        description=f"First --nccl-port (torch.distributed's port) on each host, +1 per "
+        f"instance, so that servers starting together never pick the same one and none lands "
+        f"on a port pdkit plans. Default: prefill {ports.PREFILL_NCCL}, decode "
+        f"{ports.DECODE_NCCL}.",
     )
     bind: str | None = Field(
         None,
@@ -588,67 +587,6 @@ class SLO(Strict):
     )
 
 
-class AutoscaleRole(Strict):
-    """How few and how many instances of one role `pdkit autoscale` may leave serving."""
-
-    min: int = Field(1, ge=1, description="Fewest instances of the role (at least 1).")
-    max: int | None = Field(
-        None,
-        ge=1,
-        description="Most instances of the role; default: the pool less the other role's min.",
-    )
-
-
-class Autoscale(Strict):
-    """`pdkit autoscale`: keep the prefill:decode split of a fixed pool of instances (the
-    topology's prefill.count + decode.count, all of one size) right as the workload moves.
-    Every `interval_s` it reads the router's and workers' metrics, corrects kit/perf's model by
-    what it observed, forecasts the next interval and moves up to `max_step` instances from one
-    role to the other when the model says that split's goodput under `slo:` beats the current
-    one's by more than `hysteresis`."""
-
-    prefill: AutoscaleRole = Field(
-        default_factory=AutoscaleRole, description="Bounds on the prefill instances."
-    )
-    decode: AutoscaleRole = Field(
-        default_factory=AutoscaleRole, description="Bounds on the decode instances."
-    )
-    interval_s: float = Field(
-        30.0, ge=1, le=3600, description="Seconds between two reads of the metrics (one decision)."
-    )
-    hysteresis: float = Field(
-        0.15,
-        ge=0,
-        le=1,
-        description="Least gain in predicted goodput (0.15: 15%) that justifies a move.",
-    )
-    cooldown_s: float = Field(
-        120.0, ge=0, description="Seconds after a change during which no other change is made."
-    )
-    max_step: int = Field(
-        1, ge=1, description="Most instances moved from one role to the other in one change."
-    )
-    prediction_error: float = Field(
-        0.5,
-        gt=0,
-        description="Relative error of the forecast (request rate and lengths, 0.5: 50%) "
-        "beyond which an interval counts as mispredicted; an interval of n finished requests "
-        "is allowed 2/sqrt(n) more for sampling noise.",
-    )
-    mispredicted_intervals: int = Field(
-        3,
-        ge=1,
-        description="Consecutive mispredicted intervals after which the autoscaler stops "
-        "acting (it keeps reading and says why) until its forecasts hold again.",
-    )
-    min_requests: int = Field(
-        20,
-        ge=1,
-        description="Fewest requests an interval must have finished for a decision: a quieter "
-        "interval holds the split.",
-    )
-
-
 class Topology(Strict):
     """One PD deployment: model, hosts, prefill and decode instances, transfer and router."""
 
@@ -678,6 +616,10 @@ class Topology(Strict):
         None,
         description="A KV cache pool in the cluster's DRAM (Mooncake Store as HiCache's L3; "
         "off unless set; `{}`: defaults).",
+    )
+    cluster: Cluster = Field(
+        default_factory=Cluster,
+        description="Timeouts and caches of a large or wide-EP cluster (`profile: wide_ep`).",
     )
     autoscale: Autoscale | None = Field(
         None,

@@ -34,6 +34,17 @@ def user_env(topology: Topology, role: str) -> dict[str, str]:
     return {**topology.transfer.env, **topology.defaults.env, **spec.env}
 
 
+def topology_timeouts(topology: Topology) -> PDTimeouts:
+    """`transfer.timeouts`, with `cluster:`'s heartbeat failures (its key, else its profile's)
+    where `transfer.timeouts` does not set them."""
+    timeouts = topology.transfer.timeouts
+    cluster = topology.cluster
+    failures = cluster.heartbeat_max_failures or cluster.defaults.heartbeat_max_failures
+    if failures is None or "heartbeat_max_failures" in timeouts.model_fields_set:
+        return timeouts
+    return timeouts.model_copy(update={"heartbeat_max_failures": failures})
+
+
 def timeouts_env(timeouts: PDTimeouts) -> dict[str, str]:
     """The SGLang variables for `timeouts` (every one, so that a worker's env file says what
     is in force)."""
@@ -44,7 +55,7 @@ def role_timeouts(topology: Topology, role: str) -> PDTimeouts:
     """The timeouts in force for `role`: `transfer.timeouts`, then any the role's env sets
     (a value that does not parse is left to `env_problems` and ignored here)."""
     env = user_env(topology, role)
-    values = topology.transfer.timeouts.model_dump()
+    values = topology_timeouts(topology).model_dump()
     for key, name in PD_TIMEOUT_ENV.items():
         if name in env and (parsed := _parse(key, env[name])) is not None:
             values[key] = parsed

@@ -12,7 +12,7 @@ python -m mooncake.cli \
   --enable_http_metadata_server=true \
   --http_metadata_server_host=127.0.0.1 \
   --http_metadata_server_port=8080
-# prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998
+# prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998, nccl :30500
 MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -22,6 +22,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTN
   --disaggregation-bootstrap-port 8998 \
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
+  --nccl-port 30500 \
   --enable-cache-report \
   --enable-hierarchical-cache \
   --enable-metrics \
@@ -32,7 +33,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTN
   --hicache-storage-prefetch-policy timeout \
   --hicache-write-policy write_through \
   --page-size 16
-# prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999
+# prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999, nccl :30501
 MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTNAME=127.0.0.1 MOONCAKE_MASTER=127.0.0.1:50051 MOONCAKE_PROTOCOL=tcp MOONCAKE_TE_META_DATA_SERVER=http://127.0.0.1:8080/metadata PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -43,6 +44,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTN
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 1 \
+  --nccl-port 30501 \
   --enable-cache-report \
   --enable-hierarchical-cache \
   --enable-metrics \
@@ -53,7 +55,7 @@ MOONCAKE_DEVICE='' MOONCAKE_GLOBAL_SEGMENT_SIZE=17179869184 MOONCAKE_LOCAL_HOSTN
   --hicache-storage-prefetch-policy timeout \
   --hicache-write-policy write_through \
   --page-size 16
-# decode-0 (decode): GPUs 2, HTTP :30100
+# decode-0 (decode): GPUs 2, HTTP :30100, nccl :30600
 PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -63,6 +65,7 @@ PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGG
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 2 \
+  --nccl-port 30600 \
   --enable-cache-report \
   --enable-metrics \
   --max-running-requests 256 \

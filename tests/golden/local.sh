@@ -1,7 +1,7 @@
 # pdkit plan 'local': engine sim, SGLang 0.5.23, model meta-llama/Llama-3.1-8B-Instruct, transfer mooncake_tcp
 
 ## host localhost (127.0.0.1)
-# prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998
+# prefill-0 (prefill): GPUs 0, HTTP :30000, bootstrap :8998, nccl :30500
 PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -11,9 +11,10 @@ PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGG
   --disaggregation-bootstrap-port 8998 \
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
+  --nccl-port 30500 \
   --enable-metrics \
   --page-size 16
-# prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999
+# prefill-1 (prefill): GPUs 1, HTTP :30001, bootstrap :8999, nccl :30501
 PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -24,9 +25,10 @@ PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGG
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 1 \
+  --nccl-port 30501 \
   --enable-metrics \
   --page-size 16
-# decode-0 (decode): GPUs 2, HTTP :30100
+# decode-0 (decode): GPUs 2, HTTP :30100, nccl :30600
 PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=127.0.0.1 python -m kit.sim \
   --model-path meta-llama/Llama-3.1-8B-Instruct \
   --served-model-name llama-3.1-8b \
@@ -36,6 +38,7 @@ PDKIT_SIM_GPU=H100-SXM SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGG
   --disaggregation-transfer-backend mooncake_tcp \
   --tp-size 1 \
   --base-gpu-id 2 \
+  --nccl-port 30600 \
   --enable-metrics \
   --max-running-requests 256 \
   --page-size 16
@@ -47,4 +50,5 @@ python -m kit.lb \
   --host 127.0.0.1 \
   --port 8000 \
   --prefill-policy prefix_affinity \
-  --decode-policy least_inflight
+  --decode-policy least_inflight \
+  --hold-timeout 30

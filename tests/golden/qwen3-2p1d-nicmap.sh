@@ -1,7 +1,7 @@
 # pdkit plan 'qwen3-2p1d': engine sglang, SGLang 0.5.23, model Qwen/Qwen3-32B, transfer mooncake
 
 ## host gpu-a (10.0.2.1)
-# prefill-0 (prefill): GPUs 0,1,2,3, HTTP :30000, bootstrap :8998
+# prefill-0 (prefill): GPUs 0,1,2,3, HTTP :30000, bootstrap :8998, nccl :30500
 MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
@@ -12,11 +12,12 @@ MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3"}' \
   --tp-size 4 \
+  --nccl-port 30500 \
   --chunked-prefill-size 16384 \
   --enable-metrics \
   --kv-cache-dtype fp8_e4m3 \
   --page-size 64
-# prefill-1 (prefill): GPUs 4,5,6,7, HTTP :30001, bootstrap :8999
+# prefill-1 (prefill): GPUs 4,5,6,7, HTTP :30001, bootstrap :8999, nccl :30501
 MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.1 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
@@ -28,6 +29,7 @@ MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION
   --disaggregation-ib-device '{"4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 4 \
   --base-gpu-id 4 \
+  --nccl-port 30501 \
   --chunked-prefill-size 16384 \
   --enable-metrics \
   --kv-cache-dtype fp8_e4m3 \
@@ -52,7 +54,7 @@ smg \
   --api-key "$PDKIT_ROUTER_API_KEY"
 
 ## host gpu-b (10.0.2.2)
-# decode-0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100
+# decode-0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600
 MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=2 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300 SGLANG_HOST_IP=10.0.2.2 python -m sglang.launch_server \
   --model-path Qwen/Qwen3-32B \
   --served-model-name qwen3-32b \
@@ -62,6 +64,7 @@ MC_GID_INDEX=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300 SGLANG_DISAGGREGATION
   --disaggregation-transfer-backend mooncake \
   --disaggregation-ib-device '{"0":"mlx5_0","1":"mlx5_1","2":"mlx5_2","3":"mlx5_3","4":"mlx5_4","5":"mlx5_5","6":"mlx5_6","7":"mlx5_7"}' \
   --tp-size 8 \
+  --nccl-port 30600 \
   --enable-metrics \
   --kv-cache-dtype fp8_e4m3 \
   --max-running-requests 256 \

@@ -220,7 +220,7 @@ def test_user_args_render_sorted_with_bool_and_list_rules(write_topology):
         }
     }
     args = list(resolve(write_topology(data)).workers[0].command.args)
-    tail = args[args.index("--tp-size") + 2 :]
+    tail = args[args.index("--nccl-port") + 2 :]
     assert tail == [
         "--chunked-prefill-size",
         "4096",

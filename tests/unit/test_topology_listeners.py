@@ -41,12 +41,13 @@ def test_the_plan_lists_the_ports_sglang_derives(write_topology):
     assert uses == {
         "HTTP": (30000, 30000, "clients"),
         "bootstrap": (8998, 8998, "decode hosts"),
+        "NCCL": (30500, 30500, "local"),
         "dist-init and DP attention's ZMQ": (5000, 5006, "local"),
         "DP handshake": (5013, 5013, "local"),
         "Mooncake RPC": (15000, 17000, "peer hosts"),
     }
-    decode = plan.role("decode")[0]  # tp 4, no DP attention: HTTP and Mooncake only
-    assert [use.what for use in decode.ports] == ["HTTP", "Mooncake RPC"]
+    decode = plan.role("decode")[0]  # tp 4, no DP attention: HTTP, NCCL and Mooncake only
+    assert [use.what for use in decode.ports] == ["HTTP", "NCCL", "Mooncake RPC"]
 
 
 def test_multi_node_followers_list_no_dist_init_block(write_topology):
@@ -56,7 +57,7 @@ def test_multi_node_followers_list_no_dist_init_block(write_topology):
     plan = resolve(write_topology(data))
     rank0, rank1 = (w for w in plan.workers if w.role == "decode")
     assert {u.what: u.reached_by for u in rank0.ports}["DP handshake"] == "instance nodes"
-    assert [u.what for u in rank1.ports] == ["HTTP", "Mooncake RPC"]
+    assert [u.what for u in rank1.ports] == ["HTTP", "NCCL", "Mooncake RPC"]
 
 
 def test_a_port_inside_a_derived_block_is_refused(write_topology):

@@ -52,6 +52,9 @@ class Dialect:
     """Attention DP of width dp (the old `--dp-size N --enable-dp-attention` is deprecated)."""
     replicas_flag: str = "--dp-size"
     """Data-parallel replicas."""
+    zmq_peer_allow_list: bool = True
+    """It reads SGLANG_ZMQ_ALLOWED_PEERS and SGLANG_ZMQ_SOURCE_IP (0.5.23: CVE-2026-93034's
+    fix, `srt/utils/network.py` restrict_zmq_peers)."""
     env: dict[str, str] = field(default_factory=dict)
     """pdkit's name for an environment variable -> this version's name for it."""
     notes: tuple[str, ...] = ()

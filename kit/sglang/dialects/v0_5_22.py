@@ -19,4 +19,5 @@ DIALECT = Dialect(
         mooncake_version="0.3.13.post1",
         min_driver_branch=580,
     ),
+    zmq_peer_allow_list=False,  # came in 0.5.23
 )

@@ -107,3 +107,23 @@ def test_the_admin_key_is_made_once_and_kept_private(tmp_path):
     key = admin_key(tmp_path)
     assert len(key) >= 32 and admin_key(tmp_path) == key
     assert stat.S_IMODE((tmp_path / "router-admin.key").stat().st_mode) == 0o600
+
+
+def test_a_replaced_worker_is_returning_until_added_again_and_its_role_is_held():
+    """What `pdkit restart` does to a role's only instance: out with `back_within`, a request
+    for its role waits (the router's hold) instead of a 503, and `add` brings it back."""
+
+    async def scenario():
+        async with running_cluster(1, 1, args=["--hold-timeout", "10"], env=KEYS) as c:
+            old = c.decode[0]
+            async with RouterAdmin("pdkit", c.url, "admin-key", drain_timeout=10) as admin:
+                drained = await admin.remove(old.url, back_within=60)
+                assert drained.clean
+                assert (await admin.workers())[old.url].state == "returning"
+                held = asyncio.ensure_future(c.post("/generate", {"text": "x"}, key="client-key"))
+                await c.wait_for(lambda: c.lb.metrics.held == 1, what="held")
+                await admin.add(old.url, "decode", None)  # listed, but returning: added again
+                await admin.wait_routed(old.url, timeout=5)
+                assert (await held)[0] == 200
+
+    run(scenario())

@@ -9,7 +9,7 @@ import yaml
 
 from kit.deploy.changes import diff, only_instances
 from kit.deploy.state import build_record, load_starts, save_starts
-from kit.deploy.surge import EXPECTED_START_S, decide, stand_in, start_estimate
+from kit.deploy.surge import EXPECTED_S, decide, stand_in, start_estimate
 from kit.hosts.inventory import deploy_hosts
 from kit.plan.resolve import resolve, resolve_surge
 from tests.conftest import REPO
@@ -93,19 +93,41 @@ def test_an_instance_that_starts_within_the_hold_relies_on_it(local):
     cover = decide(step, ((), why), estimate, 30.0, force=False)
     assert not isinstance(cover, str) and cover.path == "hold"
     assert "hold: it is expected back within the router's hold (30 s" in cover.line()
-    assert "start 4 s, its last start on these hosts, measured" in cover.line()
+    assert (
+        "(away 8 s: stop 3.0 s, start 4.2 s, gate 0.5 s, readmission 0.5 s: start measured on "
+        "these hosts, the rest pdkit's figures for engine sim)"
+    ) in cover.line()
+
+
+def test_the_gap_is_the_whole_replacement_not_the_start_alone(local):
+    """The issue's case: a 4 s start within a 5 s hold, but stop, gate and readmission on top
+    make 12 s away: refused, each phase named as measured."""
+    _, record, why = local(3, hold=5.0)
+    step = _restart(record, "decode-0")
+    window = {"stop": 2.6, "start": 4.0, "gate": 3.9, "readmit": 1.2}
+    estimate = start_estimate("decode-0", "sim", {"decode-0": 9.9}, {"decode-0": window})
+    assert estimate.seconds == sum(window.values())
+    refused = decide(step, ((), why), estimate, 5.0, force=False)
+    assert isinstance(refused, str)
+    assert refused.startswith(
+        "decode-0 would leave the decodes without an instance for about 12 s (stop 2.6 s, "
+        "start 4.0 s, gate 3.9 s, readmission 1.2 s: its last replacement on these hosts, "
+        "measured)"
+    )
+    assert decide(step, ((), why), estimate, 15.0, force=False).path == "hold"  # type: ignore[union-attr]
 
 
 def test_a_start_longer_than_the_hold_is_refused_naming_the_gap_unless_forced(local):
     _, record, why = local(3, hold=1.0)
     step = _restart(record, "decode-0")
     estimate = start_estimate("decode-0", "sglang", {})
-    assert estimate.seconds == EXPECTED_START_S["sglang"]
+    assert estimate.seconds == sum(EXPECTED_S["sglang"].values())
     refused = decide(step, ((), why), estimate, 1.0, force=False)
     assert isinstance(refused, str)
     assert refused.startswith(
-        "decode-0 would leave the decodes without an instance for at least 110 s (pdkit's "
-        "figure for engine sglang; none measured yet; plus its drain and the KV transfer gate)"
+        "decode-0 would leave the decodes without an instance for about 142 s (stop 10.0 s, "
+        "start 110.0 s, gate 20.0 s, readmission 2.0 s: pdkit's figures for engine sglang; "
+        "none measured yet)"
     )
     assert "the router holds requests only 1 s" in refused
     forced = decide(step, ((), why), estimate, 1.0, force=True)
@@ -115,7 +137,7 @@ def test_a_start_longer_than_the_hold_is_refused_naming_the_gap_unless_forced(lo
 
 def test_smg_holds_nothing_so_without_a_stand_in_a_restart_needs_force(local):
     plan, record, why = local(3)
-    assert plan.router.hold_timeout_s == 5.0
+    assert plan.router.hold_timeout_s == 30.0  # local.yaml's
     smg = plan.router.model_copy(update={"kind": "smg", "hold_timeout_s": 0.0})
     refused = decide(
         _restart(record, "decode-0"),

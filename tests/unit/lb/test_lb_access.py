@@ -18,6 +18,7 @@ KEYS = {
     "cached_predicted",
     "cached_pending",
     "cached_actual",
+    "prompt_tokens",
     "id",
     "route",
     "status",

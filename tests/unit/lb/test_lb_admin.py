@@ -174,6 +174,50 @@ def test_a_removal_drains_for_its_own_grace_not_the_lbs():
     run(scenario())
 
 
+def test_a_worker_removed_to_come_back_holds_its_roles_requests_until_added_again():
+    """`pdkit restart` of the only decode: removed with ?back_within= it stays listed as
+    returning, a request for its role is held (not refused: no 503 "no decode worker is
+    configured"), and adding its URL again serves that request; one not added again within
+    `back_within` s is removed, and then the role's requests are refused at once."""
+
+    async def scenario():
+        async with running_cluster(1, 1, args=["--hold-timeout", "10"], env=KEYS) as c:
+            old = c.decode[0]
+            for bad in ("-1", "later"):
+                status, body = await c.delete(
+                    "/workers", {"url": old.url, "back_within": bad}, key="admin-key"
+                )
+                assert status == 400 and body["error"]["param"] == "back_within", body
+            status, removed = await c.delete(
+                "/workers", {"url": old.url, "wait": "true", "back_within": "30"}, key="admin-key"
+            )
+            assert status == 200 and removed["back_within"] == 30 and removed["drained"]
+            status, body, _ = await c.get("/workers", key="admin-key")
+            listed = {w["url"]: w for w in body["workers"]}
+            assert listed[old.url]["state"] == "returning"
+            assert "expected back within 30 s" in listed[old.url]["reason"]
+            held = asyncio.create_task(c.post("/generate", {"text": "x"}, key="client-key"))
+            await c.wait_for(lambda: c.lb.metrics.held == 1, what="the request held")
+            await asyncio.sleep(0.3)  # not probed back in while returning
+            assert not held.done() and not c.lb.pool.get(old.url).routable
+            status, body, _ = await c.post(
+                "/workers", {"url": old.url, "role": "decode"}, key="admin-key"
+            )
+            assert status == 201 and body["worker"]["state"] == "pending"
+            status, _, _ = await held
+            assert status == 200 and c.lb.metrics.held == 0
+
+            status, _ = await c.delete(
+                "/workers", {"url": old.url, "wait": "true", "back_within": "0.3"}, key="admin-key"
+            )
+            assert status == 200
+            await c.wait_for(lambda: c.lb.pool.get(old.url) is None, what="removed at expiry")
+            status, body, _ = await c.post("/generate", {"text": "x"}, key="client-key")
+            assert status == 503 and "no decode worker is configured" in str(body)
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     "payload",
     [

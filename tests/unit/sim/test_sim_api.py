@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import aiohttp
@@ -328,3 +329,40 @@ def test_openai_fields_are_read_as_pydantic_reads_them():
         await api.engine.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("mode, dies", [([], True), (["--disaggregation-mode", "decode"], False)])
+def test_an_out_of_vocabulary_id_kills_the_server_as_sglang_0_5_23(mode, dies):
+    """SGLang checks no input id against the vocabulary: the embedding's IndexError kills a
+    plain server (or a prefill); a decode embeds only its own output."""
+
+    async def main():
+        api, server = await serve(mode)
+        api.ready = True
+        crashes = []
+        api.engine.on_fatal = crashes.append
+        vocab = api.engine.model.vocab
+        body = {"input_ids": [1, 2, vocab + 7], "sampling_params": {"max_new_tokens": 1}}
+        if mode:
+            body |= {"bootstrap_host": "2.2.2.2", "bootstrap_room": 1}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.make_url("/generate"), json={"input_ids": [1, 2, 3]}) as r:
+                assert r.status == 200 or mode
+            assert crashes == []
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with http.post(
+                    server.make_url("/generate"),
+                    json=body,
+                    timeout=aiohttp.ClientTimeout(total=2),
+                ) as r:
+                    await r.read()
+        await server.close()
+        await api.engine.close()
+        return crashes
+
+    crashes = run(main())
+    if dies:
+        assert len(crashes) == 1
+        assert crashes[0].startswith("IndexError: index out of range in self")
+    else:
+        assert crashes == []

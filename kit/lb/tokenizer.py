@@ -1,0 +1,495 @@
+"""The served model's tokenizer in the router: a request's prompt ids, as SGLang 0.5.23 makes them.
+
+The router computes a request's token ids once, from the model folder's `tokenizer.json`,
+`tokenizer_config.json` (or `chat_template.jinja`) and `config.json`, with the `tokenizers`
+package and jinja2, following what SGLang 0.5.23 runs (transformers 5 under it):
+
+1. Loading (transformers' `TokenizersBackend.__init__`, tokenization_utils_tokenizers.py
+   ~453-525): the named special tokens of tokenizer_config.json that the vocabulary lacks are
+   added as special tokens; the generic class keeps tokenizer.json's post-processor, the Llama
+   class rebuilds it as ``[bos] $A [eos]`` (`update_post_processor`, add_bos_token true
+   unless the config says false).
+2. `/generate` ``text`` and `/v1/completions` ``prompt`` strings: ``tokenizer(text)``, special
+   tokens added (tokenizer_manager.py `_tokenize_texts`).
+3. `/v1/chat/completions` ``messages`` (serving_chat.py `_apply_jinja_template`, ~2011-2255):
+   each message without its null fields, content parts flattened to one string joined by
+   spaces (or kept as text parts when the template loops over the content), a final assistant
+   message turned into a user one (or, with ``continue_final_message``, cut off and appended to
+   the ids afterwards, a leading BOS dropped); the template rendered as transformers'
+   `render_jinja_template` does (a sandboxed environment with trim_blocks, lstrip_blocks,
+   loopcontrols, its own `tojson`, `raise_exception`, `strftime_now`; the special tokens as
+   variables) with ``add_generation_prompt=True``; the text encoded without special tokens when
+   the tokenizer adds some to an empty string.
+
+Requests outside what is reproduced here get no ids (`None`: the router routes them as it does
+without a tokenizer): tools, assistant tool calls, ``input_ids`` given with messages, messages
+with fields other than role, content and name, content parts other than text, and batches.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Tokenizer, processors
+
+from kit.lb.errors import LbError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")
+"""What the router needs from the model folder (and chat_template.jinja where there is one)."""
+
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+"""transformers' SPECIAL_TOKENS_ATTRIBUTES: the special tokens a chat template sees by name."""
+
+_GENERIC_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+_BOS_BY_DEFAULT = ("LlamaTokenizer", "LlamaTokenizerFast")
+"""tokenizer_config.json's ``tokenizer_class`` values whose loading is reproduced here (as
+transformers 5.19 loads them for SGLang 0.5.23); another class loads the same way, with
+`ModelTokenizer.verified` False so that the router says its ids are unverified."""
+
+_MESSAGE_KEYS = frozenset({"role", "content", "name"})
+_TEXT_PART_TYPES = ("text", "input_text")
+
+
+SEGMENT_CACHE_TOKENS = 1 << 20
+"""Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
+
+
+class TokenizerError(LbError):
+    """The model folder has no usable tokenizer; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What config.json says about the model's inputs: `vocab_size` rows in the embedding (an id
+    outside [0, vocab_size) crashes SGLang 0.5.23) and `max_position_embeddings` (tokens)."""
+
+    vocab_size: int
+    max_position_embeddings: int | None
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"{path}: cannot read it ({exc})") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: not a JSON object")
+    return data
+
+
+def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
+    """The default chat template: chat_template.jinja beside the tokenizer wins (transformers 5
+    saves it there), else tokenizer_config.json's ``chat_template`` (a string, or a list of
+    named templates whose "default" is used when a request has no tools)."""
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, str):
+        return template
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        default = named.get("default")
+        return default if isinstance(default, str) else None
+    return None
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' own filter: jinja's escapes HTML characters.
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """The template compiled as transformers' `_cached_compile_jinja_template` compiles it."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _iterates_content(node: jinja2.nodes.Node) -> bool:
+    """``message['content']``, ``message.content`` (or msg / m): the loop target SGLang's
+    `_is_var_or_elems_access` looks for."""
+    if isinstance(node, jinja2.nodes.Filter) and node.node is not None:
+        return _iterates_content(node.node)
+    if isinstance(node, jinja2.nodes.Test):
+        return _iterates_content(node.node)
+    if isinstance(node, jinja2.nodes.Getattr):
+        target, key = node.node, node.attr
+    elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+        target, key = node.node, node.arg.value
+    else:
+        return False
+    return (
+        key == "content"
+        and isinstance(target, jinja2.nodes.Name)
+        and target.name in ("message", "msg", "m")
+    )
+
+
+def content_format(source: str) -> str:
+    """ "openai" when the template loops over a message's content parts, else "string": SGLang's
+    `detect_jinja_template_content_format` (parser/jinja_template_utils.py:83)."""
+    if any(word in source for word in ("image", "audio", "video", "vision")):
+        return "openai"
+    try:
+        tree = jinja2.Environment().parse(source)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    for loop in tree.find_all(jinja2.nodes.For):
+        if _iterates_content(loop.iter):
+            return "openai"
+    return "string"
+
+
+class ModelTokenizer:
+    """The served model's tokenizer and chat template; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        special_tokens: Mapping[str, str],
+        chat_template: str | None,
+        limits: ModelLimits,
+        *,
+        verified: bool = True,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.verified = verified
+        self.special_tokens = dict(special_tokens)
+        self.limits = limits
+        self.chat_template = chat_template
+        self._template = compile_chat_template(chat_template) if chat_template else None
+        self._content_format = content_format(chat_template) if chat_template else "string"
+        bos = self.special_tokens.get("bos_token")
+        self.bos_token_id = tokenizer.token_to_id(bos) if bos else None
+        # serving_chat.py ~456-465: a tokenizer that adds tokens to "" encodes the rendered
+        # chat without special tokens (the template wrote them).
+        self._adds_specials = len(tokenizer.encode("", add_special_tokens=True).ids) > 0
+        self._segments = _SegmentCache.for_tokenizer(tokenizer)
+
+    @classmethod
+    def load(cls, folder: Path) -> ModelTokenizer:
+        """The tokenizer of the model in `folder`; TokenizerError names what is missing."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(
+                f"{path}: no such file (the router needs the model's fast tokenizer)"
+            )
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises plain Exception on a bad file
+            raise TokenizerError(f"{path}: not a tokenizer ({exc})") from exc
+        config_path = folder / "tokenizer_config.json"
+        config = _read_json(config_path) if config_path.is_file() else {}
+        model_config = _read_json(folder / "config.json")
+        special = {
+            name: text
+            for name in SPECIAL_TOKEN_NAMES
+            if (text := _token_text(config.get(name))) is not None
+        }
+        missing = [t for t in special.values() if tokenizer.token_to_id(t) is None]
+        if missing:
+            tokenizer.add_special_tokens(
+                [AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(missing)]
+            )
+        tokenizer_class = config.get("tokenizer_class")
+        if tokenizer_class in _BOS_BY_DEFAULT:
+            # transformers 5's LlamaTokenizer: add_bos_token defaults to True and rebuilds
+            # the post-processor; the generic class keeps tokenizer.json's (add_bos_token
+            # ignored: both measured on 0.5.23's environment).
+            tokenizer.post_processor = _post_processor(
+                tokenizer,
+                special.get("bos_token") if config.get("add_bos_token", True) else None,
+                special.get("eos_token") if config.get("add_eos_token", False) else None,
+            )
+        text_config = model_config.get("text_config")
+        source = text_config if isinstance(text_config, Mapping) else model_config
+        vocab = source.get("vocab_size", model_config.get("vocab_size"))
+        if not isinstance(vocab, int):
+            vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+        positions = source.get("max_position_embeddings")
+        limits = ModelLimits(vocab, positions if isinstance(positions, int) else None)
+        verified = tokenizer_class in _BOS_BY_DEFAULT or tokenizer_class in _GENERIC_CLASSES
+        return cls(tokenizer, special, _chat_template(folder, config), limits, verified=verified)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a /generate ``text`` or a /v1/completions ``prompt`` string."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any
+    ) -> str | None:
+        """The prompt text of already processed messages, generation prompt included."""
+        if self._template is None:
+            return None
+        variables = {**self.special_tokens, **template_kwargs}
+        return str(
+            self._template.render(
+                messages=list(messages),
+                tools=None,
+                documents=None,
+                add_generation_prompt=True,
+                **variables,
+            )
+        )
+
+    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        """Prompt ids of a /v1/chat/completions body, or None where they are not reproduced."""
+        if self._template is None or body.get("input_ids") is not None:
+            return None
+        if body.get("tools") and body.get("tool_choice", "auto") != "none":
+            return None
+        kwargs: dict[str, Any] = {}
+        if body.get("reasoning_effort") is not None:
+            kwargs["reasoning_effort"] = body["reasoning_effort"]
+        extra = body.get("chat_template_kwargs")
+        if isinstance(extra, Mapping):
+            kwargs.update(extra)
+        elif extra is not None:
+            return None
+        messages = self._messages(body.get("messages"))
+        if not messages:
+            return None
+        prefix = None
+        last = messages[-1]
+        if last["role"] == "assistant" and isinstance(last.get("content"), str):
+            if body.get("continue_final_message"):
+                prefix = last["content"]
+                messages = messages[:-1]
+            else:
+                messages[-1] = {"role": "user", "content": last["content"]}
+        try:
+            text = self.render_chat(messages, **kwargs)
+        except (jinja2.TemplateError, TypeError, ValueError):
+            return None  # SGLang answers these with a 400 of its own
+        if text is None:
+            return None
+        add_special = not self._adds_specials
+        if self._segments is not None and not (add_special and _post_adds(self._tokenizer)):
+            ids = self._segments.encode(text)
+        else:
+            ids = list(self._tokenizer.encode(text, add_special_tokens=add_special).ids)
+        if prefix:
+            tail = self.encode_text(prefix)
+            if tail and tail[0] == self.bos_token_id:
+                tail = tail[1:]
+            ids += tail
+        return ids
+
+    def _messages(self, raw: object) -> list[dict[str, Any]] | None:
+        """Messages as SGLang hands them to the template, or None for a shape not reproduced."""
+        if not isinstance(raw, list) or not raw:
+            return None
+        out = []
+        for message in raw:
+            if not isinstance(message, Mapping) or not _MESSAGE_KEYS.issuperset(message):
+                return None
+            role, content = message.get("role"), message.get("content")
+            if not isinstance(role, str):
+                return None
+            if isinstance(content, list):
+                texts = [_part_text(part) for part in content]
+                if any(t is None for t in texts):
+                    return None
+                if self._content_format == "string" or role == "tool":
+                    content = " ".join(t for t in texts if t is not None)
+                else:
+                    content = [{"type": "text", "text": t} for t in texts]
+            elif content is None:
+                content = ""
+            elif not isinstance(content, str):
+                return None
+            processed: dict[str, Any] = {"role": role, "content": content}
+            # SGLang's user message model has no name field (it is dropped); the others keep it.
+            if message.get("name") is not None and role != "user":
+                processed["name"] = message["name"]
+            out.append(processed)
+        return out
+
+    def prompt_ids(self, path: str, body: Mapping[str, Any]) -> list[int] | None:
+        """The one prompt's ids of a request to `path`; None for batches, embeddings and shapes
+        not reproduced (ids a client sent are returned as they are)."""
+        if path == "/v1/chat/completions":
+            return self.chat_ids(body)
+        if path == "/generate":
+            ids = body.get("input_ids")
+            if ids is not None:
+                return [int(i) for i in ids] if _is_id_list(ids) else None
+            text = body.get("text")
+            return self.encode_text(text) if isinstance(text, str) else None
+        if path == "/v1/completions":
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                return self.encode_text(prompt)
+            if isinstance(prompt, list) and _is_id_list(prompt):
+                return [int(i) for i in prompt]
+            if isinstance(prompt, list) and len(prompt) == 1:
+                only = prompt[0]
+                if isinstance(only, str):
+                    return self.encode_text(only)
+                return list(only) if _is_id_list(only) else None
+        return None
+
+
+def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
+    """The tokenizer of ``--prompt-tokens model:PATH`` and the line the router logs once at
+    start-up about it. Without one the router does what it does without a tokenizer: text
+    prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)."""
+    fallback = (
+        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)"
+    )
+    if folder is None:
+        return None, f"no model tokenizer (--prompt-tokens model:PATH): {fallback}"
+    try:
+        tokenizer = ModelTokenizer.load(Path(folder))
+    except TokenizerError as exc:
+        return None, f"no model tokenizer: {exc}; {fallback}"
+    chat = "with its chat template" if tokenizer.chat_template else "without a chat template"
+    verified = "" if tokenizer.verified else " (its tokenizer class is unverified against SGLang)"
+    return tokenizer, (
+        f"model tokenizer from {folder} {chat}, vocabulary {tokenizer.limits.vocab_size}"
+        f"{verified}: text prompts get their token ids here"
+    )
+
+
+def _part_text(part: object) -> str | None:
+    if isinstance(part, Mapping) and part.get("type") in _TEXT_PART_TYPES:
+        text = part.get("text")
+        return text if isinstance(text, str) else None
+    return None
+
+
+def _is_id_list(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    )
+
+
+def _post_processor(
+    tokenizer: Tokenizer, bos: str | None, eos: str | None
+) -> processors.TemplateProcessing:
+    """transformers' `update_post_processor`: ``[bos:0] $A:0 [eos:0]``."""
+    single = f"{bos + ':0 ' if bos else ''}$A:0{' ' + eos + ':0' if eos else ''}"
+    pair = f"{single}{' ' + bos + ':1' if bos else ''} $B:1{' ' + eos + ':1' if eos else ''}"
+    specials = [(t, tokenizer.token_to_id(t)) for t in (bos, eos) if t]
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+def _post_adds(tokenizer: Tokenizer) -> bool:
+    """Whether encoding with special tokens adds any (to a non-empty text)."""
+    return len(tokenizer.encode("a", add_special_tokens=True).ids) != len(
+        tokenizer.encode("a", add_special_tokens=False).ids
+    )
+
+
+class _SegmentCache:
+    """The rendered chat encoded piece by piece, the ids of each piece between added tokens kept.
+
+    Exact by the argument SGLang 0.5.23 makes for its own parallel encode
+    (entrypoints/openai/parallel_prompt_encode.py): a fast tokenizer first splits the text at
+    added tokens and runs the pre-tokenizer and the model on each piece in between on its own,
+    so cutting there cannot change an id. It holds when no normalizer runs before the split,
+    no added token strips spaces or must be a single word, and the pre-tokenizer treats no
+    piece differently for being first (Metaspace); `for_tokenizer` gives None otherwise.
+    Pieces that recur across requests (a system prompt, a shared document, earlier turns) are
+    then encoded once."""
+
+    def __init__(self, tokenizer: Tokenizer, added: Mapping[str, int]) -> None:
+        self._tokenizer = tokenizer
+        self._added = dict(added)
+        # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
+        alternatives = sorted(added, key=len, reverse=True)
+        self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cached_tokens = 0
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> _SegmentCache | None:
+        if tokenizer.normalizer is not None:
+            return None
+        if "Metaspace" in repr(tokenizer.pre_tokenizer):
+            return None
+        decoder = tokenizer.get_added_tokens_decoder()
+        if not decoder:
+            return None
+        if any(t.lstrip or t.rstrip or t.single_word for t in decoder.values()):
+            return None
+        return cls(tokenizer, {t.content: i for i, t in decoder.items() if t.content})
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        start = 0
+        for match in self._pattern.finditer(text):
+            if match.start() > start:
+                ids += self._piece(text[start : match.start()])
+            ids.append(self._added[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids += self._piece(text[start:])
+        return ids
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        cached = self._cache.get(piece)
+        if cached is not None:
+            self._cache.move_to_end(piece)
+            return cached
+        ids = tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids)
+        self._cache[piece] = ids
+        self._cached_tokens += len(ids)
+        while self._cached_tokens > SEGMENT_CACHE_TOKENS and self._cache:
+            _, dropped = self._cache.popitem(last=False)
+            self._cached_tokens -= len(dropped)
+        return ids

@@ -1,0 +1,89 @@
+"""The model tokenizer in the router (`--prompt-tokens model:PATH`): cache_aware's ids for text,
+and what the router says at start-up when it has or lacks one."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from kit.lb.cache_aware import prompt_ids
+from kit.lb.config import parse_args
+from kit.lb.protocol import parse_request
+from kit.lb.server import LoadBalancer
+from kit.lb.tokenizer import ModelTokenizer, load_for_router
+from kit.plan.resolve import resolve
+from kit.topology.router_options import RouterOptions, model_tokenizer_path, option_problems
+from tests.conftest import base_topology
+from tests.support.tokenizer_model import make_model
+
+CHAT = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
+
+
+def test_cache_aware_hashes_the_models_ids_for_a_chat(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m"))
+    pd = parse_request("/v1/chat/completions", json.dumps(CHAT).encode())
+    assert prompt_ids(pd, None, tokenizer) == tokenizer.chat_ids(CHAT)
+    # Without the model's tokenizer the router knows no ids for chat text (prefix_affinity).
+    assert prompt_ids(pd, None) is None
+
+
+def test_cache_aware_text_prompts_and_sent_ids(tmp_path):
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m"))
+    text = parse_request("/v1/completions", json.dumps({"prompt": "the fox"}).encode())
+    assert prompt_ids(text, None, tokenizer) == tokenizer.encode_text("the fox")
+    ids = parse_request("/generate", json.dumps({"input_ids": [5, 6, 7]}).encode())
+    assert prompt_ids(ids, None, tokenizer) == [5, 6, 7]
+
+
+def test_the_start_up_line_says_what_the_router_has(tmp_path):
+    tokenizer, note = load_for_router(str(make_model(tmp_path / "m")))
+    assert tokenizer is not None
+    assert "with its chat template" in note
+    assert "text prompts get their token ids here" in note
+    missing, note = load_for_router(str(tmp_path / "nowhere"))
+    assert missing is None
+    assert "tokenizer.json: no such file" in note
+    assert "routed by prefix_affinity" in note
+    none, note = load_for_router(None)
+    assert none is None and note.startswith("no model tokenizer")
+
+
+def test_prompt_tokens_takes_a_model_folder():
+    assert model_tokenizer_path("model:/srv/models/llama") == "/srv/models/llama"
+    assert model_tokenizer_path("sim:512") is None
+    assert option_problems(RouterOptions(prompt_tokens="model:/srv/m")) == []
+    problems = option_problems(RouterOptions(prompt_tokens="model:"))
+    assert any("expected model:PATH" in p for p in problems)
+
+
+def test_the_router_loads_it_and_says_so_once(tmp_path, caplog):
+    folder = make_model(tmp_path / "m")
+    argv = ["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"]
+    argv += ["--prefill-policy", "cache_aware", "--prompt-tokens", f"model:{folder}"]
+    with caplog.at_level(logging.INFO, logger="kit.lb"):
+        lb = LoadBalancer(parse_args(argv, {}))
+    assert lb.cache_aware is not None and lb.cache_aware.tokenizer is lb.tokenizer
+    assert lb.tokenizer is not None
+    lines = [r.getMessage() for r in caplog.records if "model tokenizer" in r.getMessage()]
+    assert len(lines) == 1 and str(folder) in lines[0]
+    argv[-1] = f"model:{tmp_path / 'missing'}"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kit.lb"):
+        lb = LoadBalancer(parse_args(argv, {}))
+    assert lb.tokenizer is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("no model tokenizer" in r.getMessage() for r in warnings)
+
+
+def test_the_plan_gives_pdkits_router_the_served_models_folder(write_topology, tmp_path):
+    data = base_topology()
+    data["model"] = {"path": str(tmp_path / "model")}
+    args = resolve(write_topology(data, "a.yaml")).router.command.args
+    assert f"model:{tmp_path / 'model'}" in args
+    assert parse_args(list(args), environ={}).prompt_tokens == f"model:{tmp_path / 'model'}"
+    # A Hugging Face repo id (no folder on the router's host) or the sim's model: none.
+    data["model"] = {"path": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert "--prompt-tokens" not in resolve(write_topology(data, "b.yaml")).router.command.args
+    data["model"] = {"path": str(tmp_path / "model")}
+    data["engine"] = "sim"
+    assert "--prompt-tokens" not in resolve(write_topology(data, "c.yaml")).router.command.args
