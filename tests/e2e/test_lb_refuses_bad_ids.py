@@ -10,12 +10,8 @@ import json
 import urllib.error
 import urllib.request
 
-import pytest
-
 from kit.perf.models import resolve_model
 from tests.support.sim_launch import PdCluster
-
-pytestmark = pytest.mark.e2e
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_SPEED": "50", "PDKIT_SIM_GPU": "H100-SXM"}

@@ -5,6 +5,7 @@ other; benchmarks may import the tests' support but no test imports a benchmark.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,18 @@ def test_tests_import_only_the_shared_test_code():
     found = [(f, m) for f, m in imports_from("tests") if under(m, "tests")]
     found = [(f, m) for f, m in found if not under(m, *SHARED_TEST_CODE)]
     assert found == [], f"move what tests share into {SHARED_TEST_CODE[:2]}"
+
+
+def test_the_folders_give_the_environment_markers():
+    """tests/conftest.py marks a test by its folder (e2e/, e2e/sglang/, e2e/real_sglang/,
+    e2e/multihost/): a module that marks itself escapes a folder's grouping and `make test`'s
+    passes (the real engine's tests run alone)."""
+    marked = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "tests").rglob("test_*.py"))
+        if re.search(r"mark\.(e2e|sglang|real_sglang|netns)\b", path.read_text())
+    ]
+    assert marked == [], "move the module into the folder of its environment"
 
 
 def test_the_test_folders_hold_only_tests_and_their_fixtures():

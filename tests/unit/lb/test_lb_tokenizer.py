@@ -1,5 +1,6 @@
 """The router's tokenizer: loading as transformers 5 loads, the chat as SGLang 0.5.23 renders and
-encodes it (the real server's ids are checked in tests/e2e/test_router_tokenizer_real.py)."""
+encodes it (the real server's ids are checked in
+tests/e2e/real_sglang/test_router_tokenizer_real.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.real_sglang import RealServer, tiny_model
 from tests.support.sim_launch import request_json
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")

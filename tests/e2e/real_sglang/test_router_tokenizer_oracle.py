@@ -18,8 +18,6 @@ from tests.conftest import REPO
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.real_sglang import sglang_python, tiny_model
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_sglang]
-
 ORACLE = REPO / "tests" / "oracles" / "sglang_prompt_ids.py"
 
 # A tokenizer that adds BOS itself (transformers 5's Llama class; the generic one ignores
