@@ -405,12 +405,7 @@ class Dispatcher:
         pd = ex.pd
         keep = pd.merge is not Merge.NONE
         pair = self.start(ex, prefill, send, keep)
-        guard = pair.guard = self._legs.watchdog.watch(
-            pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
-        )
-        if not decode.inflight:
-            decode.progress_at = guard.last  # a busy period begins
-        decode.inflight += 1
+        guard = self._legs.watch_stream(pair, decode)
         finished = False
         upstream: Connection | None = None
         try:

@@ -220,6 +220,17 @@ class Legs:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
+    def watch_stream(self, pair: Pair, decode: Worker) -> Guard:
+        """Put a streamed decode leg under the watchdog (the request's whole time and its first
+        token's) and count it in flight on `decode`; the caller releases the guard."""
+        guard = pair.guard = self.watchdog.watch(
+            pair.expire, total=self.request_timeout, idle=self.first_token_timeout
+        )
+        if not decode.inflight:
+            decode.progress_at = guard.last  # a busy period begins
+        decode.inflight += 1
+        return guard
+
     def send(self, path: bytes, body: bytes, request_id: str) -> Send:
         """What both legs of an attempt send: `body` on the route `path`."""
         return Send(

@@ -285,12 +285,7 @@ class Migration:
         """One attempt at the rest of a stream: both legs, then the new decode's events
         rewritten into the client's stream; raises the attempt's error (LegError)."""
         pair = self._pairs.start(ex, prefill, send, False)
-        guard = pair.guard = self._legs.watchdog.watch(
-            pair.expire, total=self._legs.request_timeout, idle=self._legs.first_token_timeout
-        )
-        if not decode.inflight:
-            decode.progress_at = guard.last
-        decode.inflight += 1
+        guard = self._legs.watch_stream(pair, decode)
         finished = False
         upstream: Connection | None = None
         try:
@@ -314,7 +309,7 @@ class Migration:
             except (UpstreamError, TimeoutError) as exc:
                 raise self._legs.stream_failure(pair, decode, exc) from None
             except LegError as exc:
-                if exc is pair.prefill_error or pair.guard.expired:
+                if exc is pair.prefill_error or guard.expired:
                     raise self._legs.stream_failure(pair, decode, exc) from None
                 raise
             if decode.failures:
