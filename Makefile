@@ -85,11 +85,11 @@ lint: $(VENV)/.stamp
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
 
-# The suite in two runs. First every test but the real engine's, spread over PYTEST_WORKERS
+# The suite in three runs. First every test but the real engine's, spread over PYTEST_WORKERS
 # processes (pytest-xdist, --dist loadgroup: an e2e module stays in one worker in file order,
 # so does a folder whose tests share one fixture; tests/conftest.py); most e2e time is waiting
 # on servers, so more workers than cores. Then the real SGLang engine's tests alone: each of
-# its servers takes a core for a minute to start. The second runs even if the first failed.
+# its servers takes a core for a minute to start. Last, SERIAL_E2E alone. Each runs whatever failed before.
 PYTEST_WORKERS ?= 4
 # e2e modules whose timing (a pool write landing before the next request, an autoscale move
 # under load) failed now and then beside three other workers on 2 cores: run alone, after.
