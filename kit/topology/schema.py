@@ -371,6 +371,22 @@ class Faults(Strict):
     )
 
 
+class Canary(Strict):
+    """The token canary (pdkit router only; see docs/lb.md, "Token canary"). KV that arrives
+    altered decodes into fluent, wrong tokens with status 200 (SGLang checks no KV by
+    default), often hours after start, where the deploy gate cannot see it. Every
+    `interval_s` the router sends one short greedy request to each prefill x decode pair, off
+    the users' path, and compares the tokens across the pairs as the gate does; a worker all
+    of whose pairs disagree with the majority is taken out until they agree again."""
+
+    interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds between two rounds (one request of 8 tokens per pair each); "
+        "0 turns the canary off.",
+    )
+
+
 class Router(Strict):
     """The load balancer in front of the workers."""
 
@@ -407,6 +423,11 @@ class Router(Strict):
     faults: Faults = Field(
         default_factory=Faults,
         description="Retries, ejection, the hold and stream migration when a worker fails.",
+    )
+    canary: Canary = Field(
+        default_factory=Canary,
+        description="The token canary: every pair's tokens compared at an interval, a "
+        "disagreeing worker taken out (pdkit router only).",
     )
     args: dict[str, ArgValue] = Field(
         default_factory=dict, description="Extra router flags, without leading dashes."
