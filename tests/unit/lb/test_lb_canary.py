@@ -81,3 +81,13 @@ def test_the_router_takes_out_the_decode_whose_tokens_went_wrong_until_they_are_
             await c.wait_for(lambda: worker.routable, what="the decode back")
 
     run(scenario())
+
+
+def test_an_interval_of_zero_turns_the_canary_off():
+    async def scenario():
+        async with running_cluster(1, 2, args=["--canary-interval", "0"]) as c:
+            assert c.lb.canary is None
+            _, metrics, _ = await c.get("/metrics")
+            assert b"pdkit_lb_canary" not in metrics
+
+    run(scenario())
