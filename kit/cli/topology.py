@@ -44,6 +44,8 @@ def validate(
     plan = resolve(topology, strict=strict)
     for warning in warnings(topology):
         err_console.print(f"warning: {warning}", markup=False, highlight=False)
+    for field in plan.discovered:
+        console.print(f"from `pdkit discover`'s facts: {field}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "

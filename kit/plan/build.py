@@ -10,6 +10,7 @@ the KV pool's master from `kit.plan.kvpool`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from kit.net import bare_host
@@ -116,11 +117,14 @@ def build_workers(
     return workers
 
 
-def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Plan:
+def build_plan(
+    topology: Topology, topology_dir: Path, placed: Placement, discovered: Sequence[str] = ()
+) -> Plan:
     """The Plan of a validated topology placed as `placed` (call only after validation passed).
 
     `topology_dir` is the absolute folder of the topology file: relative host roots and key
-    files are taken from there."""
+    files are taken from there. `discovered`: the fields `pdkit discover`'s facts filled in
+    (`kit.topology.facts.with_facts`), recorded in the Plan."""
     if placed.problems:  # validation runs first; this guards misuse of the API
         raise ValueError(f"topology does not place: {placed.problems[0]}")
     topology = _paths_resolved(topology, topology_dir)
@@ -164,4 +168,5 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        discovered=tuple(discovered),
     )

@@ -333,6 +333,11 @@ class Plan(Frozen):
     )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
+    discovered: tuple[str, ...] = Field(
+        (),
+        description="The fields `pdkit discover`'s facts filled in where the topology leaves "
+        "them out (`hosts[a].network_interface: eth0`).",
+    )
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
