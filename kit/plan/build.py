@@ -19,6 +19,7 @@ from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
 from kit.sglang import hicache, render
+from kit.sglang.dialects import dialect
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
@@ -168,5 +169,6 @@ def build_plan(
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        packages=dialect(topology.sglang_version).packages,
         discovered=tuple(discovered),
     )

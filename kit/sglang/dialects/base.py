@@ -17,27 +17,9 @@ from dataclasses import dataclass, field
 from kit.sglang.catalog import Catalog, load_catalog
 from kit.sglang.startup.rules import StartupRule
 from kit.topology.args import Flag
+from kit.topology.plan_types import Packages
 
-
-@dataclass(frozen=True)
-class Packages:
-    """What SGLang's wheel pins, that a GPU host must match (its METADATA's Requires-Dist).
-
-    `min_driver_branch` is the NVIDIA driver branch its torch's CUDA needs; `mooncake_package`
-    the Mooncake build for that CUDA."""
-
-    torch: str
-    cuda: str
-    sglang_kernel: str
-    flashinfer: str
-    deep_gemm: str
-    mooncake_package: str
-    mooncake_version: str
-    min_driver_branch: int
-    python: str = ">=3.11"
-
-    def as_dict(self) -> dict[str, str]:
-        return {name: str(getattr(self, name)) for name in self.__dataclass_fields__}
+__all__ = ["Dialect", "Packages"]
 
 
 @dataclass(frozen=True)
