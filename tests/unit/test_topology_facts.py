@@ -9,6 +9,7 @@ import pytest
 from kit.errors import TopologyError
 from kit.hosts.discover import address_interface
 from kit.plan.resolve import resolve, warnings
+from kit.plan.shell import plan_to_shell
 from kit.topology.facts import (
     DiscoveredFacts,
     GidFact,
@@ -85,6 +86,7 @@ def test_the_discovered_ipv4_mapped_roce_v2_index_is_taken_and_rendered(roce):
     assert plan.discovered == (
         "transfer.gid_index: 3 (RoCE v2, IPv4-mapped, present on all 16 chosen NIC(s))",
     )
+    assert "\n# from `pdkit discover`'s facts: transfer.gid_index: 3 (" in plan_to_shell(plan)
 
 
 def test_validate_says_which_fields_came_from_discovery(roce):
