@@ -86,13 +86,13 @@ def _in_file_order(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
 
 
-def resolve_surge(path: str | Path, role: str) -> Plan | str:
+def resolve_surge(path: str | Path, role: str, state_base: Path | str | None = None) -> Plan | str:
     """The Plan of the topology at `path` with one more instance of `role` (`pdkit restart`'s
     and `pdkit up`'s surge: a stand-in on free GPUs and ports while the role's only instance is
     replaced), or why there is none: the first problem the extra instance makes (no free GPU,
     a port taken). Placement puts every other instance where it is without the extra one (it is
     placed last of its role; a caller checks that nothing else moved)."""
-    topology, _, facts, taken = _load(path, None)
+    topology, _, facts, taken = _load(path, state_base)
     spec = getattr(topology, role)
     grown = topology.model_copy(update={role: spec.model_copy(update={"count": spec.count + 1})})
     placed = placement(grown)

@@ -203,3 +203,14 @@ def test_the_interface_of_the_address_is_read_from_ip_addr():
     assert address_interface(line) == "eth0"
     assert address_interface("5: eth0.100@eth0    inet 10.1.0.1/24 scope global") == "eth0.100"
     assert address_interface("") is None
+
+
+def test_the_facts_are_read_from_the_state_dir_the_command_is_given(roce, tmp_path):
+    facts = DiscoveredFacts(hosts=(host_fact("a", "10.0.0.1"), host_fact("b", "10.0.0.2")))
+    path = roce(roce_topology(), None)
+    save_facts(facts_file(path, "t", tmp_path / "state"), facts)
+    with pytest.raises(TopologyError):
+        resolve(path, strict=True)  # unknown link layer: refused under --strict
+    result = run_pdkit("validate", str(path), "--strict", "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 0, result.stderr
+    assert "transfer.gid_index: 3" in result.stdout
