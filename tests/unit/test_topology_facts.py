@@ -214,3 +214,14 @@ def test_the_facts_are_read_from_the_state_dir_the_command_is_given(roce, tmp_pa
     result = run_pdkit("validate", str(path), "--strict", "--state-dir", str(tmp_path / "state"))
     assert result.returncode == 0, result.stderr
     assert "transfer.gid_index: 3" in result.stdout
+
+
+def test_a_damaged_facts_file_is_refused_with_the_fix(roce):
+    path = roce(roce_topology(), None)
+    damaged = facts_file(path, "t")
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text("{not json")
+    result = run_pdkit("validate", str(path))
+    assert result.returncode == 1
+    assert "is not `pdkit discover`'s facts" in result.stderr
+    assert "run `pdkit discover` again, or delete the file" in result.stderr
