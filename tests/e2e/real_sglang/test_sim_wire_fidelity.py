@@ -172,7 +172,7 @@ def _payload(case: Case) -> str:
 def servers(tmp_path_factory, real_model, real_servers):
     folder = tmp_path_factory.mktemp("wire")
     model = real_model
-    real = real_servers.get("wire")  # the session's (launched beside test_real_sglang's pair)
+    real = real_servers.get("wire")  # the session's (test_real_sglang.py launches it early)
     assert real.argv[-3:] == ["--enable-metrics", *CONTEXT]
     sim = SimProcess(
         [
