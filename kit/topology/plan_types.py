@@ -18,6 +18,7 @@ from kit.secrets import SecretSource, read_secret
 from kit.topology.args import Flag, flatten
 from kit.topology.launch import Parallelism, WorkerLaunch
 from kit.topology.schema import SLO, Device, Engine, RouterKind, ServiceManager, TransferBackend
+from kit.topology.slurm_schema import Slurm
 
 Role = Literal["prefill", "decode"]
 
@@ -333,6 +334,11 @@ class Plan(Frozen):
     )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
+    slurm: Slurm | None = Field(
+        None,
+        description="launcher: slurm: the allocation and the nodes' environment (root and venv "
+        "absolute); None: launcher ansible.",
+    )
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
