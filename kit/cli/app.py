@@ -42,11 +42,17 @@ def _main(
     _state["debug"] = debug
 
 
-def resolve_plan(topology: Path) -> Plan:
-    """The topology's Plan, every check run (`kit.plan.resolve`)."""
+def resolve_plan(topology: Path, *, on_job: bool = True) -> Plan:
+    """The topology's Plan, every check run (`kit.plan.resolve`). For `launcher: slurm`, on
+    the nodes of the deployment's recorded job (`on_job`), else with placeholder addresses."""
     from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
-    return resolve(topology)
+    plan = resolve(topology)
+    if plan.slurm is None or not on_job:
+        return plan
+    from kit.slurm.launcher import plan_on_job  # noqa: PLC0415
+
+    return plan_on_job(topology, plan)
 
 
 def order_commands(names: tuple[str, ...]) -> None:

@@ -100,7 +100,7 @@ def render(
     from kit.errors import PdkitError  # noqa: PLC0415
     from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve_plan(topology)
+    plan = resolve_plan(topology, on_job=False)
     chosen = launcher or ("slurm" if plan.slurm is not None else "ansible")
     if chosen not in ("ansible", "slurm"):
         raise PdkitError(f"--launcher {chosen}: choose ansible or slurm.")

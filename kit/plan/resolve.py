@@ -98,3 +98,22 @@ def resolve(path: str | Path, *, strict: bool = False, sglang_version: str | Non
     if problems:
         raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
     return build_plan(topology, Path(path).absolute().parent, placed)
+
+
+def resolve_on_nodes(path: str | Path, addresses: dict[str, str]) -> Plan:
+    """The Plan of the `launcher: slurm` topology at `path` on the nodes a job got: each host
+    (node0, node1, ...) at its address in `addresses` instead of its placeholder, every check
+    run again (`resolve`'s errors). Placement does not read addresses, so every process keeps
+    its node, GPUs and ports; only what the addresses make (URLs, --host, dist-init, ZMQ
+    peers) changes, as the batch script changes it on the nodes."""
+    file = str(path)
+    topology, positions = parse_topology(read_topology_text(path), file)
+    hosts = tuple(
+        h.model_copy(update={"address": addresses.get(h.name, h.address)}) for h in topology.hosts
+    )
+    topology = topology.model_copy(update={"hosts": hosts})
+    placed = placement(topology)
+    problems = _problems(topology, placed)
+    if problems:
+        raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
+    return build_plan(topology, Path(path).absolute().parent, placed)
