@@ -208,7 +208,14 @@ def _ended_report(job_id: str, output: str, state: jobs.JobState | None) -> str:
     if why is None:
         why = f"job {job_id} " + (f"is {state.state} ({state.reason})" if state else "ended")
     tail = "\n".join(f"  | {line}" for line in text.splitlines()[-15:])
-    return f"{why} before its processes started. Its output ({output}):\n{tail}"
+    text_fix = ""
+    if "pdkit: preflight" in text:
+        text_fix = (
+            "\nTo fix: the nodes must hold the workers' environment: slurm.venv (or "
+            "slurm.container_image) with pdkit (and SGLang for engine sglang) on every node, and "
+            "the GPUs slurm.gpus_per_node asks for; the lines above name what a node lacks."
+        )
+    return f"{why} before its processes started. Its output ({output}):\n{tail}{text_fix}"
 
 
 def _read(path: str) -> str:

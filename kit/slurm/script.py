@@ -97,6 +97,38 @@ def sbatch_options(plan: Plan, slurm: Slurm) -> list[str]:
     return options
 
 
+def _preflight(plan: Plan, slurm: Slurm, container: str) -> list[str]:
+    """A step on every node before any process starts: the Python environment the workers
+    use (pdkit, and SGLang for engine sglang) and, with GPUs, that Slurm gave the node its
+    GPUs. A node that fails ends the job, its reason in the job's output."""
+    modules = ["kit"] + (["sglang"] if plan.engine == "sglang" else [])
+    lines = [
+        "# 2b. Preflight on every node: the workers' Python environment and the node's GPUs.",
+        "pdkit_preflight() {",
+        '  local where="pdkit: preflight on $SLURMD_NODENAME"',
+    ]
+    for module in modules:
+        lines.append(
+            f'  python -c "import {module}" 2>/dev/null || {{ echo "$where: $(command -v python '
+            f'|| echo no python) cannot import {module}"; return 1; }}'
+        )
+    if slurm.gpus_per_node:
+        lines += [
+            '  local gpus=$(tr , "\\n" <<<"${CUDA_VISIBLE_DEVICES:-}" | grep -c .)',
+            f'  [ "$gpus" -ge {slurm.gpus_per_node} ] || {{ echo "$where: $gpus GPU(s) '
+            f"visible, {slurm.gpus_per_node} wanted "
+            '(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-})"; return 1; }',
+        ]
+    lines += [
+        "}",
+        "export -f pdkit_preflight",
+        f"srun --overlap{container} --nodes={slurm.nodes} --ntasks={slurm.nodes} "
+        '--ntasks-per-node=1 bash -c pdkit_preflight || { echo "pdkit: preflight failed; '
+        'nothing was started"; exit 1; }',
+    ]
+    return lines
+
+
 def _function_name(process: str) -> str:
     return "pdkit_" + re.sub(r"[^A-Za-z0-9]", "_", process)
 
@@ -157,6 +189,7 @@ def batch_script(plan: Plan) -> str:
     ]
     for i in range(len(plan.hosts)):
         out.append(f'export {address_var(i)}="$(pdkit_address "${{{node_var(i)}}}")"')
+    out += ["", *_preflight(plan, slurm, container)]
     nodes_path = shlex.quote(nodes_file(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
     pairs = " ".join(f'"${{{node_var(i)}}} ${{{address_var(i)}}}"' for i in range(len(plan.hosts)))
     out += [

@@ -45,7 +45,8 @@ def test_every_launch_line_is_the_plans_with_addresses_as_variables():
     plan = resolve(TOPOLOGY)
     script = batch_script(plan)
     assert "198.18." not in script
-    assert script.count("srun --overlap") == 2  # the address probe and the step loop
+    # the address probe, the preflight and the step loop
+    assert script.count("srun --overlap") == 3
     for name in ("prefill-0", "prefill-1", "decode-0", "router"):
         assert f"pdkit_keep {name} " in script
     # the 2-node decode is one step over two nodes, a rank per node
@@ -66,3 +67,11 @@ def test_the_allocation_asks_for_what_the_topology_says():
     )
     options = sbatch_options(plan, extra)
     assert {"--account=ml", "--constraint=h100", "--nodelist=a,b,c"} <= set(options)
+
+
+def test_the_preflight_checks_the_environment_and_the_gpus_before_any_step():
+    script = batch_script(resolve(TOPOLOGY))
+    preflight = script.index("bash -c pdkit_preflight")
+    assert 'python -c "import kit"' in script and "import sglang" not in script
+    assert '[ "$gpus" -ge 2 ]' in script
+    assert preflight < script.index(".nodes") < script.index("pdkit_keep prefill-0")

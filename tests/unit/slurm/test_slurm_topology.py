@@ -74,3 +74,19 @@ def test_monitoring_is_refused_with_launcher_slurm(write_topology):
     data = slurm_topology()
     data["monitoring"] = {}
     assert "monitoring: is not run by launcher: slurm" in messages(write_topology, data)[0]
+
+
+def test_on_the_jobs_nodes_only_the_addresses_change():
+    from kit.plan.resolve import resolve_on_nodes  # noqa: PLC0415
+
+    path = REPO / "topologies" / "local-slurm.yaml"
+    placeholder = resolve(path)
+    addresses = {"node0": "10.1.0.5", "node1": "10.1.0.6", "node2": "10.1.0.7"}
+    plan = resolve_on_nodes(path, addresses)
+    assert [h.address for h in plan.hosts] == list(addresses.values())
+    assert [(w.name, w.host, w.gpus, w.http_port) for w in plan.workers] == [
+        (w.name, w.host, w.gpus, w.http_port) for w in placeholder.workers
+    ]
+    decode = plan.process("decode-0-node1")
+    assert decode.dist_init_addr == "10.1.0.6:5500"
+    assert plan.router.url == "http://10.1.0.5:8000"
