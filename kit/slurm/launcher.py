@@ -99,7 +99,7 @@ def plan_on_job(topology: Path, plan: Plan) -> Plan:
     if plan.slurm is None:
         return plan
     record = load_job(plan)
-    if record is None:
+    if record is None or not record.addresses:
         return plan
     return resolve_on_nodes(topology, record.addresses)
 
@@ -131,6 +131,11 @@ def up(
     record = load_job(plan)
     state = jobs.job_state(record.job_id) if record is not None else None
     placeholder_ctx = DeployContext.build(plan, topology, state_base)
+    if record is not None and state is not None and not record.addresses:
+        # An earlier `pdkit up` stopped before the job named its nodes: start afresh.
+        console.print(f"[bold]Slurm[/]: cancelling job {record.job_id}, never seen serving")
+        jobs.cancel(record.job_id)
+        state = None
     if record is not None and state is not None and state.state == "RUNNING":
         console.print(
             f"[bold]Slurm[/]: deployment {plan.name} runs as job {record.job_id} on "
@@ -163,6 +168,8 @@ def _submit(plan: Plan, console: Console, *, env: dict[str, str], options: UpOpt
         what += f", partition {slurm.partition}"
     console.print(f"[bold]Slurm[/]: submitted job {job_id} ({what}), script {script}")
     output = output_file(slurm, job_id)
+    # Recorded at once, so that `pdkit down` finds a job that `up` stopped waiting for.
+    _save_job(plan, JobRecord(job_id, {}, {}, str(script), output))
     nodes_path = Path(nodes_file(slurm, job_id))
     deadline = time.monotonic() + max(START_TIMEOUT_S, options.worker_timeout or 0)
     said = ""

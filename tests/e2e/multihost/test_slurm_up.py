@@ -89,6 +89,13 @@ def test_up_serves_chat_through_the_router_and_squeue_shows_the_job(cluster, top
     assert reply.choices[0].message.content
 
 
+def test_up_again_keeps_the_running_job(cluster, topology):
+    again = pdkit(cluster, "up", str(topology))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"runs as job {job_id(topology)} on n[1-3]" in again.stdout
+    assert "submitted" not in again.stdout
+
+
 def test_status_names_the_job_its_nodes_and_a_step_per_instance(cluster, topology):
     status = pdkit(cluster, "status", str(topology))
     assert status.returncode == 0, status.stdout + status.stderr
