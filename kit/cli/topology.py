@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kit.cli.app import app, console, err_console, resolve_plan
-from kit.cli.options import JsonOpt, TopologyArg
+from kit.cli.options import JsonOpt, StateDirOpt, TopologyArg
 
 UpgradeToOpt = Annotated[
     str | None,
@@ -36,14 +36,20 @@ StrictOpt = Annotated[
     "listed otherwise."
 )
 def validate(
-    topology: TopologyArg, strict: StrictOpt = False, upgrade_to: UpgradeToOpt = None
+    topology: TopologyArg,
+    strict: StrictOpt = False,
+    upgrade_to: UpgradeToOpt = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
-    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
+    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags), with what
+    `pdkit discover`'s facts (in the state dir) fill in."""
     from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
 
-    plan = resolve(topology, strict=strict)
-    for warning in warnings(topology):
+    plan = resolve(topology, strict=strict, state_base=state_dir)
+    for warning in warnings(topology, state_dir):
         err_console.print(f"warning: {warning}", markup=False, highlight=False)
+    for field in plan.discovered:
+        console.print(f"from `pdkit discover`'s facts: {field}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
@@ -84,6 +90,7 @@ def _upgrade_report(path: Path, version: str) -> None:
 def render(
     topology: TopologyArg,
     as_json: JsonOpt = False,
+    state_dir: StateDirOpt = None,
     launcher: Annotated[
         str | None,
         typer.Option(
@@ -100,7 +107,7 @@ def render(
     from kit.errors import PdkitError  # noqa: PLC0415
     from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve_plan(topology, on_job=False)
+    plan = resolve_plan(topology, state_dir, on_job=False)
     chosen = launcher or ("slurm" if plan.slurm is not None else "ansible")
     if chosen not in ("ansible", "slurm"):
         raise PdkitError(f"--launcher {chosen}: choose ansible or slurm.")

@@ -94,14 +94,14 @@ def _forget_job(plan: Plan) -> None:
     (Path(_slurm(plan).root) / RECORD).unlink(missing_ok=True)
 
 
-def plan_on_job(topology: Path, plan: Plan) -> Plan:
+def plan_on_job(topology: Path, plan: Plan, state_base: Path | None = None) -> Plan:
     """The Plan on the nodes of the deployment's recorded job (its placeholders otherwise)."""
     if plan.slurm is None:
         return plan
     record = load_job(plan)
     if record is None or not record.addresses:
         return plan
-    return resolve_on_nodes(topology, record.addresses)
+    return resolve_on_nodes(topology, record.addresses, state_base)
 
 
 def _job_env(ctx: DeployContext) -> dict[str, str]:
@@ -143,7 +143,8 @@ def up(
         )
     else:
         record = _submit(plan, console, env=_job_env(placeholder_ctx), options=options)
-    ctx = DeployContext.build(resolve_on_nodes(topology, record.addresses), topology, state_base)
+    on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+    ctx = DeployContext.build(on_nodes, topology, state_base)
     timeout = options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {timeout:.0f} s)")
     statuses = wait_until_ready(ctx, console, worker_targets(ctx.plan), timeout, None)
