@@ -16,6 +16,7 @@ from kit.topology import ports
 from kit.topology.autoscale_schema import Autoscale
 from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
+from kit.topology.slurm_schema import Slurm, stand_in_hosts
 from kit.topology.strict import Strict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -29,6 +30,7 @@ Engine = Literal["sglang", "sim"]
 TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
 RouterKind = Literal["pdkit", "smg"]
 ServiceManager = Literal["systemd", "supervisord"]
+Launcher = Literal["ansible", "slurm"]
 Device = Literal["cuda", "cpu"]
 
 
@@ -609,8 +611,20 @@ class Topology(Strict):
         "0.5.23", description="SGLang version the hosts run; its flag catalog checks `args`."
     )
     model: Model = Field(description="The model served by every instance.")
+    launcher: Launcher = Field(
+        "ansible",
+        description="What starts the processes: `ansible` (over SSH, systemd or supervisord "
+        "on each host) or `slurm` (one allocation, each process a job step; see `slurm:` and "
+        "docs/slurm.md).",
+    )
+    slurm: Slurm | None = Field(
+        None,
+        description="launcher: slurm only: the allocation (nodes, GPUs per node, partition, "
+        "time limit, ...) and the environment on the nodes.",
+    )
     hosts: Annotated[tuple[Host, ...], Field(min_length=1)] = Field(
-        description="The machines, in placement order."
+        description="The machines, in placement order. With launcher: slurm, leave it out: the "
+        "hosts are the allocation's nodes, node0 ... node<N-1> (`slurm.nodes`).",
     )
     defaults: RoleDefaults = Field(
         default_factory=RoleDefaults, description="args/env shared by prefill and decode."
@@ -637,6 +651,30 @@ class Topology(Strict):
         description="`pdkit autoscale`'s limits on moving instances between roles (off unless "
         "set; `{}`: defaults).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_hosts(cls, data: object) -> object:
+        if isinstance(data, dict):
+            launcher = data.get("launcher", "ansible")
+            if launcher == "slurm" and "slurm" not in data:
+                raise ValueError(
+                    "launcher: slurm needs a `slurm:` section (at least nodes and gpus_per_node)"
+                )
+            if launcher == "slurm" and "hosts" in data:
+                raise ValueError(
+                    "hosts: with launcher: slurm the hosts are the allocation's nodes; "
+                    "leave `hosts:` out and set slurm.nodes and slurm.gpus_per_node"
+                )
+            for key in ("monitoring", "kv_pool"):
+                if launcher == "slurm" and data.get(key) is not None:
+                    raise ValueError(
+                        f"{key}: is not run by launcher: slurm yet; leave it out, or use "
+                        "launcher: ansible"
+                    )
+            if launcher != "slurm" and data.get("slurm") is not None:
+                raise ValueError("slurm: is read only with launcher: slurm; set launcher: slurm")
+        return stand_in_hosts(data)
 
     def host(self, name: str) -> Host:
         """The host called `name` (KeyError if none)."""
