@@ -19,6 +19,7 @@ from kit.aio import loop_factory
 from kit.lb.access import send_to
 from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
+from kit.lb.processes import ProcessGroup, supervise
 from kit.lb.server import LoadBalancer
 
 log = logging.getLogger("kit.lb")
@@ -29,18 +30,28 @@ async def serve(
     *,
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    group: ProcessGroup | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s.
 
-    `on_ready` gets the bound port once listening (useful with `--port 0` in tests).
+    `on_ready` gets the bound port once listening (useful with `--port 0` in tests); `group`
+    is this process's place among several on the port (`kit.lb.processes`).
     """
     lb = LoadBalancer(config)
+    lb.processes = group
     await lb.start()
     runner = web.ServerRunner(
         lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        backlog=4096,
+        reuse_address=True,
+        reuse_port=group is not None,
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -50,6 +61,8 @@ async def serve(
             f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
             "To fix: pick a free --port or stop what holds it."
         ) from exc
+    if group is not None:
+        await group.start(runner, lb)
     stop_event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,6 +91,8 @@ async def serve(
         lb.start_drain()
         log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
         await runner.cleanup()  # stops listening, waits for handlers up to the grace period
+        if group is not None:
+            await group.close()
         await lb.close()
         log.info("stopped")
 
@@ -92,11 +107,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config.processes > 1:
+        return supervise(config, _run)  # forks before any loop or thread exists
+    return _run(config, None)
+
+
+def _run(config: LbConfig, group: ProcessGroup | None) -> int:
+    """Serve in this process; the exit status."""
     if config.access_log:
         send_to(sys.stderr)  # bare `access {json}` lines, written in batches
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(serve(config))
+            runner.run(serve(config, group=group))
     except LbError as exc:
         print(f"pdkit lb: {exc}", file=sys.stderr)
         return 1

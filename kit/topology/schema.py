@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from kit.topology import ports
 from kit.topology.autoscale_schema import Autoscale
+from kit.topology.client_limits import ClientLimit, limits_problem
 from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
 from kit.topology.strict import Strict
@@ -408,6 +409,18 @@ class Router(Strict):
         default_factory=Faults,
         description="Retries, ejection, the hold and stream migration when a worker fails.",
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="pdkit only: router processes on the router host, sharing its port "
+        "(SO_REUSEPORT), one core each. See docs/lb.md.",
+    )
+    limits: list[ClientLimit] = Field(
+        default_factory=list,
+        description="pdkit only: token buckets per client API key (requests and prompt tokens "
+        "per second); a client over its limit gets 429 with Retry-After. See docs/lb.md.",
+    )
     args: dict[str, ArgValue] = Field(
         default_factory=dict, description="Extra router flags, without leading dashes."
     )
@@ -416,6 +429,13 @@ class Router(Strict):
     def _one_key_source(self) -> Router:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set only one of api_key_env and api_key_file")
+        if self.processes > 1 and self.kind != "pdkit":
+            raise ValueError("processes: only pdkit's router runs several; set kind: pdkit")
+        if self.limits and self.kind != "pdkit":
+            raise ValueError("limits: only pdkit's router limits clients; set kind: pdkit")
+        problem = limits_problem(self.limits)
+        if problem:
+            raise ValueError(f"limits: {problem}")
         if self.admission.enabled and self.kind != "pdkit":
             raise ValueError(
                 "admission.enabled: only pdkit's router admits by SLO; set kind: pdkit, or "

@@ -216,7 +216,11 @@ def _sample(option):
     if option.choices:
         return next(c for c in option.choices if c != option.default and "_" not in c)
     if option.kind is str:
-        return {"prompt_tokens": "sim:1000", "health_path": "/ping"}.get(option.name, "127.0.0.2")
+        return {
+            "prompt_tokens": "sim:1000",
+            "health_path": "/ping",
+            "client_limits": f"team=a{'0' * 63}:5:0:1",
+        }.get(option.name, "127.0.0.2")
     special = {"port": 9001, "admission_margin": 0.1, "seed": 7}
     return special.get(option.name, option.kind(2 * (option.default or 1) + 1))
 
