@@ -158,6 +158,8 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
         "secret_env": secret_env,
         "url": router.url,
         "restart_key": hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16],
+        # pdkit up: read the certificate files again (SIGHUP), no connection dropped.
+        "reload_on_deploy": router.tls,
     }
 
 

@@ -260,8 +260,9 @@ def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], 
         if pid == 0:  # the child
             code = 1
             try:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop handles it once up
                 _die_with_parent()
                 group = ProcessGroup(n, folder, table, index)
                 code = serve_child(process_config(config, index), group)

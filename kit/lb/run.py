@@ -21,6 +21,7 @@ from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
 from kit.lb.processes import ProcessGroup, supervise
 from kit.lb.server import LoadBalancer
+from kit.lb.tls import ServerTls
 
 log = logging.getLogger("kit.lb")
 
@@ -37,6 +38,7 @@ async def serve(
     `on_ready` gets the bound port once listening (useful with `--port 0` in tests); `group`
     is this process's place among several on the port (`kit.lb.processes`).
     """
+    tls = ServerTls(config.tls_cert, config.tls_key) if config.tls_cert else None
     lb = LoadBalancer(config)
     lb.processes = group
     await lb.start()
@@ -51,6 +53,7 @@ async def serve(
         backlog=4096,
         reuse_address=True,
         reuse_port=group is not None,
+        ssl_context=tls.context if tls else None,
     )
     try:
         await site.start()
@@ -67,6 +70,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload(tls))
     # Everything allocated so far lives as long as the process: keep the collector off it, so
     # that full collections (pauses in the request path) stay short.
     gc.collect()
@@ -86,7 +90,7 @@ async def serve(
     try:
         await stop_event.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         lb.start_drain()
         log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
@@ -95,6 +99,18 @@ async def serve(
             await group.close()
         await lb.close()
         log.info("stopped")
+
+
+def _reload(tls: ServerTls | None) -> Callable[[], None]:
+    """SIGHUP: read the TLS files again; without TLS there is nothing to read (logged)."""
+
+    def reload() -> None:
+        if tls is None:
+            log.info("SIGHUP: no TLS files to read again")
+        else:
+            tls.reload()
+
+    return reload
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # SIGHUP reloads (`pdkit up`): until the loop handles it, it must not stop the process.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if config.processes > 1:
         return supervise(config, _run)  # forks before any loop or thread exists
     return _run(config, None)

@@ -204,6 +204,11 @@ class RouterProcess(Frozen):
         description="Seconds the router holds a request while a role has no serving worker "
         "(pdkit: router.faults.hold_timeout_s; smg holds none: 0).",
     )
+    tls: bool = Field(
+        False,
+        description="TLS on the client port (router.tls): its URL is https, and `pdkit up` "
+        "makes it read its certificate files again (SIGHUP).",
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
     @property
@@ -213,12 +218,14 @@ class RouterProcess(Frozen):
 
     @property
     def url(self) -> str:
-        return http_url(self.address, self.port)
+        return http_url(self.address, self.port, tls=self.tls)
 
     @property
     def metrics_url(self) -> str:
         """Prometheus endpoint: smg's separate port, else /metrics on the router's port."""
-        return http_url(self.address, self.metrics_port or self.port, "/metrics")
+        if self.metrics_port:
+            return http_url(self.address, self.metrics_port, "/metrics")
+        return http_url(self.address, self.port, "/metrics", tls=self.tls)
 
     @property
     def api_key_source(self) -> SecretSource | None:

@@ -444,6 +444,20 @@ class RouterOptions:
         bound="> 0",
         plan=lambda t: t.router.processes,
     )
+    # TLS on the client port (router.tls): files on the router host, read again on SIGHUP.
+    tls_cert: str = option(
+        "",
+        "TLS on the client port: the PEM certificate chain's file (with --tls-key); read "
+        "again on SIGHUP without dropping connections (default: plain HTTP)",
+        group="server",
+        plan=lambda t: t.router.tls.cert_file if t.router.tls else None,
+    )
+    tls_key: str = option(
+        "",
+        "the PEM private key's file, for --tls-cert",
+        group="server",
+        plan=lambda t: t.router.tls.key_file if t.router.tls else None,
+    )
     # Limits per client (router.limits): token buckets keyed by the SHA-256 of the API key.
     client_limits: str = option(
         "",
@@ -540,6 +554,10 @@ def option_problems(values: RouterOptions) -> list[str]:
             problem = str(exc)
         if problem:
             problems.append(f"--client-limits: {problem}.")
+    if bool(values.tls_cert) != bool(values.tls_key):
+        problems.append(
+            "--tls-cert and --tls-key go together. To fix: give both files, or neither."
+        )
     n = values.processes
     for name, value in (
         ("--prefill-max-inflight", values.prefill_max_inflight),

@@ -372,6 +372,20 @@ class Faults(Strict):
     )
 
 
+class RouterTls(Strict):
+    """TLS on the router's client port (pdkit only): the files live on the router host and
+    are read there, never put on a command line; `pdkit up` makes the router read them again
+    (SIGHUP) without dropping connections. The control machine must trust the certificate
+    (its system CA store, or SSL_CERT_FILE) for status, health and bench."""
+
+    cert_file: str = Field(
+        pattern=r"^/", description="PEM certificate chain, an absolute path on the router host."
+    )
+    key_file: str = Field(
+        pattern=r"^/", description="PEM private key, an absolute path on the router host."
+    )
+
+
 class Router(Strict):
     """The load balancer in front of the workers."""
 
@@ -416,6 +430,9 @@ class Router(Strict):
         description="pdkit only: router processes on the router host, sharing its port "
         "(SO_REUSEPORT), one core each. See docs/lb.md.",
     )
+    tls: RouterTls | None = Field(
+        None, description="pdkit only: TLS on the client port (certificate files on the host)."
+    )
     limits: list[ClientLimit] = Field(
         default_factory=list,
         description="pdkit only: token buckets per client API key (requests and prompt tokens "
@@ -431,6 +448,8 @@ class Router(Strict):
             raise ValueError("set only one of api_key_env and api_key_file")
         if self.processes > 1 and self.kind != "pdkit":
             raise ValueError("processes: only pdkit's router runs several; set kind: pdkit")
+        if self.tls is not None and self.kind != "pdkit":
+            raise ValueError("tls: only pdkit's router serves TLS here; set kind: pdkit")
         if self.limits and self.kind != "pdkit":
             raise ValueError("limits: only pdkit's router limits clients; set kind: pdkit")
         problem = limits_problem(self.limits)

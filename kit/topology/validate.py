@@ -138,6 +138,15 @@ def _router(topology: Topology) -> Iterator[Problem]:
 def _monitoring(topology: Topology) -> list[Problem]:
     monitoring = topology.monitoring
     names = [h.name for h in topology.hosts]
+    if monitoring is not None and topology.router.tls is not None:
+        return [
+            Problem(
+                ("router", "tls"),
+                "Prometheus (monitoring:) scrapes the router over plain HTTP; pdkit does not "
+                "render an https scrape yet.",
+                "leave out router.tls or monitoring:, or scrape the router yourself.",
+            )
+        ]
     if monitoring is None or monitoring.host is None or monitoring.host in names:
         return []
     return [

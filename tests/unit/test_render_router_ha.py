@@ -64,3 +64,19 @@ def test_bad_router_settings_are_told_before_any_host_is_touched(write_topology,
     data["router"] = router
     with pytest.raises(TopologyError, match=expected):
         resolve(write_topology(data))
+
+
+def test_tls_files_render_as_paths_and_make_the_router_url_https(write_topology):
+    data = base_topology()
+    data["router"] = {"tls": {"cert_file": "/etc/pdkit/lb.crt", "key_file": "/etc/pdkit/lb.key"}}
+    router = resolve(write_topology(data)).router
+    config = parse_args(router.command.args, environ={})
+    assert (config.tls_cert, config.tls_key) == ("/etc/pdkit/lb.crt", "/etc/pdkit/lb.key")
+    assert router.url.startswith("https://") and router.tls
+    data["router"]["tls"]["cert_file"] = "lb.crt"
+    with pytest.raises(TopologyError, match="pattern"):
+        resolve(write_topology(data, "relative.yaml"))
+    data["router"]["tls"]["cert_file"] = "/etc/pdkit/lb.crt"
+    data["monitoring"] = {}
+    with pytest.raises(TopologyError, match="scrapes the router over plain HTTP"):
+        resolve(write_topology(data, "monitored.yaml"))

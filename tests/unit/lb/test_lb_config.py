@@ -229,7 +229,8 @@ def _sample(option):
 def test_each_option_of_the_table_is_a_flag_the_router_reads_back(option):
     value = _sample(option)
     assert value != option.default
-    cfg = parse_args([*WORKERS, *option.render(value)], {})
+    pair = {"tls_cert": ["--tls-key", "/k"], "tls_key": ["--tls-cert", "/c"]}  # go together
+    cfg = parse_args([*WORKERS, *option.render(value), *pair.get(option.name, [])], {})
     assert getattr(cfg, option.name) == pytest.approx(value)
     assert option.flag in build_parser().format_help()
 
