@@ -227,6 +227,13 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
         "pdkit_unit_pattern": unit_pattern(plan.name),
         "pdkit_processes": records,
     }
+    vip = plan.router_vip
+    for replica in vip.replicas if vip else ():
+        if replica.host == host.name:  # provisioning's pdkit_keepalived writes it as it is
+            out["pdkit_keepalived_config"] = {
+                "path": replica.config_path,
+                "content": replica.config,
+            }
     return out
 
 
@@ -240,6 +247,11 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
                 "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
                 "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
                 "pdkit_router": {"hosts": {plan.router.host: {}}},
+                "pdkit_router_vip": {
+                    "hosts": {r.host: {} for r in plan.router_vip.replicas}
+                    if plan.router_vip
+                    else {}
+                },
                 "pdkit_monitoring": {
                     "hosts": {plan.monitoring.host: {}} if plan.monitoring else {}
                 },

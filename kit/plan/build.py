@@ -17,6 +17,7 @@ from kit.plan.kvpool import build_kv_pool
 from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
+from kit.plan.vip import build_router_vip
 from kit.sglang import hicache, render
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
@@ -164,4 +165,6 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        router_hosts=tuple(topology.router.hosts or ()),
+        router_vip=build_router_vip(topology, layouts),
     )

@@ -321,6 +321,31 @@ class ModelPlan(Frozen):
     trust_remote_code: bool
 
 
+class KeepalivedReplica(Frozen):
+    """keepalived on one router host (`router.vip`): its VRRP priority and its whole
+    configuration file, rendered here (the playbook writes it as it is)."""
+
+    host: str
+    address: str = Field(description="The host's own address (its unicast VRRP source).")
+    priority: int = Field(description="VRRP priority: the highest healthy host holds the VIP.")
+    config_path: str = Field(description="keepalived.conf on the host (absolute).")
+    config: str = Field(description="The file's whole text.")
+
+
+class RouterVipPlan(Frozen):
+    """The router's virtual IP, held by keepalived on one of `replicas` at a time."""
+
+    address: str = Field(description="The VIP with its prefix length (e.g. 10.0.0.100/24).")
+    interface: str
+    virtual_router_id: int
+    replicas: tuple[KeepalivedReplica, ...]
+
+    @property
+    def ip(self) -> str:
+        """The VIP without its prefix length, as clients dial it."""
+        return self.address.split("/", 1)[0]
+
+
 class Plan(Frozen):
     """Everything resolved: hosts, worker processes in start order, the router."""
 
@@ -340,6 +365,10 @@ class Plan(Frozen):
     )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
+    router_hosts: tuple[str, ...] = Field(
+        (), description="Hosts that run a router replica (router.hosts); empty: one router."
+    )
+    router_vip: RouterVipPlan | None = None
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""

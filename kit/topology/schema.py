@@ -17,6 +17,7 @@ from kit.topology.autoscale_schema import Autoscale
 from kit.topology.client_limits import ClientLimit, limits_problem
 from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
+from kit.topology.router_ha import RouterTls, RouterVip
 from kit.topology.strict import Strict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -372,25 +373,22 @@ class Faults(Strict):
     )
 
 
-class RouterTls(Strict):
-    """TLS on the router's client port (pdkit only): the files live on the router host and
-    are read there, never put on a command line; `pdkit up` makes the router read them again
-    (SIGHUP) without dropping connections. The control machine must trust the certificate
-    (its system CA store, or SSL_CERT_FILE) for status, health and bench."""
-
-    cert_file: str = Field(
-        pattern=r"^/", description="PEM certificate chain, an absolute path on the router host."
-    )
-    key_file: str = Field(
-        pattern=r"^/", description="PEM private key, an absolute path on the router host."
-    )
-
-
 class Router(Strict):
     """The load balancer in front of the workers."""
 
     kind: RouterKind = Field("pdkit", description="pdkit (pdkit's PD load balancer) or smg.")
     host: str | None = Field(None, description="Host name to run on; default: the first host.")
+    hosts: list[str] | None = Field(
+        None,
+        min_length=2,
+        description="Replicas: the hosts that each run the router (instead of `host`); with "
+        "`vip`, keepalived holds one address for them. See docs/lb.md.",
+    )
+    vip: RouterVip | None = Field(
+        None,
+        description="The virtual IP clients use, moved between the `hosts` by keepalived "
+        "(installed by provisioning) when the router or its host dies.",
+    )
     port: int = Field(ports.ROUTER, ge=1, le=65535, description="Client-facing port.")
     bind: str = Field("0.0.0.0", description="Address the router binds.")
     metrics_port: int = Field(
@@ -446,6 +444,12 @@ class Router(Strict):
     def _one_key_source(self) -> Router:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set only one of api_key_env and api_key_file")
+        if self.host is not None and self.hosts is not None:
+            raise ValueError("set host (one router) or hosts (replicas), not both")
+        if self.hosts is not None and len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: each host once")
+        if self.vip is not None and self.hosts is None:
+            raise ValueError("vip: list the router's replicas in hosts (two or more)")
         if self.processes > 1 and self.kind != "pdkit":
             raise ValueError("processes: only pdkit's router runs several; set kind: pdkit")
         if self.tls is not None and self.kind != "pdkit":
@@ -675,7 +679,9 @@ class Topology(Strict):
 
     @property
     def router_host(self) -> str:
-        return self.router.host or self.hosts[0].name
+        """The router's host: the first replica's with `router.hosts`."""
+        replicas = self.router.hosts
+        return self.router.host or (replicas[0] if replicas else self.hosts[0].name)
 
 
 ROLE_NAMES = ("prefill", "decode")
