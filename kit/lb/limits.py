@@ -10,7 +10,8 @@ API key, so that one greedy client gets 429s while the others keep their share.
    the body is parsed. A prompt larger than the bucket passes when the bucket is full and
    leaves it in debt, so that a long prompt is slowed, never refused for ever.
 
-Refusals and admissions are counted per client name in /metrics (`LimitsCollector`).
+Refusals and admissions are counted per client name in /metrics (`LimitsCollector`). Where
+several processes serve the port, their buckets live in shared memory (`SharedBuckets`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import mmap
+import multiprocessing
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,6 +65,60 @@ class TokenBucket:
         return (need - level) / self.rate
 
 
+class SharedBuckets:
+    """Bucket states in memory shared across fork (`kit.lb.processes`), one lock for all:
+    the processes of one router take from the same buckets, so a client gets its rate
+    whichever process its connections reach. Made before the fork; zeroed slots are full."""
+
+    STATE = struct.Struct("<dd")  # level, last refill (time.monotonic, the same in every process)
+
+    def __init__(self, count: int) -> None:
+        self._mm = mmap.mmap(-1, max(count, 1) * self.STATE.size)
+        self.lock = multiprocessing.get_context("fork").Lock()
+
+    def load(self, index: int) -> tuple[float, float]:
+        level, last = self.STATE.unpack_from(self._mm, index * self.STATE.size)
+        return level, last
+
+    def save(self, index: int, level: float, last: float) -> None:
+        self.STATE.pack_into(self._mm, index * self.STATE.size, level, last)
+
+
+class SharedTokenBucket(TokenBucket):
+    """A `TokenBucket` whose state is slot `index` of `SharedBuckets`."""
+
+    __slots__ = ("_index", "_store")
+
+    def __init__(
+        self, rate: float, capacity: float, clock: Clock, store: SharedBuckets, index: int
+    ) -> None:
+        super().__init__(rate, capacity, clock)
+        self._store, self._index = store, index
+
+    def refill(self) -> float:
+        with self._store.lock:
+            return self._shared_refill()
+
+    def _shared_refill(self) -> float:
+        level, last = self._store.load(self._index)
+        if last == 0.0:  # never used: full
+            level, last = self.capacity, self._clock()
+        self.level, self._last = level, last
+        level = super().refill()
+        self._store.save(self._index, level, self._last)
+        return level
+
+    def take(self, amount: float) -> float:
+        with self._store.lock:
+            level = self._shared_refill()
+            need = min(amount, self.capacity)
+            if level < need:
+                return (need - level) / self.rate
+            self.level = level - amount
+            self._store.save(self._index, self.level, self._last)
+            return 0.0
+
+
 @dataclass(slots=True)
 class Client:
     """One limited client: its buckets (None: no limit of that kind) and its counts."""
@@ -74,8 +132,15 @@ class Client:
     prompt_tokens: float = 0.0
 
 
-def _bucket(rate: float | None, burst_s: float, least: float, clock: Clock) -> TokenBucket | None:
-    return None if rate is None else TokenBucket(rate, max(rate * burst_s, least), clock)
+def _bucket(
+    rate: float | None, burst_s: float, clock: Clock, shared: SharedBuckets | None, index: int
+) -> TokenBucket | None:
+    if rate is None:
+        return None
+    capacity = max(rate * burst_s, 1.0)
+    if shared is None:
+        return TokenBucket(rate, capacity, clock)
+    return SharedTokenBucket(rate, capacity, clock, shared, index)
 
 
 class ClientLimits:
@@ -88,27 +153,42 @@ class ClientLimits:
         api_key: str | None,
         *,
         share: float = 1.0,
+        shared: SharedBuckets | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        # `share`: this process's part of each rate, where several processes serve one port.
+        # Several processes on one port: `shared` buckets (2 slots per client, in order), or
+        # else `share`, this process's part of each rate.
         self._api_key = api_key
         self._by_digest: dict[bytes, Client] = {}
-        for c in clients:
+        if shared is not None:
+            share = 1.0
+        for i, c in enumerate(clients):
             rps = c.requests_per_s * share if c.requests_per_s else None
             tps = c.prompt_tokens_per_s * share if c.prompt_tokens_per_s else None
             client = Client(
                 name=c.name,
                 digest=bytes.fromhex(c.key_sha256),
-                requests=_bucket(rps, c.burst_s, 1.0, clock),
-                tokens=_bucket(tps, c.burst_s, 1.0, clock),
+                requests=_bucket(rps, c.burst_s, clock, shared, 2 * i),
+                tokens=_bucket(tps, c.burst_s, clock, shared, 2 * i + 1),
             )
             self._by_digest[client.digest] = client
 
     @classmethod
-    def from_text(cls, text: str, api_key: str | None, share: float = 1.0) -> ClientLimits | None:
+    def from_text(
+        cls,
+        text: str,
+        api_key: str | None,
+        share: float = 1.0,
+        shared: SharedBuckets | None = None,
+    ) -> ClientLimits | None:
         """From `--client-limits` (already checked at start-up); None when it names none."""
         clients = parse_limits(text)
-        return cls(clients, api_key, share=share) if clients else None
+        return cls(clients, api_key, share=share, shared=shared) if clients else None
+
+    @staticmethod
+    def slots(text: str) -> int:
+        """Shared bucket slots the clients of a `--client-limits` text need."""
+        return 2 * len(parse_limits(text))
 
     @property
     def clients(self) -> list[Client]:

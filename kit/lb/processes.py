@@ -7,8 +7,9 @@
 2. Each child serves the same port (the kernel spreads connections over them) with its own
    upstream pools, health probes and KV-event subscriptions, and a configuration in which the
    limits that count requests at once are its share (`process_config`): --prefill-max-inflight
-   per prefill and --hold-max, split so that the N shares add up to the limit; client rates
-   (--client-limits) are split likewise (`kit.lb.limits`). Admission's view of the load comes
+   per prefill and --hold-max, split so that the N shares add up to the limit; the client
+   limits' token buckets (--client-limits) are shared (`kit.lb.limits.SharedBuckets`), so a
+   client gets its rate whichever process it reaches. Admission's view of the load comes
    from what the workers report (`kit.lb.loads`), which counts every process's requests.
 3. `ProcessGroup` (in each child): its slot in a table shared by all (pid, requests in flight,
    held, queued, served), which /readiness shows for every process; and one scrape of
@@ -42,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kit.lb.config import LbConfig
+from kit.lb.limits import ClientLimits, SharedBuckets
 
 if TYPE_CHECKING:
     from kit.lb.server import LoadBalancer
@@ -133,11 +135,19 @@ class ProcessTable:
 class ProcessGroup:
     """This process's place among its siblings (built in the supervisor, used in a child)."""
 
-    def __init__(self, n: int, folder: Path, table: ProcessTable, index: int = 0) -> None:
+    def __init__(
+        self,
+        n: int,
+        folder: Path,
+        table: ProcessTable,
+        index: int = 0,
+        buckets: SharedBuckets | None = None,
+    ) -> None:
         self.n = n
         self.folder = folder
         self.table = table
         self.index = index
+        self.buckets = buckets  # the client limits' token buckets, shared by all
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._served = 0
@@ -243,6 +253,8 @@ def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], 
     n = config.processes
     folder = Path(tempfile.mkdtemp(prefix="pdkit-lb-"))
     table = ProcessTable(n)
+    slots = ClientLimits.slots(config.client_limits)
+    buckets = SharedBuckets(slots) if slots else None
     children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
     stopping = False
     status = 0
@@ -264,7 +276,7 @@ def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], 
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop handles it once up
                 _die_with_parent()
-                group = ProcessGroup(n, folder, table, index)
+                group = ProcessGroup(n, folder, table, index, buckets)
                 code = serve_child(process_config(config, index), group)
             finally:
                 os._exit(code)

@@ -39,8 +39,7 @@ async def serve(
     is this process's place among several on the port (`kit.lb.processes`).
     """
     tls = ServerTls(config.tls_cert, config.tls_key) if config.tls_cert else None
-    lb = LoadBalancer(config)
-    lb.processes = group
+    lb = LoadBalancer(config, group)
     await lb.start()
     runner = web.ServerRunner(
         lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace

@@ -77,7 +77,7 @@ def _error_response(error: ApiError) -> web.Response:
 class LoadBalancer:
     """One PD load balancer instance; `make_server()` gives its aiohttp low-level server."""
 
-    def __init__(self, config: LbConfig) -> None:
+    def __init__(self, config: LbConfig, processes: ProcessGroup | None = None) -> None:
         self.config = config
         rules = HealthRules(
             interval=config.health_interval,
@@ -100,7 +100,10 @@ class LoadBalancer:
             )
             self.metrics.admission = self.admission
         self.limits = ClientLimits.from_text(
-            config.client_limits, config.api_key, share=1 / config.processes
+            config.client_limits,
+            config.api_key,
+            share=1 / config.processes,
+            shared=processes.buckets if processes else None,
         )
         if self.limits is not None:
             self.metrics.registry.register(LimitsCollector(self.limits))
@@ -143,7 +146,7 @@ class LoadBalancer:
             "decode": make_policy(config.decode_policy, self.rng, config.affinity_load_factor),
         }
         self._kv_subscriber: KvSubscriber | None = None
-        self.processes: ProcessGroup | None = None  # set when several serve the port
+        self.processes = processes  # several serve the port
         self.draining = False
         self.inflight = 0
         self._logged: dict[str, tuple[float, int]] = {}

@@ -438,8 +438,8 @@ class RouterOptions:
     processes: int = option(
         1,
         "router processes sharing the port (SO_REUSEPORT), one core each; the limits that "
-        "count requests at once (--prefill-max-inflight, --hold-max) and client rates are "
-        "split between them (default {default})",
+        "count requests at once (--prefill-max-inflight, --hold-max) are split between them, "
+        "client buckets (--client-limits) shared (default {default})",
         group="server",
         bound="> 0",
         plan=lambda t: t.router.processes,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import signal
@@ -17,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from kit.lb.config import parse_args
+from kit.lb.limits import SharedBuckets, SharedTokenBucket
 from kit.lb.processes import merge_metrics, process_config, share
 from kit.topology.router_options import DEFAULTS, option_problems
 from tests.support.fake_worker import FakeWorker, Ledger
@@ -223,5 +226,40 @@ def test_each_process_s_admission_sees_the_queue_the_prefill_reports():
                     break
                 assert time.monotonic() < deadline, queued
                 await asyncio.sleep(0.1)
+
+    run(scenario(), timeout=60)
+
+
+def test_buckets_in_shared_memory_are_one_bucket_for_every_process():
+    now = [10.0]
+    store = SharedBuckets(2)
+    first = SharedTokenBucket(2.0, 2.0, lambda: now[0], store, 0)
+    second = SharedTokenBucket(2.0, 2.0, lambda: now[0], store, 0)  # another process's view
+    assert first.take(1) == 0.0 and second.take(1) == 0.0
+    assert first.take(1) == pytest.approx(0.5)  # empty for both
+    now[0] += 0.5
+    assert second.take(1) == 0.0  # half a second later: one more, for whichever asks
+    assert first.take(1) == pytest.approx(0.5)
+
+
+def test_a_client_on_one_connection_gets_its_whole_rate_from_two_processes():
+    key = "sk-one-connection"
+    limits = f"solo={hashlib.sha256(key.encode()).hexdigest()}:4:0:1"
+
+    async def scenario():
+        async with (
+            router_processes(["--client-limits", limits]) as (url, _, _),
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session,
+        ):
+            statuses = []
+            for i in range(8):
+                headers = {"Authorization": f"Bearer {key}"}
+                async with session.post(
+                    url + "/generate", json={"text": f"q{i}"}, headers=headers
+                ) as resp:
+                    await resp.read()
+                    statuses.append(resp.status)
+            # One connection reaches one process: with the rate split it would get 2 of 4.
+            assert 4 <= statuses.count(200) <= 5 and statuses.count(429) >= 3
 
     run(scenario(), timeout=60)
