@@ -91,6 +91,12 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if group is not None:
+            # systemd signals every process of the unit and the supervisor passes its own on:
+            # a second SIGTERM must not cut this one's drain.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         lb.start_drain()
         log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
         await runner.cleanup()  # stops listening, waits for handlers up to the grace period
