@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from kit.net import http_url
 from kit.plan.monitoring import prometheus_config
 from kit.topology.layout import HostLayout, service_name, unit_pattern
 from kit.topology.plan_types import (
@@ -201,8 +202,15 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     if plan.kv_pool is not None and plan.kv_pool.host == host.name:
         records.append(kv_pool_record(plan.kv_pool, plan.name, host.layout))
     records += [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
-    if plan.router.host == host.name:
-        records.append(router_record(plan.router, plan.name, host.layout))
+    if plan.runs_router(host.name):
+        record = router_record(plan.router, plan.name, host.layout)
+        if host.name != plan.router.host:
+            # A replica past the first (router.hosts): `pdkit up` changes the workers through
+            # the first one's API; this one takes a new worker list by a restart (no
+            # restart_key), while the VIP stays on the first.
+            del record["restart_key"]
+            record["url"] = http_url(host.plan.address, plan.router.port, tls=plan.router.tls)
+        records.append(record)
     if plan.monitoring is not None and plan.monitoring.host == host.name:
         records.append(monitoring_record(plan.monitoring, plan.name, host.layout))
     out: dict[str, Any] = {"ansible_host": host.plan.address}
@@ -246,7 +254,9 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
             "children": {
                 "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
                 "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
-                "pdkit_router": {"hosts": {plan.router.host: {}}},
+                "pdkit_router": {
+                    "hosts": {name: {} for name in plan.router_hosts or (plan.router.host,)}
+                },
                 "pdkit_router_vip": {
                     "hosts": {r.host: {} for r in plan.router_vip.replicas}
                     if plan.router_vip

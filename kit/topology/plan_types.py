@@ -374,6 +374,10 @@ class Plan(Frozen):
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
         return tuple(w for w in self.workers if w.role == role and w.serves_http)
 
+    def runs_router(self, host: str) -> bool:
+        """Whether `host` runs the router, or one of its replicas (router.hosts)."""
+        return host in (self.router_hosts or (self.router.host,))
+
     def on_host(self, host: str) -> tuple[WorkerProcess, ...]:
         return tuple(w for w in self.workers if w.host == host)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kit.deploy.state import build_record
 from kit.errors import TopologyError
 from kit.hosts.inventory import build_inventory, deploy_hosts
 from kit.plan.resolve import resolve
@@ -90,3 +91,28 @@ def test_replicas_need_ip_addresses_for_vrrp(write_topology):
     data["hosts"][1]["address"] = "node-b.example"
     with pytest.raises(TopologyError, match="keepalived sends its VRRP adverts between IP"):
         resolve(write_topology(data))
+
+
+def test_every_replica_runs_the_router_and_the_later_ones_restart_for_a_new_worker_list(
+    write_topology,
+):
+    plan = resolve(write_topology(replicas_topology()))
+    inventory = build_inventory(plan, deploy_hosts(plan, "/usr/bin/python3"))
+    groups = inventory["all"]["children"]
+    assert set(groups["pdkit_router"]["hosts"]) == {"a", "b"}
+    hosts = groups["pdkit_hosts"]["hosts"]
+    (first,) = [r for r in hosts["a"]["pdkit_processes"] if r["role"] == "router"]
+    (second,) = [r for r in hosts["b"]["pdkit_processes"] if r["role"] == "router"]
+    assert first["args"] == second["args"]
+    assert "restart_key" in first and "restart_key" not in second
+    assert second["url"] == "http://10.0.0.2:8000"
+    assert plan.runs_router("b") and not resolve(
+        write_topology(base_topology(), "one.yaml")
+    ).runs_router("b")
+
+
+def test_the_deployment_record_keeps_the_first_replica_s_router(write_topology):
+    plan = resolve(write_topology(replicas_topology()))
+    record = build_record(plan, deploy_hosts(plan, "/usr/bin/python3"), "t")
+    (router,) = [p for p in record.processes if p.role == "router"]
+    assert router.host == "a" and router.url == plan.router.url
