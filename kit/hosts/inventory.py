@@ -241,6 +241,7 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
             out["pdkit_keepalived_config"] = {
                 "path": replica.config_path,
                 "content": replica.config,
+                "run_dir": replica.run_dir,
             }
     return out
 

@@ -39,6 +39,7 @@ def build_router_vip(topology: Topology, layouts: dict[str, HostLayout]) -> Rout
                 address=addresses[name],
                 priority=priority,
                 config_path=layouts[name].keepalived_conf,
+                run_dir=layouts[name].run_dir,
                 config=keepalived_conf(topology, vip, name, priority, peers),
             )
         )

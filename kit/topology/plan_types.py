@@ -330,6 +330,9 @@ class KeepalivedReplica(Frozen):
     priority: int = Field(description="VRRP priority: the highest healthy host holds the VIP.")
     config_path: str = Field(description="keepalived.conf on the host (absolute).")
     config: str = Field(description="The file's whole text.")
+    run_dir: str = Field(
+        description="Where keepalived started without systemd keeps its pid files (absolute)."
+    )
 
 
 class RouterVipPlan(Frozen):

@@ -50,6 +50,7 @@ def test_the_inventory_gives_each_replica_its_file_and_groups_them(write_topolog
         assert hosts[replica.host]["pdkit_keepalived_config"] == {
             "path": replica.config_path,
             "content": replica.config,
+            "run_dir": "/run/pdkit/t",
         }
 
 
