@@ -31,7 +31,7 @@ class RouterVip(Strict):
         description="VRRP router id: unique among the VRRP groups on that network.",
     )
     advert_interval_s: float = Field(
-        1.0,
+        0.5,
         ge=0.01,
         le=255,
         description="Seconds between VRRP adverts (VRRPv3: hundredths allowed); a backup "
