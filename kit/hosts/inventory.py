@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from kit.net import http_url
 from kit.plan.monitoring import prometheus_config
 from kit.topology.layout import HostLayout, service_name, unit_pattern
 from kit.topology.plan_types import (
@@ -209,7 +208,7 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
             # the first one's API; this one takes a new worker list by a restart (no
             # restart_key), while the VIP stays on the first.
             del record["restart_key"]
-            record["url"] = http_url(host.plan.address, plan.router.port, tls=plan.router.tls)
+            record["url"] = plan.router_url_on(host.name)
         records.append(record)
     if plan.monitoring is not None and plan.monitoring.host == host.name:
         records.append(monitoring_record(plan.monitoring, plan.name, host.layout))

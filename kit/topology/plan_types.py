@@ -405,6 +405,10 @@ class Plan(Frozen):
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
         return tuple(w for w in self.workers if w.role == role and w.serves_http)
 
+    def router_url_on(self, host: str) -> str:
+        """The router's URL on `host`, one of its replicas (router.hosts)."""
+        return http_url(self.host(host).address, self.router.port, tls=self.router.tls)
+
     def runs_router(self, host: str) -> bool:
         """Whether `host` runs the router, or one of its replicas (router.hosts)."""
         return host in (self.router_hosts or (self.router.host,))
