@@ -21,13 +21,14 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
 	@echo "make down        stop it"
 	@echo "make up-sglang   bring up topologies/local-sglang.yaml (the real SGLang on the CPU, 1 prefill + 1 decode + router)"
 	@echo "make down-sglang stop it"
+	@echo "make slurm-up    start a real 3-node Slurm here (namespaces, fake GPUs); make slurm-down stops it"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
@@ -68,8 +69,10 @@ $(ROUTER_VENV)/.stamp:
 
 # What the tests need from the OS (Debian's names): the Mooncake transfer engine's libraries, the
 # multi-host test bed (network namespaces with their own sshd) and Prometheus (promtool checks
-# the rendered config; the monitoring e2e runs it). Installed as root, else the line to run.
-TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-client iproute2 prometheus
+# the rendered config; the monitoring e2e runs it) and Slurm with munge (make slurm-up: the
+# local 3-node cluster the Slurm launcher's tests run on). Installed as root, else the line to run.
+TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-client iproute2 prometheus \
+	slurmctld slurmd slurm-client munge
 
 os-packages:
 	@tools/os_packages.sh $(TEST_OS_PACKAGES)
@@ -126,6 +129,15 @@ up:
 
 down: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local.yaml
+
+# A real 3-node Slurm on this machine (tests/support/slurm_cluster.py): slurmctld, three slurmd in
+# network namespaces with 4 fake GPUs each, munge; in about a second. Then
+# `export SLURM_CONF=/tmp/pdkit-slurm/slurm.conf` and `pdkit up topologies/local-slurm.yaml`.
+slurm-up: os-packages
+	$(PYTHON) -m tests.support.slurm_cluster up
+
+slurm-down:
+	$(PYTHON) -m tests.support.slurm_cluster down
 
 bench-lb: $(VENV)/.stamp $(SMG_VENV)/.stamp $(ROUTER_VENV)/.stamp
 	$(PY) -m benchmarks.bench_lb

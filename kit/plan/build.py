@@ -26,6 +26,7 @@ from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
 from kit.topology.plan_types import HostPlan, ModelPlan, Plan, WorkerProcess
 from kit.topology.schema import RoleSpec, Topology
+from kit.topology.slurm_schema import Slurm
 
 
 def local_path(path: str, topology_dir: Path) -> str:
@@ -174,4 +175,13 @@ def build_plan(
         router_vip=build_router_vip(topology, layouts),
         packages=dialect(topology.sglang_version).packages,
         discovered=tuple(discovered),
+        slurm=_slurm_paths(topology.slurm, topology_dir),
     )
+
+
+def _slurm_paths(slurm: Slurm | None, topology_dir: Path) -> Slurm | None:
+    """`slurm:` with its root and venv absolute (taken from the topology's folder)."""
+    if slurm is None:
+        return None
+    venv = host_root(slurm.venv, topology_dir) if slurm.venv else None
+    return slurm.model_copy(update={"root": host_root(slurm.root, topology_dir), "venv": venv})

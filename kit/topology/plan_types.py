@@ -18,6 +18,7 @@ from kit.secrets import SecretSource, read_secret
 from kit.topology.args import Flag, flatten
 from kit.topology.launch import Parallelism, WorkerLaunch
 from kit.topology.schema import SLO, Device, Engine, RouterKind, ServiceManager, TransferBackend
+from kit.topology.slurm_schema import Slurm
 
 Role = Literal["prefill", "decode"]
 
@@ -399,6 +400,11 @@ class Plan(Frozen):
         (),
         description="The fields `pdkit discover`'s facts filled in where the topology leaves "
         "them out (`hosts[a].network_interface: eth0`).",
+    )
+    slurm: Slurm | None = Field(
+        None,
+        description="launcher: slurm: the allocation and the nodes' environment (root and venv "
+        "absolute); None: launcher ansible.",
     )
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:

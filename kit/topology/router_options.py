@@ -48,7 +48,8 @@ from kit.topology.router_flags import (
     with_admission,
     worker_context_length,
 )
-from kit.topology.schema import SLO, Admission, Faults
+from kit.topology.router_schema import Admission, Faults
+from kit.topology.schema import SLO
 
 POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity", "cache_aware")
 PREFILL_ONLY_POLICIES = frozenset(PDKIT_POLICIES["prefill"]) - frozenset(PDKIT_POLICIES["decode"])
