@@ -118,6 +118,17 @@ class KvIndexView:
 
 
 @dataclass(frozen=True)
+class RouterProcessView:
+    """One of pdkit's router processes (`router.processes` > 1), from its /readiness body."""
+
+    index: int
+    pid: int
+    running: bool
+    inflight: int
+    served: int
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """Everything status shows about the router; None when unknown.
 
@@ -149,6 +160,25 @@ class RouterStatus:
     slo_attainment: float = 0.9
     slo_met: bool | None = None
     kv_index: tuple[KvIndexView, ...] = ()
+    processes: tuple[RouterProcessView, ...] = ()
+
+
+def _processes(readiness: Any) -> tuple[RouterProcessView, ...]:
+    """pdkit's router processes from its /readiness body (none for one process)."""
+    items = readiness.get("processes") if isinstance(readiness, dict) else None
+    if not isinstance(items, list):
+        return ()
+    return tuple(
+        RouterProcessView(
+            index=_count(item.get("process")) or 0,
+            pid=_count(item.get("pid")) or 0,
+            running=item.get("running") is True,
+            inflight=_count(item.get("inflight")) or 0,
+            served=_count(item.get("served")) or 0,
+        )
+        for item in items
+        if isinstance(item, dict)
+    )
 
 
 def _routed_workers(body: Any) -> tuple[RoutedWorker, ...] | None:
@@ -195,18 +225,20 @@ def _workers_from_metrics(metrics: MetricSet, readiness: Any) -> tuple[RoutedWor
         for s in metrics.samples("pdkit_lb_worker_out")
         if s.value > 0
     }
-    found = []
+    # One sample per worker, or one per worker and router process (label `process`): a
+    # worker out in any process is shown out.
+    found: dict[str, RoutedWorker] = {}
     for sample in healthy:
         url = sample.labels.get("worker", "").rstrip("/")
         role = sample.labels.get("role", "?")
         if sample.value > 0:
-            found.append(RoutedWorker(url, role, True, "healthy"))
+            found.setdefault(url, RoutedWorker(url, role, True, "healthy"))
         elif url in out:
-            found.append(dataclasses.replace(out[url], role=role, healthy=False))
+            found[url] = dataclasses.replace(out[url], role=role, healthy=False)
         else:
             reason = reasons.get(url)
-            found.append(RoutedWorker(url, role, False, _out_state(reason), reason))
-    return tuple(found)
+            found[url] = RoutedWorker(url, role, False, _out_state(reason), reason)
+    return tuple(found.values())
 
 
 def _role_counts(
@@ -382,6 +414,7 @@ def evaluate_router(
         slo_attainment=slo.attainment,
         slo_met=slo_met,
         kv_index=_kv_index(metrics) if metrics is not None else (),
+        processes=_processes(readiness),
     )
 
 

@@ -18,6 +18,7 @@ from kit.plan.kvpool import build_kv_pool
 from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
+from kit.plan.vip import build_router_vip
 from kit.sglang import hicache, render
 from kit.sglang.dialects import dialect
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
@@ -170,6 +171,8 @@ def build_plan(
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        router_hosts=tuple(topology.router.hosts or ()),
+        router_vip=build_router_vip(topology, layouts),
         packages=dialect(topology.sglang_version).packages,
         discovered=tuple(discovered),
         slurm=_slurm_paths(topology.slurm, topology_dir),
