@@ -84,15 +84,44 @@ def _upgrade_report(path: Path, version: str) -> None:
 
 @app.command(
     epilog="Examples:\n\n  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
-    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'"
+    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'\n\n"
+    "  pdkit render topologies/local-slurm.yaml > job.sh   (the Slurm batch script)"
 )
-def render(topology: TopologyArg, as_json: JsonOpt = False, state_dir: StateDirOpt = None) -> None:
-    """Show the exact launch command of every process, per host (or the Plan as JSON)."""
+def render(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    state_dir: StateDirOpt = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            "--launcher",
+            help="ansible: the launch lines per host; slurm: the batch script pdkit up "
+            "submits (needs launcher: slurm's `slurm:` section). Default: the topology's.",
+            metavar="ansible|slurm",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Show the exact launch command of every process, per host (or the Plan as JSON, or the
+    Slurm batch script)."""
+    from kit.errors import PdkitError  # noqa: PLC0415
     from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve_plan(topology, state_dir)
+    plan = resolve_plan(topology, state_dir, on_job=False)
+    chosen = launcher or ("slurm" if plan.slurm is not None else "ansible")
+    if chosen not in ("ansible", "slurm"):
+        raise PdkitError(f"--launcher {chosen}: choose ansible or slurm.")
     if as_json:
         print(plan.model_dump_json(indent=2))
+    elif chosen == "slurm":
+        from kit.slurm.script import batch_script  # noqa: PLC0415
+
+        if plan.slurm is None:
+            raise PdkitError(
+                f"--launcher slurm: {topology} has no `slurm:` section; set launcher: slurm "
+                "and slurm: (nodes, gpus_per_node, ...) in it (docs/slurm.md)."
+            )
+        sys.stdout.write(batch_script(plan))
     else:
         sys.stdout.write(plan_to_shell(plan))
 

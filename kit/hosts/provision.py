@@ -189,7 +189,7 @@ def provision_vars(
         **package_vars(plan),
         # smg runs from the router host's venv (launch scripts put its bin/ first on PATH).
         "pdkit_python_router_packages": [SMG_REQUIREMENT]
-        if plan.router.kind == "smg" and plan.router.host == host.name
+        if plan.router.kind == "smg" and plan.runs_router(host.name)
         else [],
         "pdkit_python_nixl": plan.transfer_backend == "nixl" and bool(workers) and not sim,
         "pdkit_python_compile_deep_gemm": deep_gemm_workers(plan, host.name)

@@ -121,6 +121,17 @@ class KvIndexView:
 
 
 @dataclass(frozen=True)
+class RouterProcessView:
+    """One of pdkit's router processes (`router.processes` > 1), from its /readiness body."""
+
+    index: int
+    pid: int
+    running: bool
+    inflight: int
+    served: int
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """Everything status shows about the router; None when unknown.
 
@@ -154,6 +165,7 @@ class RouterStatus:
     kv_index: tuple[KvIndexView, ...] = ()
     canary_pairs: int = 0  # pairs the token canary checked in its last round (0: off or none yet)
     canary_wrong: tuple[tuple[str, str], ...] = ()  # (prefill URL, decode URL) with wrong tokens
+    processes: tuple[RouterProcessView, ...] = ()
 
 
 def _canary_wrong(metrics: MetricSet) -> tuple[int, tuple[tuple[str, str], ...]]:
@@ -165,6 +177,24 @@ def _canary_wrong(metrics: MetricSet) -> tuple[int, tuple[tuple[str, str], ...]]
         if s.labels.get("state") == "wrong"
     )
     return len(samples), tuple(wrong)
+
+
+def _processes(readiness: Any) -> tuple[RouterProcessView, ...]:
+    """pdkit's router processes from its /readiness body (none for one process)."""
+    items = readiness.get("processes") if isinstance(readiness, dict) else None
+    if not isinstance(items, list):
+        return ()
+    return tuple(
+        RouterProcessView(
+            index=_count(item.get("process")) or 0,
+            pid=_count(item.get("pid")) or 0,
+            running=item.get("running") is True,
+            inflight=_count(item.get("inflight")) or 0,
+            served=_count(item.get("served")) or 0,
+        )
+        for item in items
+        if isinstance(item, dict)
+    )
 
 
 def _routed_workers(body: Any) -> tuple[RoutedWorker, ...] | None:
@@ -211,18 +241,20 @@ def _workers_from_metrics(metrics: MetricSet, readiness: Any) -> tuple[RoutedWor
         for s in metrics.samples("pdkit_lb_worker_out")
         if s.value > 0
     }
-    found = []
+    # One sample per worker, or one per worker and router process (label `process`): a
+    # worker out in any process is shown out.
+    found: dict[str, RoutedWorker] = {}
     for sample in healthy:
         url = sample.labels.get("worker", "").rstrip("/")
         role = sample.labels.get("role", "?")
         if sample.value > 0:
-            found.append(RoutedWorker(url, role, True, "healthy"))
+            found.setdefault(url, RoutedWorker(url, role, True, "healthy"))
         elif url in out:
-            found.append(dataclasses.replace(out[url], role=role, healthy=False))
+            found[url] = dataclasses.replace(out[url], role=role, healthy=False)
         else:
             reason = reasons.get(url)
-            found.append(RoutedWorker(url, role, False, _out_state(reason), reason))
-    return tuple(found)
+            found[url] = RoutedWorker(url, role, False, _out_state(reason), reason)
+    return tuple(found.values())
 
 
 def _role_counts(
@@ -405,6 +437,7 @@ def evaluate_router(
         kv_index=_kv_index(metrics) if metrics is not None else (),
         canary_pairs=canary_pairs,
         canary_wrong=canary_wrong,
+        processes=_processes(readiness),
     )
 
 

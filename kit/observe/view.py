@@ -239,6 +239,13 @@ def router_lines(router: RouterStatus) -> Text:
         text.append(f" ({router.requests_total:,} requests)")
     if router.inflight is not None:
         text.append(f"  {router.inflight} in flight")
+    if router.processes:
+        running = sum(p.running for p in router.processes)
+        style = "" if running == len(router.processes) else "red"
+        text.append(f"  {running}/{len(router.processes)} processes", style)
+        text.append(
+            " (" + ", ".join(f"pid {p.pid}: {p.served:,} served" for p in router.processes) + ")"
+        )
     tpot_label = "ITL" if router.tpot_is_itl else "TPOT"
     text.append(f"  {_latency('TTFT', router.ttft)}  {_latency(tpot_label, router.tpot)}")
     shares = [

@@ -129,3 +129,24 @@ def resolve(
     if problems:
         raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
     return build_plan(topology, Path(path).absolute().parent, placed, taken)
+
+
+def resolve_on_nodes(
+    path: str | Path, addresses: dict[str, str], state_base: Path | str | None = None
+) -> Plan:
+    """The Plan of the `launcher: slurm` topology at `path` on the nodes a job got: each host
+    (node0, node1, ...) at its address in `addresses` instead of its placeholder, every check
+    run again (`resolve`'s errors). Placement does not read addresses, so every process keeps
+    its node, GPUs and ports; only what the addresses make (URLs, --host, dist-init, ZMQ
+    peers) changes, as the batch script changes it on the nodes."""
+    file = str(path)
+    topology, positions, facts, taken = _load(path, state_base)
+    hosts = tuple(
+        h.model_copy(update={"address": addresses.get(h.name, h.address)}) for h in topology.hosts
+    )
+    topology = topology.model_copy(update={"hosts": hosts})
+    placed = placement(topology)
+    problems = _problems(topology, placed, facts)
+    if problems:
+        raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
+    return build_plan(topology, Path(path).absolute().parent, placed, taken)

@@ -164,6 +164,11 @@ class HostLayout:
         return _under(self.root, "var/lib/pdkit", self.deployment, "prometheus")
 
     @property
+    def keepalived_conf(self) -> str:
+        """Debian's keepalived reads this file (one VIP configuration per host)."""
+        return _under(self.root, "etc/keepalived/keepalived.conf")
+
+    @property
     def supervisord_conf(self) -> str:
         return _under(self.config_dir, "supervisord.conf")
 

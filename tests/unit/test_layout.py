@@ -117,7 +117,7 @@ def test_the_walk_sees_an_import_inside_a_function(tmp_path):
 
 LAYER_ORDER: tuple[tuple[str, ...], ...] = (
     ("cli",),
-    ("autoscale",),
+    ("autoscale", "slurm"),
     ("deploy",),
     ("hosts",),
     ("sizing",),
@@ -155,6 +155,7 @@ KIT_LAYERS: dict[str, set[str]] = {
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
     "hosts": {"errors", "perf", "plan", "topology"},
     "deploy": {"errors", "hosts", "net", "observe", "perf", "plan", "secrets", "topology"},
+    "slurm": {"deploy", "errors", "hosts", "net", "observe", "plan", "secrets", "topology"},
     "autoscale": {
         "bench",
         "deploy",

@@ -3,7 +3,8 @@ topologies/local-sglang.yaml (a prefill and a decode, Mooncake over TCP, pdkit's
 on that one deployment the openai client through pdkit's router and through smg, `pdkit
 health`/`status`/`doctor`/`trace`/`bench` from the real endpoints and logs, a live change under
 load (a decode added, then restarted while the other serves), and token equality of every
-prefill x decode pair with a colocated real server started beside it.
+prefill x decode pair with a colocated real server started beside it (the session's, from
+real_sglang/conftest.py).
 
 Real servers take 30-110 s to start on 2 loaded cores, so the module shares one deployment and
 starts four servers in all (the pair, the colocated reference with them, the added decode);
@@ -41,7 +42,6 @@ from tests.support.real_sglang import (
     GREEDY,
     RealServer,
     sglang_python,
-    tiny_model,
     write_topology,
 )
 from tests.support.requires import require_smg
@@ -89,16 +89,18 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
+def real(tmp_path_factory, real_model, real_servers):
     python = sglang_python()
     folder = tmp_path_factory.mktemp("real-sglang")
-    model = tiny_model(folder / "tiny-llama")
+    model = real_model
     name = f"real-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(folder, name, model, python)
     # Short PD timeouts, so that the real failures of the doctor test are written in seconds.
     data["transfer"]["timeouts"] = {"bootstrap_timeout_s": 30, "heartbeat_interval_s": 2}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
-    colocated = RealServer(model, folder).launch()  # starts with the pair
+    # The session's plain server (real_sglang/conftest.py), this module's colocated reference,
+    # which the router tokenizer's tests use next, starts with the pair.
+    colocated = real_servers.get("plain")
     # A decode whose page size is not the prefill's (1 on the CPU), for the doctor test, which
     # starts it (beside the decode the migration test killed: not five servers starting at once).
     odd = RealServer(model, folder, ["--page-size", "16"], role="decode")
@@ -109,11 +111,13 @@ def real(tmp_path_factory):
         up_s = time.monotonic() - started
         assert up.returncode == 0, up.stdout + up.stderr
         colocated_s = colocated.wait_ready()
+        # The wire fidelity's server (the folder's last module) starts while this module's
+        # short tests run, not beside the pair: four real starts at once took 7 min here.
+        real_servers.get("wire")
         deployment = Deployment(topology, name, data, up, colocated, odd)
         deployment.start_s = {"pdkit up": up_s, "colocated": colocated_s}
         yield deployment
     finally:
-        colocated.stop()
         odd.stop()
         if supervisor_processes(layout(topology, name).supervisord_socket):
             pdkit("down", str(topology), timeout=300)

@@ -190,7 +190,7 @@ def test_facts_read_as_one_line_per_kind():
 def test_every_role_default_is_documented_and_prefixed():
     """Each setting follows a comment, directly or in a group of settings the comment heads."""
     roles = sorted((REPO / "playbooks" / "roles").glob("*/defaults/main.yml"))
-    assert len(roles) == 9
+    assert len(roles) == 10
     for defaults in roles:
         role = defaults.parent.parent.name
         lines = defaults.read_text().splitlines()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kit.lb.processes import merge_metrics
 from kit.observe.probe import Fetched, RouterAnswers
 from kit.observe.router import evaluate_router
 from kit.observe.view import router_lines
@@ -161,3 +162,27 @@ pdkit_lb_canary_pair{{decode="{D0}",prefill="{P1}",state="wrong"}} 1.0
     agree = canary.replace('state="wrong"', 'state="ok"')
     status = evaluate_router(pdkit_answers(metrics=pdkit_metrics() + agree), SLO())
     assert not status.problems and "token canary: all 2 pairs agree" in router_lines(status).plain
+
+
+def test_a_router_of_two_processes_counts_each_worker_once_and_lists_its_processes():
+    one = pdkit_metrics(requests=20)
+    merged = merge_metrics({0: one, 1: one}).decode()
+    processes = [
+        {"process": i, "pid": 100 + i, "running": True, "inflight": 1, "served": 20}
+        for i in range(2)
+    ]
+    answers = pdkit_answers(metrics=merged)
+    body = {**answers.readiness.json(), "processes": processes}
+    answers = RouterAnswers(
+        answers.target,
+        answers.health,
+        got("/readiness", body),
+        answers.workers,
+        answers.metrics,
+    )
+    status = evaluate_router(answers, SLO())
+    assert status.workers is not None and len(status.workers) == 3
+    assert (status.healthy_prefill, status.total_prefill) == (2, 2)
+    assert status.requests_total == 40  # 20 from each process
+    assert [p.pid for p in status.processes] == [100, 101]
+    assert "2/2 processes" in router_lines(status).plain
