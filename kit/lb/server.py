@@ -36,6 +36,7 @@ from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig, prompt_size
 from kit.lb.cache_aware import CacheAware, prompt_ids
+from kit.lb.canary import Canary
 from kit.lb.config import LbConfig, Role, prompt_tokenizer_path, prompt_vocab
 from kit.lb.dispatch import Dispatcher
 from kit.lb.errors import ApiError, error_body
@@ -160,6 +161,7 @@ class LoadBalancer:
         self._loads: WorkerLoads | None = None
         self._info: InfoRoutes | None = None
         self._admin: AdminRoutes | None = None
+        self.canary: Canary | None = None
         self._routes = self._build_routes()
         self._not_found = self._open("other", self._no_route)
         self._method_not_allowed = self._open("other", self._refuse_method)
@@ -265,6 +267,16 @@ class LoadBalancer:
             keepalive=cfg.upstream_keepalive,
             max_connections=cfg.max_connections,
         )
+        if cfg.canary_interval > 0:
+            self.canary = Canary(
+                self.pool,
+                self._session,
+                cfg.canary_interval,
+                # Its own: drawing from the routing's would change the choices a seed gives.
+                random.Random(None if cfg.seed is None else cfg.seed + 1),
+                headers=self._worker_headers,
+            )
+            self.metrics.canary = self.canary
         self._dispatcher = Dispatcher(
             cfg,
             pool=self.pool,
@@ -278,6 +290,7 @@ class LoadBalancer:
             on_failure=self._log_failure,
             recent=self.recent,
             admission=self.admission,
+            avoid=self.canary.avoid if self.canary is not None else None,
         )
         if self.admission is not None:
             self._loads = WorkerLoads(
@@ -308,9 +321,13 @@ class LoadBalancer:
             )
         for worker in self.pool:
             self._monitor.watch(worker)
+        if self.canary is not None:
+            self.canary.start()
 
     async def close(self) -> None:
         """Stop probing, cancel background legs, close the upstream pool."""
+        if self.canary is not None:
+            await self.canary.close()
         if self._kv_subscriber is not None:
             await self._kv_subscriber.close()
         if self._admin is not None:

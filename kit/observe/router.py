@@ -67,10 +67,13 @@ KV_INDEX_FAMILIES = (
     "pdkit_lb_kv_hit_rate",
 )
 """cache_aware's KV-event index, per prefill (kit.lb.metrics)."""
+CANARY_PAIR = "pdkit_lb_canary_pair"
+"""The token canary's state of each pair in its last round (kit.lb.canary)."""
 FAMILIES = frozenset(
     {n for names in METRIC_NAMES.values() for n in (*names.requests, *names.ttft, *names.tpot)}
     | set(LB_GAUGES)
     | set(KV_INDEX_FAMILIES)
+    | {CANARY_PAIR}
 )
 """The router metric families status reads."""
 # smg counts every HTTP request in smg_http_requests_total, the probes included.
@@ -160,7 +163,20 @@ class RouterStatus:
     slo_attainment: float = 0.9
     slo_met: bool | None = None
     kv_index: tuple[KvIndexView, ...] = ()
+    canary_pairs: int = 0  # pairs the token canary checked in its last round (0: off or none yet)
+    canary_wrong: tuple[tuple[str, str], ...] = ()  # (prefill URL, decode URL) with wrong tokens
     processes: tuple[RouterProcessView, ...] = ()
+
+
+def _canary_wrong(metrics: MetricSet) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """(pairs checked, the wrong ones) from the token canary's last round."""
+    samples = [s for s in metrics.samples(CANARY_PAIR) if s.value > 0]
+    wrong = sorted(
+        (s.labels.get("prefill", ""), s.labels.get("decode", ""))
+        for s in samples
+        if s.labels.get("state") == "wrong"
+    )
+    return len(samples), tuple(wrong)
 
 
 def _processes(readiness: Any) -> tuple[RouterProcessView, ...]:
@@ -364,6 +380,11 @@ def evaluate_router(
         else:
             cause = "not ready (/readiness says 503)"
     problems = [cause] if cause else []
+    canary_pairs, canary_wrong = _canary_wrong(metrics) if metrics is not None else (0, ())
+    problems += [
+        f"token canary: prefill {p} x decode {d} gives other tokens than the other pairs"
+        for p, d in canary_wrong
+    ]
 
     requests_total = rate_s = window_s = None
     ttft = tpot = None
@@ -414,6 +435,8 @@ def evaluate_router(
         slo_attainment=slo.attainment,
         slo_met=slo_met,
         kv_index=_kv_index(metrics) if metrics is not None else (),
+        canary_pairs=canary_pairs,
+        canary_wrong=canary_wrong,
         processes=_processes(readiness),
     )
 

@@ -258,6 +258,17 @@ def router_lines(router: RouterStatus) -> Text:
         style = {True: "green", False: "bold red", None: ""}[router.slo_met]
         text.append(f"  within SLO ({router.latency_window}): {', '.join(shares)} ")
         text.append(f"target {router.slo_attainment:.0%} {verdict}", style=style)
+    if router.canary_pairs:
+        text.append("\n       token canary: ")
+        if router.canary_wrong:
+            for prefill, decode in router.canary_wrong:
+                text.append(
+                    f"prefill {prefill.removeprefix('http://')} x decode "
+                    f"{decode.removeprefix('http://')} gives wrong tokens  ",
+                    style="bold red",
+                )
+        else:
+            text.append(f"all {router.canary_pairs} pairs agree", style="green")
     for kv in router.kv_index:
         text.append(f"\n       KV index {kv.worker.removeprefix('http://')}: ")
         text.append(f"{kv.blocks:,} blocks")

@@ -48,7 +48,7 @@ from kit.topology.router_flags import (
     with_admission,
     worker_context_length,
 )
-from kit.topology.router_schema import Admission, Faults
+from kit.topology.router_schema import Admission, Canary, Faults
 from kit.topology.schema import SLO
 
 POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity", "cache_aware")
@@ -81,6 +81,7 @@ GROUPS = {
 _SLO = SLO()
 _FAULTS = Faults()
 _ADMISSION = Admission()
+_CANARY = Canary()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,6 +271,18 @@ class RouterOptions:
         "continuation is exact (default on)",
         group="routing",
         plan=faults("migrate"),
+    )
+    # The token canary (router.canary; kit.lb.canary).
+    canary_interval: float = option(
+        _CANARY.interval_s,
+        "seconds between rounds of the token canary: one short greedy request per prefill x "
+        "decode pair, off the users' path, tokens compared across the pairs; a worker every "
+        "one of whose pairs disagrees with the majority is taken out until they agree again "
+        "(default {default}; 0 = off)",
+        group="health",
+        unit="s",
+        bound=">= 0",
+        plan=lambda t: t.router.canary.interval_s,
     )
     # Options a topology sets only through `router.args`.
     connect_timeout: float = option(

@@ -1,5 +1,5 @@
-"""The router's admission and fault settings (`router.admission`, `router.faults`): the
-schema, beside `kit.topology.schema`'s Router, which holds them."""
+"""The router's admission, fault and canary settings (`router.admission`, `router.faults`,
+`router.canary`): the schema, beside `kit.topology.schema`'s Router, which holds them."""
 
 from __future__ import annotations
 
@@ -89,4 +89,20 @@ class Faults(Strict):
         True,
         description="pdkit only: continue a stream whose decode died or stalled on another "
         "pair where the continuation is exact.",
+    )
+
+
+class Canary(Strict):
+    """The token canary (pdkit router only; see docs/lb.md, "Token canary"). KV that arrives
+    altered decodes into fluent, wrong tokens with status 200 (SGLang checks no KV by
+    default), often hours after start, where the deploy gate cannot see it. Every
+    `interval_s` the router sends one short greedy request to each prefill x decode pair, off
+    the users' path, and compares the tokens across the pairs as the gate does; a worker all
+    of whose pairs disagree with the majority is taken out until they agree again."""
+
+    interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds between two rounds (one request of 8 tokens per pair each); "
+        "0 turns the canary off.",
     )

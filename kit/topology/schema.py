@@ -18,7 +18,7 @@ from kit.topology.client_limits import ClientLimit, limits_problem
 from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
 from kit.topology.router_ha import RouterTls, RouterVip
-from kit.topology.router_schema import Admission, Faults
+from kit.topology.router_schema import Admission, Canary, Faults
 from kit.topology.slurm_schema import Slurm, stand_in_hosts
 from kit.topology.strict import Strict
 
@@ -350,6 +350,11 @@ class Router(Strict):
     faults: Faults = Field(
         default_factory=Faults,
         description="Retries, ejection, the hold and stream migration when a worker fails.",
+    )
+    canary: Canary = Field(
+        default_factory=Canary,
+        description="The token canary: every pair's tokens compared at an interval, a "
+        "disagreeing worker taken out (pdkit router only).",
     )
     processes: int = Field(
         1,

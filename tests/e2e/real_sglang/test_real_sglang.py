@@ -45,7 +45,7 @@ from tests.support.real_sglang import (
     write_topology,
 )
 from tests.support.requires import require_smg
-from tests.support.sim_launch import request_json
+from tests.support.sim_launch import request_json, start_router
 
 # Starting real servers takes minutes here: the module's set-up (the pair and the colocated
 # server) and the live change (two starts of a decode) get more than the suite's 300 s.
@@ -147,6 +147,58 @@ def test_up_gates_the_real_pair_and_serves_the_openai_client(real):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def _held(decode_url: str) -> int:
+    """Requests the real decode holds now: running, waiting, and in its PD queues (its
+    /v1/loads, asked of the scheduler at once, where /metrics gauges lag)."""
+    status, body = request_json(decode_url + "/v1/loads?include=all", timeout_s=10)
+    assert status == 200, body
+    loads = body.get("loads", []) if isinstance(body, dict) else body
+    held = 0
+    for load in loads:
+        pd = load.get("disaggregation") or {}
+        held += load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0)
+        held += pd.get("decode_prealloc_queue_reqs", 0) + pd.get("decode_transfer_queue_reqs", 0)
+    return held
+
+
+def test_a_prompt_the_real_prefill_refuses_is_answered_at_once_and_the_decode_holds_nothing(
+    real, tmp_path
+):
+    """Issue 37, failure 5: a router waiting for a decode leg whose KV never comes. The
+    router's own checks are off (--no-validate), so the prompt past the model's context reaches
+    the real prefill, which refuses it with a 400."""
+    plan = resolve(real.topology)
+    (prefill,), decode = plan.role("prefill"), plan.role("decode")[0]
+    context = json.loads((Path(real.data["model"]["path"]) / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
+    body = {"input_ids": [5] * (context + 8), "sampling_params": {"max_new_tokens": 4}}
+    port = free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    argv = ["--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--no-validate", "--no-access-log"]
+    router = start_router(argv, tmp_path / "router.log", url, 60)
+    try:
+        assert router.poll() is None, (tmp_path / "router.log").read_text()
+        direct = request_json(
+            prefill.url + "/generate",
+            {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
+             "bootstrap_room": random.getrandbits(63)},
+        )  # fmt: skip
+        assert direct[0] == 400, direct
+        started = time.monotonic()
+        status, answer = request_json(url + "/generate", body, timeout_s=30)
+        took = time.monotonic() - started
+        assert (status, answer) == direct and took < 1.0, (status, answer, took)
+        deadline = time.monotonic() + 10  # SGLang notices a closed connection within 4 s
+        while (held := _held(decode.url)) > 0:
+            assert time.monotonic() < deadline, f"the decode still holds {held} request(s)"
+            time.sleep(0.2)
+    finally:
+        router.terminate()
+        router.wait(timeout=10)
 
 
 def test_health_status_and_doctor_read_the_real_endpoints(real):
