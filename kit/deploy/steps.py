@@ -43,6 +43,7 @@ from kit.hosts.reach import check_reach, failure_lines
 from kit.hosts.state_dir import display_path
 from kit.observe.doctor import DoctorOptions
 from kit.observe.prometheus import ScrapeHealth, wait_scraped
+from kit.observe.signatures import diagnose
 from kit.secrets import SecretError
 
 WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
@@ -232,7 +233,12 @@ def _log_tail(ctx: DeployContext, process: str) -> list[str]:
     if not lines:
         return [f"  (its log {display_path(log.path)} is empty)"]
     head = f"  Last {len(lines)} lines of {display_path(log.path)}:"
-    return [head, *(f"  | {line}" for line in lines)]
+    # A known line (an NCCL watchdog, an unreachable dist-init port, ...) names its cause.
+    causes = [
+        f"  cause ({m.signature.name}): {m.signature.cause}. To fix: {m.signature.fix}."
+        for m in diagnose((process, line) for line in lines)[:1]
+    ]
+    return [head, *(f"  | {line}" for line in lines), *causes]
 
 
 def _running_now(ctx: DeployContext) -> str:

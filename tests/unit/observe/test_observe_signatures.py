@@ -69,6 +69,15 @@ REAL_LINES = {
     "transfer_failed": "[2026-05-12 10:02:11 TP0] Prefill transfer failed for request rank=0 "
     "req.rid='9f2c' req.bootstrap_room=4121 with exception KVTransferError(bootstrap_room=4121): "
     "Failed to send kv chunk of 4121 to 10.0.0.2:37233",
+    # torch c10d socket.cpp (SocketConnectOp::throwTimeoutError), a node of a multi-node
+    # instance that cannot reach rank 0's TCPStore (torch 2.x's glog-style prefix).
+    "dist_init_unreachable": "[E728 15:01:59.561275187 socket.cpp:1028] [c10d] The client socket "
+    "has timed out after 600000ms while trying to connect to (10.0.0.1, 5000).",
+    # torch ProcessGroupNCCL.cpp (the watchdog's LOG(ERROR)), with its rank prefix.
+    "nccl_watchdog": "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+    "NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds "
+    "before timing out.",
 }
 
 

@@ -5,7 +5,9 @@ Usage: reachprobe.py SPEC, SPEC a base64 JSON object:
   {"mode": "listen", "serve_s": S, "ports": [{"bind": ADDR, "port": N, "expect": K}, ...]}
       binds every port (a port something else already listens on is left to it: "in use"),
       prints {"listening": [{"bind", "port", "state"}]} at once, then accepts and closes
-      connections until every port it bound got its K, or S seconds passed.
+      connections until every port it bound got its K, or S seconds passed, or whoever started
+      it is gone (it writes a newline every 0.2 s: a closed pipe ends it, so that a preflight
+      that was stopped never holds a port a worker is about to bind).
   {"mode": "connect", "timeout_s": T, "targets": [{"address": ADDR, "port": N}, ...]}
       connects to every target at once and prints {"results": [{"address", "port", "state",
       "error"}]}: state ok, refused, timeout or unreachable.
@@ -44,6 +46,11 @@ def listen(spec):
     deadline = time.monotonic() + float(spec.get("serve_s", 20))
     while bound and time.monotonic() < deadline:
         readable, _, _ = select.select(list(bound), [], [], 0.2)
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError:
+            break
         for sock in readable:
             try:
                 conn, _ = sock.accept()
