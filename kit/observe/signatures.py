@@ -62,6 +62,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "Mooncake worker_pool.cpp",
     ),
     _sig(
+        "local_protection",
+        r"Process failed for slice .*: local protection error",
+        "the NIC refused to read or write a KV buffer of this process (ibverbs' local "
+        "protection error): the buffer is not registered with this NIC, or no longer; seen "
+        "with GPU memory behind a missing or wrong GPUDirect path (the cause is unresolved "
+        "upstream, Mooncake's 'Failed to get kvcache' follows)",
+        "check GPUDirect RDMA and the NICs (`pdkit provision T --check`: nvidia_peermem or "
+        "dma-buf, each GPU's NIC on its rail), test the rails (`pdkit provision T "
+        "--transfer-test`), and report the line upstream with both roles' Mooncake version",
+        "Mooncake worker_pool.cpp",
+    ),
+    _sig(
         "register_memlock",
         r"Failed to register memory.*(Cannot allocate memory|\[12\])",
         "the NIC could not pin the KV buffer: the locked-memory limit is too low",

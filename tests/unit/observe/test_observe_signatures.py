@@ -20,6 +20,11 @@ REAL_LINES = {
     "for slice (opcode: 1, source_addr: 0x562d8af8eb00, length: 1024, dest_addr: "
     "0x55e665a32540, local_nic: mlx5_1, peer_nic: 10.107.204.141:16388@mlx5_0, dest_rkey: 0, "
     "retry_cnt: 1): transport retry counter exceeded",
+    # The same worker_pool.cpp line with ibv_wc_status_str(IBV_WC_LOC_PROT_ERR).
+    "local_protection": "E0624 11:00:23.673532 74622 worker_pool.cpp:307] Worker: Process failed "
+    "for slice (opcode: 0, source_addr: 0x7f1e00000000, length: 65536, dest_addr: "
+    "0x7f3a20000000, local_nic: mlx5_2, peer_nic: 10.107.204.141:16388@mlx5_0, dest_rkey: "
+    "2097152, retry_cnt: 0): local protection error",
     # Mooncake rdma_context.cpp: PLOG(ERROR) << "Failed to register memory " << addr (ENOMEM).
     "register_memlock": "E0512 10:02:11.482913 88213 rdma_context.cpp:539] Failed to register "
     "memory 0x7f2b40000000: Cannot allocate memory [12]",
