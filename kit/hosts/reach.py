@@ -35,7 +35,6 @@ from typing import Any
 from kit.hosts.inventory import DeployHost
 from kit.hosts.logs import ssh_argv
 from kit.hosts.playbook import host_script
-from kit.net import host_port
 from kit.topology.listeners import DECODE_HOSTS, INSTANCE_NODES
 from kit.topology.plan_types import Plan
 
@@ -68,7 +67,7 @@ class Route:
 
     def line(self) -> str:
         return (
-            f"{self.source} -> {self.target} {host_port(self.address, self.port)} "
+            f"{self.source} -> {self.target} ({self.address}) port {self.port} "
             f"({self.process} {self.what})"
         )
 

@@ -10,9 +10,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kit.bench.client import Client, Target
+from kit.bench.machine import MachineLoad
 from kit.bench.metrics import summarize
 from kit.bench.records import RequestRecord
-from tests.unit.bench.test_bench_metrics import SLO_, point
+from kit.bench.runner import PointResult
+from kit.topology.schema import SLO
+
+SLO_ = SLO(ttft_ms=400, tpot_ms=40, attainment=0.9)
+
+
+def point(records: list[RequestRecord]) -> PointResult:
+    return PointResult(2.0, None, records, 0.0, 10.0, MachineLoad(client_cpu=0.1, host_cpu=0.2))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

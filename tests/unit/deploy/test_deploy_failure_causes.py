@@ -14,7 +14,16 @@ from kit.deploy.wait import ProcessStatus, worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import load_context
 from tests.conftest import REPO
-from tests.unit.observe.test_observe_signatures import REAL_LINES
+
+# The lines torch writes (tests/unit/observe/test_observe_signatures.py has them with sources).
+REAL_LINES = {
+    "nccl_watchdog": "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+    "NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds "
+    "before timing out.",
+    "dist_init_unreachable": "[E728 15:01:59.561275187 socket.cpp:1028] [c10d] The client socket "
+    "has timed out after 600000ms while trying to connect to (10.0.0.1, 5000).",
+}
 
 
 @pytest.mark.parametrize(

@@ -27,9 +27,9 @@ def test_decode_hosts_reach_each_prefill_bootstrap_and_nodes_their_rank_0(write_
     prefill = ctx.plan.role("prefill")[0]
     lines = [r.line() for r in routes(ctx.plan)]
     assert lines == [
-        f"b -> a 10.0.0.1:{prefill.bootstrap_port} (prefill-0 bootstrap)",
-        f"c -> a 10.0.0.1:{prefill.bootstrap_port} (prefill-0 bootstrap)",
-        "c -> b 10.0.0.2:5500 (decode-0-node0 dist-init)",
+        f"b -> a (10.0.0.1) port {prefill.bootstrap_port} (prefill-0 bootstrap)",
+        f"c -> a (10.0.0.1) port {prefill.bootstrap_port} (prefill-0 bootstrap)",
+        "c -> b (10.0.0.2) port 5500 (decode-0-node0 dist-init)",
     ]
     assert routes(ctx.plan)[2].bind == ctx.plan.role("decode")[0].bind
 
@@ -69,7 +69,7 @@ def test_the_probes_report_a_port_reached_and_one_that_refuses(
     results = check_reach(ctx.plan, {"a": local, "b": local}, connect_timeout_s=2.0)
     assert [(r.route.port, r.state) for r in results] == [(good, "ok"), (bad, "refused")]
     text = "\n".join(failure_lines(results))
-    assert f"b -> a 127.0.0.2:{bad} (prefill-0 bootstrap): refused" in text
+    assert f"b -> a (127.0.0.2) port {bad} (prefill-0 bootstrap): refused" in text
     assert "Could not fetch prefill parallel info from bootstrap_addr" in text
     assert "To fix: the connection is rejected (a firewall, or a wrong address)" in text
     assert f"open TCP {bad} on a (127.0.0.2) to b" in text
