@@ -86,6 +86,15 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def is_wildcard(address: str) -> bool:
+    """Whether `address` is the unspecified address (0.0.0.0, ::): a socket may bind it, but no
+    peer can connect to it."""
+    try:
+        return ipaddress.ip_address(bare_host(address)).is_unspecified
+    except ValueError:
+        return False
+
+
 def classify_failure(exc: BaseException, sent: bool, timeout: float) -> tuple[FailureKind, str]:
     """Why an HTTP call raised `exc`: its kind and a short phrase for the user.
 

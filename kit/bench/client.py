@@ -22,6 +22,8 @@ from kit.bench.records import RequestRecord
 from kit.net import classify_failure
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+EMPTY = "the server answered 200 with no generated token"
+"""Such a request failed: it is never counted as an answer, let alone as goodput."""
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,12 @@ class Client:
                 last = now
                 tokens += 1
         if first is None:
-            _fail(record, "stream", "the stream ended without a token")
+            _fail(record, "empty", f"{EMPTY} (the stream ended without one)")
             return
         count = int(usage["completion_tokens"]) if usage else tokens
+        if count <= 0:
+            _fail(record, "empty", EMPTY)
+            return
         record.completion_tokens = count
         record.prompt_tokens = int(usage["prompt_tokens"]) if usage else None
         _cached(record, usage, ext)
@@ -177,6 +182,10 @@ class Client:
         record.ttft_ms = (time.perf_counter() - started) * 1000  # no stream: first = last
         record.completion_tokens = int(usage.get("completion_tokens") or 0)
         record.prompt_tokens = usage.get("prompt_tokens")
+        # A 200 with nothing generated is no answer: usage says 0 tokens, or (no usage) no text.
+        if record.completion_tokens <= 0 and ("completion_tokens" in usage or not _has_text(data)):
+            _fail(record, "empty", EMPTY)
+            return
         _cached(record, usage, data.get("sglext"))
         record.tpot_ms = 0.0
         record.ok = True

@@ -352,6 +352,13 @@ def _error_notes(summary: PointSummary) -> list[str]:
         f"{share.failed} of {share.requests} requests through {role} {worker} failed"
         for role, worker, share in suspects(summary)
     ]
+    empty = summary.errors.get("empty", 0)
+    if empty:
+        notes.append(
+            f"{empty} of {summary.requests} requests produced no tokens (answered 200 with "
+            "nothing generated): counted as failed, not as goodput; check the served model, "
+            "max_tokens and the workers' logs"
+        )
     notes += _queue_note(summary)
     if summary.rejected:
         notes.append(

@@ -32,7 +32,8 @@ class RequestRecord:
     ok: bool = False
     error: str = ""
     error_kind: str = ""
-    """timeout, refused, unreachable, broken, http, stream (an error event mid-stream)."""
+    """timeout, refused, unreachable, broken, http, stream (an error event mid-stream), empty
+    (a 200 with no generated token)."""
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None

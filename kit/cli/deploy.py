@@ -27,6 +27,8 @@ from kit.errors import PdkitError
 @app.command(
     epilog="Examples:\n\n  pdkit up topologies/local.yaml\n\n"
     "  pdkit up topologies/llama-8b-1p1d.yaml --timeout 1200\n\n"
+    "First checks that every port a host must reach on another host answers (each decode host "
+    "to each prefill's bootstrap port, each node to its rank 0's dist-init port). "
     "Runs Ansible (playbooks/deploy.yml) for the workers, waits until every worker answers "
     "/health, then deploys the router and waits for its /readiness; last, the gate sends one "
     "real PD request to every prefill x decode pair (`pdkit doctor`) and fails, naming the pair "
@@ -249,9 +251,10 @@ def provision(
         bool,
         typer.Option(
             "--check",
-            help="Verify what every host needs (OS, driver, Python, compilers, ports, packages), "
-            "read-only; exit 1 when something must be fixed by hand, 2 when only what "
-            "provisioning installs is missing.",
+            help="Verify what every host needs (OS, driver, Python, compilers, ports, packages, "
+            "locked memory, NICs, GPUDirect RDMA, the same versions everywhere, the ports other "
+            "hosts must reach), read-only; exit 1 when something must be fixed by hand, 2 when "
+            "only what provisioning installs is missing.",
         ),
     ] = False,
     dry_run: Annotated[

@@ -1,13 +1,15 @@
 """`pdkit up`, `pdkit restart` and `pdkit down`: the order of things and what the user is told.
 
 up:      with nothing recorded as running (or a router that does not answer), everything:
-         (kv_pool:) deploy.yml --tags kv_pool and the master's /health -> deploy.yml --tags
-         workers -> wait for every worker's /health -> deploy.yml --tags router -> the end of
-         a rollout (kit.deploy.steps.finish_rollout: the router's /readiness -> (monitoring:)
-         deploy.yml --tags monitoring and Prometheus' /-/ready ->
-         the KV transfer gate (kit.deploy.gate: one PD request per prefill x decode pair;
-         --no-gate skips it) -> endpoint, curl line, status table, Prometheus' first scrapes);
-         on a running deployment, only the difference, live (kit.deploy.live).
+         the reachability preflight (kit.hosts.reach: every port a host must reach on another
+         host, before anything starts) -> (kv_pool:) deploy.yml --tags kv_pool and the
+         master's /health -> deploy.yml --tags workers -> wait for every worker's /health ->
+         deploy.yml --tags router -> the end of a rollout (kit.deploy.steps.finish_rollout:
+         the router's /readiness -> (monitoring:) deploy.yml --tags monitoring and
+         Prometheus' /-/ready -> the KV transfer gate (kit.deploy.gate: one PD request per
+         prefill x decode pair; --no-gate skips it) -> endpoint, curl line, status table,
+         Prometheus' first scrapes); on a running deployment, only the difference, live
+         (kit.deploy.live).
 restart: the selected instances replaced live, one wave at a time (kit.deploy.live); a role's
          only instance with a stand-in on free GPUs first, else within the router's hold, else
          refused unless --force (kit.deploy.surge).
@@ -47,6 +49,7 @@ from kit.deploy.steps import (
     play,
     playbook_secret_env,
     raise_unless_ready,
+    reach_preflight,
     wait_until_ready,
 )
 from kit.deploy.wait import worker_targets
@@ -152,6 +155,7 @@ def _up(
 ) -> None:
     plan = ctx.plan
     _header(ctx, console, "pdkit up")
+    reach_preflight(ctx, console)
     pool_status = deploy_kv_pool(ctx, console, secret_env, options.verbose)
     console.print("[bold]Workers[/]: installing and starting (Ansible, deploy.yml --tags workers)")
     started = time.monotonic()

@@ -39,9 +39,11 @@ from kit.hosts.inventory import CONTROL_ROUTER_ADMIN_KEY_ENV, CONTROL_ROUTER_KEY
 from kit.hosts.logs import tail
 from kit.hosts.playbook import PlaybookResult, failure_report, run_playbook
 from kit.hosts.progress import AnsibleView
+from kit.hosts.reach import check_reach, failure_lines
 from kit.hosts.state_dir import display_path
 from kit.observe.doctor import DoctorOptions
 from kit.observe.prometheus import ScrapeHealth, wait_scraped
+from kit.observe.signatures import diagnose
 from kit.secrets import SecretError
 
 WORKER_TIMEOUT_S = {"sim": 120.0, "sglang": 1800.0}
@@ -102,6 +104,36 @@ def play(
     if not result.ok:
         raise DeployError(f"{failure_report(result)}\n{_running_now(ctx)}")
     return result
+
+
+def reach_preflight(ctx: DeployContext, console: Console) -> None:
+    """Before any worker starts: every port a host must reach on another host (a prefill's
+    bootstrap port from each decode host, a dist-init port from its instance's other nodes) is
+    reached (`kit.hosts.reach`); else `DeployError` naming each route and what to open."""
+    results = check_reach(ctx.plan, ctx.hosts_by_name)
+    if not results:
+        return
+    failed = [r for r in results if not r.ok]
+    console.print(
+        f"[bold]Preflight[/]: {len(results) - len(failed)} of {len(results)} port(s) a host "
+        "must reach on another host reached"
+    )
+    if not failed:
+        return
+    topology = shlex.quote(str(ctx.topology_file))
+    raise DeployError(
+        "\n".join(
+            [
+                f"The reachability preflight failed: {len(failed)} of {len(results)} route(s) "
+                "between hosts do not connect.",
+                *failure_lines(results),
+                "Nothing was started.",
+                f"To fix: open the ports above, then `pdkit up {topology}` again; `pdkit "
+                f"provision {topology} --check` runs the same check with the rest of the hosts' "
+                "checklist.",
+            ]
+        )
+    )
 
 
 def wait_until_ready(
@@ -201,7 +233,12 @@ def _log_tail(ctx: DeployContext, process: str) -> list[str]:
     if not lines:
         return [f"  (its log {display_path(log.path)} is empty)"]
     head = f"  Last {len(lines)} lines of {display_path(log.path)}:"
-    return [head, *(f"  | {line}" for line in lines)]
+    # A known line (an NCCL watchdog, an unreachable dist-init port, ...) names its cause.
+    causes = [
+        f"  cause ({m.signature.name}): {m.signature.cause}. To fix: {m.signature.fix}."
+        for m in diagnose((process, line) for line in lines)[:1]
+    ]
+    return [head, *(f"  | {line}" for line in lines), *causes]
 
 
 def _running_now(ctx: DeployContext) -> str:

@@ -3,9 +3,13 @@
 The items are the checklist of docs/provisioning.md (`ITEMS`, in its order): the OS, the NVIDIA
 driver, a Python 3.11+ interpreter with its headers, gcc, a DeepGEMM compiler for FP8 models,
 SGLang in the host's Python, the ports the Plan reserves, smg on the router host, nixl on the
-worker hosts. `check_spec` (pure) says per host what playbooks/check.yml reads there;
-`judge` (pure) turns what it read into one `CheckItem` each; `check_hosts` runs the playbook over
-the same inventory and ansible-runner path as provisioning and prints the table.
+worker hosts, the locked-memory limit, the RDMA devices with the GID index, GPUDirect RDMA, the
+same SGLang, torch and Mooncake versions on every worker host, and (`kit.hosts.reach`) every
+port a peer host must reach. `check_spec` (pure) says per host what playbooks/check.yml reads
+there; `judge` (pure) turns what it read into one `CheckItem` each, `compare_versions` (pure)
+compares the hosts; `check_hosts` runs the playbook over the same inventory and ansible-runner
+path as provisioning and prints the table. `judge_all` is the whole verdict over the facts of
+every host, callable without Ansible (a Slurm job step that ran the probes itself).
 
 Each item ends in one of three verdicts: ok, *install* (missing, and `pdkit provision` installs
 it: packages, the interpreter where apt may be used, SGLang, smg, nixl) and *fail* (the user
@@ -29,11 +33,20 @@ from kit.hosts.inventory import DeployHost
 from kit.hosts.playbook import failure_report, run_playbook
 from kit.hosts.progress import AnsibleView
 from kit.hosts.provision import FactsCollector, fp8_model
+from kit.hosts.reach import Reach, check_reach, fix
 from kit.plan.router import SMG_REQUIREMENT
 from kit.topology import ports
+from kit.topology.nics import RDMA_BACKENDS
 from kit.topology.plan_types import Plan, PortUse, WorkerProcess
 
 Verdict = Literal["ok", "install", "fail"]
+
+MOONCAKE_DISTRIBUTIONS = (
+    "mooncake-transfer-engine",
+    "mooncake-transfer-engine-cuda13",
+    "mooncake-transfer-engine-non-cuda",
+)
+"""Mooncake's builds on PyPI (CUDA 12, CUDA 13, none): a host has one of them."""
 
 ITEMS = (
     "OS",
@@ -46,6 +59,11 @@ ITEMS = (
     "ports",
     "smg",
     "nixl",
+    "locked memory",
+    "RDMA devices",
+    "GPUDirect RDMA",
+    "versions",
+    "reachable ports",
 )
 """The checklist's items, in the order docs/provisioning.md lists them."""
 
@@ -58,6 +76,8 @@ MIN_DRIVER_BRANCH = 580
 NVRTC_ENV = "SGLANG_DG_USE_NVRTC"
 PYTHON_CANDIDATES = ("python3", "python3.13", "python3.12", "python3.11")
 """pdkit_python's candidates (its defaults/main.yml)."""
+COMPARED = ("sglang", "torch", *MOONCAKE_DISTRIBUTIONS)
+"""Distributions whose versions must agree across the worker hosts (prefill and decode skew)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +123,11 @@ def host_ports(plan: Plan, host: str) -> list[tuple[str, PortUse]]:
     return out
 
 
+def _rdma_gpu_workers(plan: Plan, host: DeployHost) -> tuple[WorkerProcess, ...]:
+    """The GPU workers on `host` that register GPU memory with a NIC (an RDMA backend)."""
+    return _gpu_workers(plan, host) if plan.transfer_backend in RDMA_BACKENDS else ()
+
+
 def _python(plan: Plan, host: DeployHost) -> str:
     """The interpreter the host's SGLang workers run with (sglang_python, else the venv's)."""
     return next((w.python for w in plan.on_host(host.name) if w.python), host.python)
@@ -117,13 +142,17 @@ def check_spec(plan: Plan, host: DeployHost, extra_vars: Mapping[str, Any]) -> d
     else:
         candidates = list(PYTHON_CANDIDATES) if interpreter == "auto" else [interpreter]
     distributions = ["sglang"] if workers and plan.engine == "sglang" else []
+    if distributions:
+        distributions += [d for d in COMPARED if d != "sglang"]
     if workers and plan.transfer_backend == "nixl":
         distributions.append("nixl")
     executables = ["smg"] if plan.router.kind == "smg" and plan.runs_router(host.name) else []
     ranges = sorted({(use.first, use.last) for _, use in host_ports(plan, host.name)})
     gpu = bool(_gpu_workers(plan, host))
+    gid_index = next((w.gid_index for w in workers if w.gid_index is not None), None)
     return {
         "pdkit_check_gpu": gpu,
+        "pdkit_check_rdma": bool(_rdma_gpu_workers(plan, host)),
         "pdkit_check_spec": {
             "candidates": candidates,
             "python": _python(plan, host),
@@ -131,6 +160,7 @@ def check_spec(plan: Plan, host: DeployHost, extra_vars: Mapping[str, Any]) -> d
             "executables": executables,
             "ports": [list(r) for r in ranges],
             "nvcc": gpu and fp8_model(plan),
+            "gid_index": "" if gid_index is None else str(gid_index),
         },
     }
 
@@ -291,6 +321,205 @@ def judge(
             "ok" if have else "install",
             "" if have else "pdkit provision installs it",
         )
+    if plan.on_host(name) and plan.engine == "sglang" and plan.transfer_backend in RDMA_BACKENDS:
+        items.append(_memlock(host, found.get("memlock")))
+    if _rdma_gpu_workers(plan, host):
+        items += _rdma(plan, host, facts.get("rdma") or {})
+    return items
+
+
+def _memlock(host: DeployHost, limit: Mapping[str, Any] | None) -> CheckItem:
+    """The NIC pins (registers) the KV buffers: the workers need an unlimited locked-memory
+    limit. systemd units set LimitMEMLOCK=infinity; a supervisord launch script raises its own
+    limit with `ulimit -l unlimited`, which works below an unlimited hard limit or as root with
+    CAP_SYS_RESOURCE (not in most containers)."""
+    needed = "unlimited for the workers (Mooncake registers the KV buffers with the NIC)"
+    if host.plan.service_manager == "systemd":
+        return CheckItem(host.name, "locked memory", needed, "LimitMEMLOCK=infinity (unit)", "ok")
+
+    def shown(value: Any) -> str:
+        return "unlimited" if int(value) < 0 else f"{int(value) // 1024} KiB"
+
+    if not limit:
+        return CheckItem(host.name, "locked memory", needed, "not read", "fail", _MEMLOCK_FIX)
+    seen = f"ulimit -l {shown(limit['soft'])} (hard {shown(limit['hard'])})"
+    if int(limit["hard"]) < 0 or limit.get("raisable"):
+        return CheckItem(host.name, "locked memory", needed, seen + ", can be raised", "ok")
+    return CheckItem(
+        host.name, "locked memory", needed, seen + ", cannot be raised", "fail", _MEMLOCK_FIX
+    )
+
+
+_MEMLOCK_FIX = (
+    "raise the hard locked-memory limit to unlimited for the user that starts the workers: "
+    "`pdkit provision T` writes /etc/security/limits.d/90-pdkit-memlock.conf (new SSH sessions "
+    "with PAM get it: log in again), or `--ulimit memlock=-1:-1` for a container; otherwise "
+    'Mooncake fails with "Failed to register memory ... Cannot allocate memory"'
+)
+
+
+def _rdma(plan: Plan, host: DeployHost, rdma: Mapping[str, Any]) -> list[CheckItem]:
+    """The topology's RDMA devices exist with an ACTIVE port and the GID index; GPUDirect RDMA
+    (nvidia_peermem loaded, or dma-buf) lets the NIC register GPU memory."""
+    name = host.name
+    workers = plan.on_host(name)
+    wanted = sorted({d for w in workers for d in w.rdma_devices})
+    gid_index = next((w.gid_index for w in workers if w.gid_index is not None), None)
+    devices = [str(d.get("name")) for d in rdma.get("devices") or []]
+    active = set(rdma.get("active_devices") or [])
+    with_gid = set(rdma.get("devices_with_gid_index") or [])
+    problems = [f"{d} missing" for d in wanted if d not in devices]
+    problems += [f"{d} has no ACTIVE port" for d in wanted if d in devices and d not in active]
+    if gid_index is not None:
+        problems += [f"{d} has no GID {gid_index}" for d in wanted if d in active - with_gid]
+    needed = f"{', '.join(wanted) or 'a device'} ACTIVE" + (
+        f", GID index {gid_index}" if gid_index is not None else ""
+    )
+    if not wanted and not devices:
+        problems.append("no RDMA device")
+    items = [
+        CheckItem(
+            name,
+            "RDMA devices",
+            needed,
+            "; ".join(problems) + f" (host has: {', '.join(devices) or 'none'})"
+            if problems
+            else f"{', '.join(sorted(active))} ACTIVE",
+            "fail" if problems else "ok",
+            "correct hosts[].rdma_devices / gpu_nics and transfer.gid_index (`pdkit discover T` "
+            "proposes them from what the host has), or bring the link up"
+            if problems
+            else "",
+        )
+    ]
+    direct = rdma.get("gpudirect") or {}
+    if direct.get("nvidia_peermem"):
+        seen = "nvidia_peermem loaded"
+    elif direct.get("dmabuf"):
+        seen = f"dma-buf ({direct.get('kernel')}, open kernel modules)"
+    else:
+        seen = (
+            f"nvidia_peermem not loaded, no dma-buf (driver: {direct.get('driver') or 'none'}; "
+            f"kernel {direct.get('kernel') or '?'})"
+        )
+    ok = bool(direct.get("nvidia_peermem") or direct.get("dmabuf"))
+    items.append(
+        CheckItem(
+            name,
+            "GPUDirect RDMA",
+            "nvidia_peermem, or dma-buf (the NIC registers GPU memory)",
+            seen,
+            "ok" if ok else "fail",
+            ""
+            if ok
+            else "`modprobe nvidia_peermem` and list it in /etc/modules-load.d/, or use NVIDIA's "
+            "open kernel modules on Linux 5.12+ (dma-buf); otherwise Mooncake fails with "
+            '"Failed to register memory ... Bad address"',
+        )
+    )
+    return items
+
+
+def compare_versions(plan: Plan, facts_by_host: Mapping[str, Mapping[str, Any]]) -> list[CheckItem]:
+    """One "versions" item per worker host when the worker hosts run different versions of
+    SGLang, torch or Mooncake (`COMPARED`); a host in the minority (or every host of a tie)
+    fails, naming the others' versions. Nothing when fewer than two hosts run workers. Pure."""
+    hosts = [h.name for h in plan.hosts if plan.on_host(h.name) and h.name in facts_by_host]
+    if len(hosts) < 2:
+        return []
+    found: dict[str, dict[str, str]] = {}
+    for host in hosts:
+        python = (facts_by_host[host].get("host") or {}).get("python") or {}
+        have = python.get("distributions") or {}
+        found[host] = {d: str(have[d]) for d in COMPARED if have.get(d)}
+    odd: dict[str, list[str]] = {host: [] for host in hosts}
+    for dist in COMPARED:
+        by_version: dict[str, list[str]] = {}
+        for host in hosts:
+            if dist in found[host]:
+                by_version.setdefault(found[host][dist], []).append(host)
+        if len(by_version) < 2:
+            continue
+        most = max(len(v) for v in by_version.values())
+        majority = [v for v, h in by_version.items() if len(h) == most]
+        for version, holders in by_version.items():
+            if len(majority) == 1 and version == majority[0]:
+                continue
+            others = "; ".join(
+                f"{', '.join(h)}: {v}" for v, h in sorted(by_version.items()) if v != version
+            )
+            for host in holders:
+                odd[host].append(f"{dist} {version} ({others})")
+    items = []
+    for host in hosts:
+        shown = ", ".join(f"{d} {v}" for d, v in found[host].items()) or "none found"
+        if odd[host]:
+            items.append(
+                CheckItem(
+                    host,
+                    "versions",
+                    "the same SGLang, torch and Mooncake on every worker host",
+                    "; ".join(odd[host]),
+                    "fail",
+                    f"install the same versions everywhere: `pdkit provision T` installs "
+                    f"sglang=={plan.sglang_version} with its pins on every host (or point every "
+                    "host's sglang_python at equal environments)",
+                )
+            )
+        else:
+            items.append(
+                CheckItem(
+                    host,
+                    "versions",
+                    "the same SGLang, torch and Mooncake on every worker host",
+                    shown,
+                    "ok",
+                )
+            )
+    return items
+
+
+def reach_items(results: Sequence[Reach]) -> list[CheckItem]:
+    """One "reachable ports" item per host that must reach another host's ports. Pure."""
+    items = []
+    for source in dict.fromkeys(r.route.source for r in results):
+        mine = [r for r in results if r.route.source == source]
+        failed = [r for r in mine if not r.ok]
+        needed = f"{len(mine)} port(s) on other hosts (bootstrap, dist-init)"
+        if not failed:
+            items.append(CheckItem(source, "reachable ports", needed, "all reached", "ok"))
+            continue
+        items.append(
+            CheckItem(
+                source,
+                "reachable ports",
+                needed,
+                "; ".join(
+                    f"{r.route.target} {r.route.port} ({r.route.process} {r.route.what}) {r.state}"
+                    for r in failed
+                ),
+                "fail",
+                "; ".join(dict.fromkeys(fix(r) for r in failed)),
+            )
+        )
+    return items
+
+
+def judge_all(
+    plan: Plan,
+    hosts: Sequence[DeployHost],
+    facts_by_host: Mapping[str, Mapping[str, Any]],
+    extra_vars: Mapping[str, Any] | None = None,
+) -> list[CheckItem]:
+    """Every host's items (`judge`) and the comparison across hosts (`compare_versions`), in
+    host order. Pure: what `pdkit provision --check` prints, for any caller that gathered the
+    facts (Ansible's check.yml, or a launcher that ran the probes as a job step)."""
+    versions = {i.host: i for i in compare_versions(plan, facts_by_host)}
+    items: list[CheckItem] = []
+    for host in hosts:
+        items += judge(plan, host, facts_by_host[host.name], extra_vars)
+        if host.name in versions:
+            items.append(versions[host.name])
     return items
 
 
@@ -409,12 +638,14 @@ def check_hosts(
         )
     if not result.ok:
         raise DeployError(failure_report(result))
-    items = []
+    facts_by_host = {}
     for host in ctx.hosts:
         facts = collector.facts.get(host.name, {}).get(FACT)
         if facts is None:
             raise DeployError(f"check.yml returned no facts for {host.name}.")
-        items += judge(ctx.plan, host, facts, extra_vars)
+        facts_by_host[host.name] = facts
+    items = judge_all(ctx.plan, ctx.hosts, facts_by_host, extra_vars)
+    items += reach_items(check_reach(ctx.plan, ctx.hosts_by_name))
     work = ctx.state_dir / "provision"
     work.mkdir(parents=True, exist_ok=True)
     (work / "check.json").write_text(

@@ -29,6 +29,7 @@ from kit.observe.doctor import (
     run_matrix,
     shorten,
 )
+from kit.observe.doctor_logs import finding_lines, log_findings
 from kit.topology.plan_types import Plan
 
 DEFAULT_INPUT_TOKENS = 2048
@@ -315,9 +316,23 @@ def doctor(
     moved KV and gave the expected tokens."""
     matrix = check(plan, options, read_log)
     cost = kv_cost(plan, matrix, input_tokens)
+    findings = log_findings(plan, read_log)
     if as_json:
-        text = json.dumps(matrix_to_json(matrix, cost), indent=2)
+        data = matrix_to_json(matrix, cost)
+        data["log_findings"] = [
+            {
+                "process": f.process,
+                "name": f.match.signature.name,
+                "count": f.count,
+                "line": f.match.line,
+                "fix": f.lines(matrix.ok)[1].strip().removeprefix("To fix: "),
+            }
+            for f in findings
+        ]
+        text = json.dumps(data, indent=2)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
     else:
         show(matrix, console, cost)
+        for line in finding_lines(findings, matrix.ok):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0 if matrix.ok else 1

@@ -62,6 +62,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "Mooncake worker_pool.cpp",
     ),
     _sig(
+        "local_protection",
+        r"Process failed for slice .*: local protection error",
+        "the NIC refused to read or write a KV buffer of this process (ibverbs' local "
+        "protection error): the buffer is not registered with this NIC, or no longer; seen "
+        "with GPU memory behind a missing or wrong GPUDirect path (the cause is unresolved "
+        "upstream, Mooncake's 'Failed to get kvcache' follows)",
+        "check GPUDirect RDMA and the NICs (`pdkit provision T --check`: nvidia_peermem or "
+        "dma-buf, each GPU's NIC on its rail), test the rails (`pdkit provision T "
+        "--transfer-test`), and report the line upstream with both roles' Mooncake version",
+        "Mooncake worker_pool.cpp",
+    ),
+    _sig(
         "register_memlock",
         r"Failed to register memory.*(Cannot allocate memory|\[12\])",
         "the NIC could not pin the KV buffer: the locked-memory limit is too low",
@@ -145,7 +157,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "the prefill never heard from the decode of this request: the decode could not reach "
         "it, or had no KV room",
         "check the decode's log for the reason, and that decodes reach the prefill's bootstrap "
-        "port and Mooncake ports (15000-17000)",
+        "port and Mooncake ports (15000-17000); when it happens only under load (the decodes "
+        "short of KV room), raise transfer.timeouts.bootstrap_timeout_s "
+        "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s) or add decode capacity",
         "SGLang disaggregation/common/conn.py",
     ),
     _sig(
@@ -156,7 +170,10 @@ SIGNATURES: tuple[Signature, ...] = (
         "firewall dropping the Mooncake ports, a NIC on the wrong rail, a wrong GID index)",
         "open TCP 15000-17000 between prefill and decode hosts, check the NIC map and "
         "transfer.gid_index (`pdkit discover T`), and test the rails with "
-        "`pdkit provision T --transfer-test`",
+        "`pdkit provision T --transfer-test`; when it happens only under load (transfers queued "
+        "behind others), raise transfer.timeouts.waiting_timeout_s "
+        "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 s) and the transfer threads "
+        "(SGLANG_DISAGGREGATION_THREAD_POOL_SIZE in the roles' env)",
         "SGLang disaggregation/common/conn.py, Mooncake transfer_engine",
     ),
     _sig(
@@ -176,6 +193,28 @@ SIGNATURES: tuple[Signature, ...] = (
         "the lines around it in both workers' logs say why; `pdkit provision T "
         "--transfer-test` tests the path between the two hosts",
         "SGLang disaggregation/mooncake/conn.py",
+    ),
+    _sig(
+        "dist_init_unreachable",
+        r"The client socket has timed out after \S+ while trying to connect to \(",
+        "a node of a multi-node instance could not reach its rank 0's dist-init port "
+        "(torch.distributed's TCPStore): a firewall, a wrong address, or rank 0 not started",
+        "open the dist-init port (`pdkit render T --json`: workers[].dist_init_addr) between the "
+        "instance's nodes and set hosts[].network_interface; `pdkit provision T --check` tries "
+        "the port from every node",
+        "torch distributed/c10d socket.cpp",
+    ),
+    _sig(
+        "nccl_watchdog",
+        r"Watchdog caught collective operation timeout",
+        "a collective between the ranks of an instance did not finish within torch's timeout: "
+        "a rank hung or died, the link between the nodes is broken or slow, or one step "
+        "(loading, DeepGEMM compiling) took longer on one rank",
+        "raise cluster.distributed_timeout_s (--dist-timeout and "
+        "TORCH_DISTRIBUTED_DEFAULT_TIMEOUT; `cluster.profile: wide_ep` sets 3600 s) when a "
+        "step is only slow; when a rank hangs, see every node's log (`pdkit logs T NAME`) and "
+        "check NCCL_SOCKET_IFNAME / NCCL_IB_HCA (hosts[].network_interface, rdma_devices)",
+        "torch distributed/c10d ProcessGroupNCCL.cpp",
     ),
 )
 

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from kit.errors import Problem
-from kit.net import bare_host, is_ip, is_loopback
+from kit.net import bare_host, is_ip, is_loopback, is_wildcard
 from kit.topology import ports
 from kit.topology.autoscale_checks import autoscale_problems
 from kit.topology.cpu_hosts import cpu_host_problems
@@ -265,8 +265,14 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
     return problems
 
 
+HOST_IP_ENV = "SGLANG_HOST_IP"
+"""SGLang's override of the address a worker's transfer engine registers at its bootstrap."""
+
+
 def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Iterator[Problem]:
-    """Whoever must reach a process on another host needs a routable address to reach."""
+    """Whoever must reach a process on another host needs a routable address to reach: not
+    loopback (nor, but for a bind, the unspecified 0.0.0.0 / ::), and a prefill's advertised
+    address (SGLANG_HOST_IP) neither."""
     decode_hosts = {n.host for p in placements if p.role == "decode" for n in p.nodes}
     router_host = topology.router_host
     if router_host not in {h.name for h in topology.hosts}:
@@ -297,7 +303,8 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
                     ("hosts", _host_index(topology, node.host), "address"),
                 ),
             ):
-                if is_loopback(value) and (p.role, what) not in reported:
+                unreachable = is_loopback(value) or (what != "binds" and is_wildcard(value))
+                if unreachable and (p.role, what) not in reported:
                     reported.add((p.role, what))
                     yield Problem(
                         path,
@@ -305,6 +312,24 @@ def _addresses(topology: Topology, placements: list[InstancePlacement]) -> Itera
                         f"{', '.join(sorted(peers))} cannot reach.",
                         f"use {node.host}'s routable address (or 0.0.0.0 for bind).",
                     )
+            # The address a prefill's transfer engine advertises (SGLang: SGLANG_HOST_IP).
+            advertised = {**topology.defaults.env, **spec.env}.get(HOST_IP_ENV)
+            if (
+                p.role == "prefill"
+                and advertised
+                and peers
+                and (is_loopback(advertised) or is_wildcard(advertised))
+                and (p.role, HOST_IP_ENV) not in reported
+            ):
+                reported.add((p.role, HOST_IP_ENV))
+                key = "env" if HOST_IP_ENV in spec.env else None
+                yield Problem(
+                    (p.role, "env") if key else ("defaults", "env"),
+                    f"{HOST_IP_ENV}={advertised} makes {p.name} on {node.host} advertise an "
+                    f"address {', '.join(sorted(peers))} cannot reach.",
+                    f"remove {HOST_IP_ENV} (SGLang then advertises the host's address), or set "
+                    f"it to {node.host}'s routable address.",
+                )
 
 
 def _rdma_coverage(topology: Topology, placed: Placement) -> Iterator[Problem]:

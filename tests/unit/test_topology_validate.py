@@ -157,6 +157,27 @@ def test_prefill_bound_to_loopback_with_a_remote_decode(write_topology):
     assert "binds 127.0.0.1" in problem.message and "b" in problem.message
 
 
+def test_a_prefill_reached_or_advertised_at_0_0_0_0_or_loopback_is_refused(write_topology):
+    data = base_topology()
+    data["hosts"][0]["address"] = "0.0.0.0"
+    problem = one_problem(write_topology, data, "hosts[0].address")
+    assert "is reached at 0.0.0.0, which b cannot reach" in problem.message
+
+    data = base_topology()
+    data["prefill"]["env"] = {"SGLANG_HOST_IP": "127.0.0.1"}
+    problem = one_problem(write_topology, data, "prefill.env")
+    assert "SGLANG_HOST_IP=127.0.0.1 makes prefill-0 on a advertise an address b" in problem.message
+    assert "remove SGLANG_HOST_IP" in problem.fix
+
+    data = base_topology()
+    data["defaults"] = {"env": {"SGLANG_HOST_IP": "0.0.0.0"}}
+    assert "SGLANG_HOST_IP=0.0.0.0" in one_problem(write_topology, data, "defaults.env").message
+
+    data = base_topology()
+    data["prefill"]["bind"] = "0.0.0.0"  # binding every address is fine
+    assert resolve(write_topology(data)).role("prefill")[0].bind == "0.0.0.0"
+
+
 def test_every_gpu_needs_an_rdma_device(write_topology):
     data = base_topology()
     data["hosts"][1]["gpu_nics"] = {0: "mlx5_0", 1: "mlx5_1"}  # decode uses GPUs 0-3

@@ -178,6 +178,9 @@ def test_check_verifies_the_checklist_over_ssh_read_only(
         "gcc",
         "SGLang",
         "ports",
+        "locked memory",
+        "RDMA devices",
+        "GPUDirect RDMA",
     ], check.stdout
     assert "570.86.15 (CUDA 12.8), 2 GPU(s)" in rows["NVIDIA driver"]
     assert rows["NVIDIA driver"].endswith("FAIL")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,7 +14,16 @@ import sys
 import pytest
 
 from kit.hosts.context import load_context
-from kit.hosts.hostcheck import ITEMS, check_spec, exit_code, judge, table
+from kit.hosts.hostcheck import (
+    ITEMS,
+    MOONCAKE_DISTRIBUTIONS,
+    check_spec,
+    compare_versions,
+    exit_code,
+    judge,
+    judge_all,
+    table,
+)
 from tests.conftest import REPO, base_topology
 
 PROBE = REPO / "playbooks/roles/pdkit_check/files/host_check.py"
@@ -35,6 +45,13 @@ GOOD_HOST = {
         "executables": {},
     },
     "listening": [],
+    "memlock": {"soft": 65536, "hard": -1, "raisable": True},
+}
+GOOD_RDMA = {
+    "devices": [{"name": f"mlx5_{i}"} for i in range(8)],
+    "active_devices": [f"mlx5_{i}" for i in range(8)],
+    "devices_with_gid_index": [],
+    "gpudirect": {"nvidia_peermem": True, "dmabuf": False, "driver": "", "kernel": "6.8.0"},
 }
 GOOD_GPU = {
     "ok": True,
@@ -45,8 +62,12 @@ GOOD_GPU = {
 }
 
 
-def facts(**host) -> dict:
-    return {"host": {**GOOD_HOST, **host}, "nvidia": GOOD_GPU}
+def facts(rdma: dict | None = None, **host) -> dict:
+    return {
+        "host": {**GOOD_HOST, **host},
+        "nvidia": GOOD_GPU,
+        "rdma": {**GOOD_RDMA, **(rdma or {})},
+    }
 
 
 def verdicts(items) -> dict[str, str]:
@@ -68,6 +89,9 @@ def test_a_ready_gpu_host_passes_every_item_that_applies(ctx):
         "gcc": "ok",
         "SGLang": "ok",
         "ports": "ok",
+        "locked memory": "ok",
+        "RDMA devices": "ok",
+        "GPUDirect RDMA": "ok",
     }
     assert exit_code(items) == 0
     driver = next(i for i in items if i.item == "NVIDIA driver")
@@ -163,7 +187,8 @@ def test_smg_on_the_router_host_and_nixl_on_worker_hosts(write_topology):
     data["transfer"]["backend"] = "nixl"
     ctx = load_context(write_topology(data), control_python="/ctl/venv/bin/python")
     spec = check_spec(ctx.plan, ctx.host("b"), {})["pdkit_check_spec"]
-    assert spec["executables"] == ["smg"] and spec["distributions"] == ["sglang", "nixl"]
+    assert spec["executables"] == ["smg"]
+    assert spec["distributions"] == ["sglang", "torch", *MOONCAKE_DISTRIBUTIONS, "nixl"]
     assert check_spec(ctx.plan, ctx.host("a"), {})["pdkit_check_spec"]["executables"] == []
     items = verdicts(judge(ctx.plan, ctx.host("b"), facts()))
     assert items["smg"] == "install" and items["nixl"] == "install"
@@ -221,3 +246,109 @@ def test_sglang_hosts_need_glibc_2_34_for_sglang_s_manylinux_2_34_wheel(ctx):
     assert (os_item.item, os_item.verdict) == ("OS", "fail")
     assert os_item.needed == "Linux x86_64, glibc 2.34+ (manylinux_2_34 wheels)"
     assert "glibc 2.34 or newer" in os_item.fix
+
+
+def _supervisord_ctx(write_topology):
+    data = base_topology()
+    for host in data["hosts"]:
+        host["service_manager"] = "supervisord"
+    data["transfer"]["gid_index"] = 3
+    return load_context(write_topology(data), control_python="/ctl/venv/bin/python")
+
+
+def test_a_locked_memory_limit_the_workers_cannot_raise_fails_before_they_start(write_topology):
+    ctx = _supervisord_ctx(write_topology)
+    rdma = {"devices_with_gid_index": [f"mlx5_{i}" for i in range(8)]}
+    low = {"soft": 65536, "hard": 65536, "raisable": False}
+    item = next(
+        i
+        for i in judge(ctx.plan, ctx.host("a"), facts(rdma, memlock=low))
+        if i.item == "locked memory"
+    )
+    assert (item.verdict, item.found) == (
+        "fail",
+        "ulimit -l 64 KiB (hard 64 KiB), cannot be raised",
+    )
+    assert "limits.d/90-pdkit-memlock.conf" in item.fix and "Cannot allocate memory" in item.fix
+    root = {"soft": 65536, "hard": 65536, "raisable": True}  # CAP_SYS_RESOURCE: ulimit -l works
+    assert (
+        verdicts(judge(ctx.plan, ctx.host("a"), facts(rdma, memlock=root)))["locked memory"] == "ok"
+    )
+    # systemd units set LimitMEMLOCK=infinity themselves.
+    systemd = load_context(write_topology(base_topology()), control_python="/ctl/venv/bin/python")
+    item = next(
+        i
+        for i in judge(systemd.plan, systemd.host("a"), facts(memlock=low))
+        if i.item == "locked memory"
+    )
+    assert (item.verdict, item.found) == ("ok", "LimitMEMLOCK=infinity (unit)")
+
+
+def test_missing_down_or_gid_less_nics_and_no_gpudirect_fail_naming_the_fix(write_topology):
+    ctx = _supervisord_ctx(write_topology)
+    assert check_spec(ctx.plan, ctx.host("a"), {})["pdkit_check_rdma"] is True
+    assert check_spec(ctx.plan, ctx.host("a"), {})["pdkit_check_spec"]["gid_index"] == "3"
+    rdma = {
+        "devices": [{"name": "mlx5_0"}, {"name": "mlx5_1"}, {"name": "mlx5_2"}],
+        "active_devices": ["mlx5_0", "mlx5_2"],
+        "devices_with_gid_index": ["mlx5_0"],
+        "gpudirect": {
+            "nvidia_peermem": False,
+            "dmabuf": False,
+            "driver": "NVRM 580",
+            "kernel": "5.4.0",
+        },
+    }
+    items = {i.item: i for i in judge(ctx.plan, ctx.host("a"), facts(rdma))}
+    nics = items["RDMA devices"]
+    assert nics.verdict == "fail"
+    assert nics.found == (
+        "mlx5_3 missing; mlx5_1 has no ACTIVE port; mlx5_2 has no GID 3 "
+        "(host has: mlx5_0, mlx5_1, mlx5_2)"
+    )
+    assert "pdkit discover T" in nics.fix
+    direct = items["GPUDirect RDMA"]
+    assert direct.verdict == "fail" and "modprobe nvidia_peermem" in direct.fix
+    assert direct.found.startswith("nvidia_peermem not loaded, no dma-buf")
+    dmabuf = {**rdma["gpudirect"], "dmabuf": True, "kernel": "6.8.0"}
+    ok = verdicts(judge(ctx.plan, ctx.host("a"), facts({"gpudirect": dmabuf})))
+    assert ok["GPUDirect RDMA"] == "ok"
+    # Without an RDMA backend nothing registers GPU memory with a NIC: neither item applies.
+    data = base_topology()
+    data["transfer"]["backend"] = "mooncake_tcp"
+    tcp = load_context(write_topology(data), control_python="/ctl/venv/bin/python")
+    assert "GPUDirect RDMA" not in verdicts(judge(tcp.plan, tcp.host("a"), facts()))
+    assert "locked memory" not in verdicts(judge(tcp.plan, tcp.host("a"), facts()))
+
+
+def test_sglang_torch_and_mooncake_versions_are_compared_across_worker_hosts(ctx):
+    def host_facts(torch: str) -> dict:
+        dists = {"sglang": "0.5.23", "torch": torch, "mooncake-transfer-engine-cuda13": "0.3.7"}
+        return facts(python={"path": "/opt/pdkit/venv/bin/python", "distributions": dists})
+
+    same = {"a": host_facts("2.14.1"), "b": host_facts("2.14.1")}
+    assert {i.verdict for i in compare_versions(ctx.plan, same)} == {"ok"}
+    skew = {"a": host_facts("2.14.1"), "b": host_facts("2.13.0")}
+    items = judge_all(ctx.plan, ctx.hosts, skew)
+    versions = [i for i in items if i.item == "versions"]
+    assert [(i.host, i.verdict) for i in versions] == [("a", "fail"), ("b", "fail")]
+    assert versions[1].found == "torch 2.13.0 (a: 2.14.1)"
+    assert "sglang==0.5.23" in versions[1].fix
+    assert exit_code(items) == 1
+
+
+def test_the_probe_says_whether_the_locked_memory_limit_can_be_raised(tmp_path):
+    spec = base64.b64encode(json.dumps({"candidates": []}).encode()).decode()
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or shutil.which("prlimit") is None:
+        pytest.skip("needs root, setpriv and prlimit to take CAP_SYS_RESOURCE away")
+    # A container-like session: 64 KiB hard limit, no CAP_SYS_RESOURCE to go past it.
+    argv = ["prlimit", "--memlock=65536:65536", setpriv, "--bounding-set=-sys_resource"]
+    done = subprocess.run(
+        [*argv, sys.executable, str(PROBE), spec],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(done.stdout)["memlock"] == {"soft": 65536, "hard": 65536, "raisable": False}

@@ -20,6 +20,11 @@ REAL_LINES = {
     "for slice (opcode: 1, source_addr: 0x562d8af8eb00, length: 1024, dest_addr: "
     "0x55e665a32540, local_nic: mlx5_1, peer_nic: 10.107.204.141:16388@mlx5_0, dest_rkey: 0, "
     "retry_cnt: 1): transport retry counter exceeded",
+    # The same worker_pool.cpp line with ibv_wc_status_str(IBV_WC_LOC_PROT_ERR).
+    "local_protection": "E0624 11:00:23.673532 74622 worker_pool.cpp:307] Worker: Process failed "
+    "for slice (opcode: 0, source_addr: 0x7f1e00000000, length: 65536, dest_addr: "
+    "0x7f3a20000000, local_nic: mlx5_2, peer_nic: 10.107.204.141:16388@mlx5_0, dest_rkey: "
+    "2097152, retry_cnt: 0): local protection error",
     # Mooncake rdma_context.cpp: PLOG(ERROR) << "Failed to register memory " << addr (ENOMEM).
     "register_memlock": "E0512 10:02:11.482913 88213 rdma_context.cpp:539] Failed to register "
     "memory 0x7f2b40000000: Cannot allocate memory [12]",
@@ -69,6 +74,15 @@ REAL_LINES = {
     "transfer_failed": "[2026-05-12 10:02:11 TP0] Prefill transfer failed for request rank=0 "
     "req.rid='9f2c' req.bootstrap_room=4121 with exception KVTransferError(bootstrap_room=4121): "
     "Failed to send kv chunk of 4121 to 10.0.0.2:37233",
+    # torch c10d socket.cpp (SocketConnectOp::throwTimeoutError), a node of a multi-node
+    # instance that cannot reach rank 0's TCPStore (torch 2.x's glog-style prefix).
+    "dist_init_unreachable": "[E728 15:01:59.561275187 socket.cpp:1028] [c10d] The client socket "
+    "has timed out after 600000ms while trying to connect to (10.0.0.1, 5000).",
+    # torch ProcessGroupNCCL.cpp (the watchdog's LOG(ERROR)), with its rank prefix.
+    "nccl_watchdog": "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+    "NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds "
+    "before timing out.",
 }
 
 

@@ -4,9 +4,11 @@ The argument is a base64 JSON spec: {"candidates": [interpreters to try for 3.11
 "python": the interpreter pdkit's processes run with, "distributions": [names whose installed
 version to read with it], "executables": [names to find in its bin/ or on PATH],
 "ports": [[first, last], ...], "nvcc": bool}. Prints {"os", "interpreter", "gcc", "nvcc",
-"python", "executables", "listening"}; `listening` holds the TCP listeners on the spec's ports
-with the process holding each (pid, command, and the PDKIT_DEPLOYMENT / PDKIT_PROCESS of its
-environment, readable as root).
+"python", "executables", "listening", "memlock"}; `listening` holds the TCP listeners on the
+spec's ports with the process holding each (pid, command, and the PDKIT_DEPLOYMENT /
+PDKIT_PROCESS of its environment, readable as root); `memlock` this session's locked-memory
+limit (soft, hard; -1: unlimited) and whether it may be raised to unlimited, as a worker's
+launch script does with `ulimit -l unlimited` (a hard limit of unlimited, or CAP_SYS_RESOURCE).
 
 Read-only; never fails: what is missing is reported empty.
 """
@@ -16,6 +18,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -184,6 +187,21 @@ def listening(ranges):
     return out
 
 
+def memlock():
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    try:
+        # This probe's own limit only: what `ulimit -l unlimited` in a launch script would get.
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        raisable = True
+    except (ValueError, OSError):
+        raisable = False
+
+    def shown(limit):
+        return -1 if limit == resource.RLIM_INFINITY else limit
+
+    return {"soft": shown(soft), "hard": shown(hard), "raisable": raisable}
+
+
 def main():
     spec = json.loads(base64.b64decode(sys.argv[1]).decode()) if len(sys.argv) > 1 else {}
     found, tried = interpreter(spec.get("candidates", ["python3"]))
@@ -197,6 +215,7 @@ def main():
         "python": python_env(spec.get("python") or sys.executable,
                              spec.get("distributions", []), spec.get("executables", [])),
         "listening": listening(spec.get("ports", [])),
+        "memlock": memlock(),
     }))
 
 
