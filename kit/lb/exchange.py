@@ -61,6 +61,7 @@ class Exchange:
     kv: Choice | None = None  # cache_aware's choice for the last attempt
     claimed: bool = False  # holds a promised prefill slot (--prefill-max-inflight)
     cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
+    poison: str = ""  # the body's fingerprint once a prefill died under it (kit.lb.poison)
 
 
 def path_headers(ex: Exchange) -> dict[str, str]:

@@ -45,6 +45,7 @@ from kit.lb.info import InfoRoutes
 from kit.lb.kv_index import KvIndex, KvSubscriber
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
+from kit.lb.poison import PoisonGuard
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
 from kit.lb.recent import RecentRequests
@@ -98,6 +99,7 @@ class LoadBalancer:
             )
             self.metrics.admission = self.admission
         self.access = AccessLog(config.access_log)
+        self.poison = self.metrics.poison = PoisonGuard()
         self.rng = random.Random(config.seed)
         self.recent = RecentRequests()
         self.kv_index: KvIndex | None = None
@@ -267,6 +269,8 @@ class LoadBalancer:
             on_failure=self._log_failure,
             recent=self.recent,
             admission=self.admission,
+            poison=self.poison,
+            alive=self._alive,
         )
         if self.admission is not None:
             self._loads = WorkerLoads(
@@ -349,6 +353,13 @@ class LoadBalancer:
             )
         elif new is State.UNHEALTHY:
             log.warning("%s worker %s is out: %s", worker.role, worker.url, worker.reason)
+
+    async def _alive(self, worker: Worker) -> bool:
+        """One health probe of `worker` now: whether it answers (the poison rule's test)."""
+        if self._monitor is None:
+            return False
+        healthy, _, _ = await self._monitor.probe(worker)
+        return healthy
 
     def _on_connection_error(self, worker: Worker, detail: str) -> None:
         backoff = self.pool.record_connection_error(worker, detail, time.monotonic())
