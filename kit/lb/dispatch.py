@@ -69,7 +69,7 @@ from kit.lb.policies import Policy
 from kit.lb.prefill_queue import PrefillQueue
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.recent import PathRecord, RecentRequests
-from kit.lb.stream import ClientGone, StreamRelay
+from kit.lb.stream import ClientGone, EventRewriter, StreamRelay
 from kit.lb.upstream import Connection, Upstream, UpstreamError
 from kit.lb.workers import Worker, WorkerPool
 
@@ -286,14 +286,15 @@ class Dispatcher:
             rank = None
             if choice is not None and choice.dp_rank is not None:
                 rank = (choice.dp_rank, choice.dp_size)
-            body, room = pd.encode(
+            wire = ex.follow.wire if ex.follow is not None else pd  # what the legs get
+            body, room = wire.encode(
                 prefill.bootstrap_host, prefill.bootstrap_port, self._rng, dp_rank=rank
             )
             if choice is not None and self._cache_aware is not None:
                 self._cache_aware.begin(choice)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
-            send = self._legs.send(pd.path_bytes, body, ex.request_id)
+            send = self._legs.send(wire.path_bytes, body, ex.request_id)
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
@@ -506,7 +507,7 @@ class Dispatcher:
                     status=upstream.status,
                     headers=self._response_headers(ex, upstream.content_type or "application/json"),
                 )
-            merger = None
+            merger: EventRewriter | None = ex.follow  # ids followed, taken out, or bridged
             if keep:
                 merger = StreamMerger(pd.merge, await pair.prefill_task)
             try:

@@ -45,6 +45,7 @@ from kit.lb.info import InfoRoutes
 from kit.lb.kv_index import KvIndex, KvSubscriber
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
+from kit.lb.openai_stream import IdStream
 from kit.lb.poison import PoisonGuard
 from kit.lb.policies import Policy, make_policy
 from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
@@ -106,10 +107,18 @@ class LoadBalancer:
         self.cache_aware: CacheAware | None = None
         prefill_policy: Policy
         self.tokenizer: ModelTokenizer | None = None
-        if config.prompt_tokens and prompt_vocab(config) is None:
-            # Said once, at start-up: whether text prompts get exact ids.
+        # Said once, at start-up: whether text prompts get exact ids, and what it costs if not.
+        if prompt_vocab(config) is not None:
+            self.metrics.prompt_tokenizer = "sim"
+            log.info(
+                "the emulated model's tokenizer (--prompt-tokens %s): text prompts get the sim "
+                "workers' own ids here",
+                config.prompt_tokens,
+            )
+        else:
             self.tokenizer, note = load_for_router(prompt_tokenizer_path(config))
             log.log(logging.INFO if self.tokenizer else logging.WARNING, "%s", note)
+            self.metrics.prompt_tokenizer = "model" if self.tokenizer else "none"
         limits = self.tokenizer.limits if self.tokenizer else None
         self.vocab_size = limits.vocab_size if limits else prompt_vocab(config)
         self.context_length = config.context_length or (
@@ -492,6 +501,8 @@ class LoadBalancer:
                 stream = pd.stream
                 self._check_prompt(pd)
                 ex = Exchange(request, pd, started, request_id)
+                if self.config.migrate and stream:
+                    ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:
                 cause = error.cause

@@ -73,6 +73,11 @@ SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
 
 
+# model_config.get_default_sampling_params: the generation_config.json keys SGLang 0.5.23's chat
+# uses for the sampling fields a request leaves unset.
+SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+
+
 class TokenizerError(LbError):
     """The model folder has no usable tokenizer; the message says which file and why."""
 
@@ -200,9 +205,13 @@ class ModelTokenizer:
         limits: ModelLimits,
         *,
         verified: bool = True,
+        sampling_defaults: Mapping[str, float] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self.verified = verified
+        # generation_config.json's sampling fields: what SGLang's chat takes for the ones a
+        # request leaves unset (`--sampling-defaults model`, its default)
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.special_tokens = dict(special_tokens)
         self.limits = limits
         self.chat_template = chat_template
@@ -258,7 +267,21 @@ class ModelTokenizer:
         positions = source.get("max_position_embeddings")
         limits = ModelLimits(vocab, positions if isinstance(positions, int) else None)
         verified = tokenizer_class in _BOS_BY_DEFAULT or tokenizer_class in _GENERIC_CLASSES
-        return cls(tokenizer, special, _chat_template(folder, config), limits, verified=verified)
+        generation_path = folder / "generation_config.json"
+        generation = _read_json(generation_path) if generation_path.is_file() else {}
+        defaults = {
+            key: float(value)
+            for key in SAMPLING_DEFAULT_KEYS
+            if isinstance(value := generation.get(key), int | float) and not isinstance(value, bool)
+        }
+        return cls(
+            tokenizer,
+            special,
+            _chat_template(folder, config),
+            limits,
+            verified=verified,
+            sampling_defaults=defaults,
+        )
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a /generate ``text`` or a /v1/completions ``prompt`` string."""
@@ -387,7 +410,8 @@ def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
     start-up about it. Without one the router does what it does without a tokenizer: text
     prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)."""
     fallback = (
-        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)"
+        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / "
+        "4), and OpenAI streams cut by a dead decode end with an error instead of going on"
     )
     if folder is None:
         return None, f"no model tokenizer (--prompt-tokens model:PATH): {fallback}"
