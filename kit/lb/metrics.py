@@ -22,6 +22,9 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_migrations_total{reason}                 counter (died, stalled)
     pdkit_lb_migrations_refused_total{reason}         counter (why a cut stream was not continued)
     pdkit_lb_held_total{role}                         counter (requests that waited for a worker)
+    pdkit_lb_prompt_tokenizer{kind}                   gauge: 1 for how the router gets a text
+                                                       prompt's ids (model: the model's
+                                                       tokenizer; sim; none: it does not)
     pdkit_lb_poison_suspects_total                    counter: requests under which a prefill
                                                        died (kit.lb.poison)
     pdkit_lb_poison_refused_total                     counter: requests refused by the poison
@@ -187,6 +190,7 @@ class LbMetrics:
         self.admission: Admission | None = None
         self.cache_aware: CacheAware | None = None
         self.poison: PoisonGuard | None = None
+        self.prompt_tokenizer = "none"  # model, sim or none (kit.lb.server says which)
         self.admitted: dict[str, int] = {}
         self.rejected: dict[tuple[str, str], int] = {}
         self.ttft_error = Histogram(RATIO_BUCKETS)
@@ -319,6 +323,14 @@ class LbMetrics:
             "1 while draining after SIGTERM",
             value=1.0 if self.draining else 0.0,
         )
+        tokenizer = GaugeMetricFamily(
+            "pdkit_lb_prompt_tokenizer",
+            "1 for how the router gets a text prompt's token ids: model (the served model's "
+            "tokenizer), sim (the emulated model's), none (it does not: lengths estimated)",
+            labels=["kind"],
+        )
+        tokenizer.add_metric([self.prompt_tokenizer], 1.0)
+        yield tokenizer
         yield from _worker_families(self._workers())
         if self.admission is not None:
             yield from self._admission_families(self.admission)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kit.observe.probe import Fetched, RouterAnswers
-from kit.observe.router import evaluate_router
+from kit.observe.prom import parse_metrics
+from kit.observe.router import evaluate_router, prompt_tokenizer_note
 from kit.observe.view import router_lines
 from kit.topology.schema import SLO
 from tests.support.observe_builders import (
@@ -142,3 +143,16 @@ pdkit_lb_kv_hit_rate{{worker="{P0}"}} 0.75
     text = router_lines(status).plain
     assert "1,178 blocks  hit rate 75%  predictions agreed 95% (19/20)" in text
     assert "not live: routing without it" in text
+
+
+def test_a_router_without_the_model_tokenizer_is_said_once_with_what_it_costs():
+    none = parse_metrics('pdkit_lb_prompt_tokenizer{kind="none"} 1.0\n')
+    note = prompt_tokenizer_note(none)
+    assert "no model tokenizer" in note and "UTF-8 bytes / 4" in note
+    assert "--prompt-tokens model:PATH" in note
+    for kind in ("model", "sim"):
+        assert (
+            prompt_tokenizer_note(parse_metrics(f'pdkit_lb_prompt_tokenizer{{kind="{kind}"}} 1\n'))
+            == ""
+        )
+    assert prompt_tokenizer_note(parse_metrics("smg_router_requests_total 3\n")) == ""
