@@ -204,6 +204,12 @@ class RouterProcess(Frozen):
         description="Seconds the router holds a request while a role has no serving worker "
         "(pdkit: router.faults.hold_timeout_s; smg holds none: 0).",
     )
+    tokenizer_path: str | None = Field(
+        None,
+        description="pdkit: the folder the router loads the served model's tokenizer from "
+        "(--prompt-tokens model:PATH), else None; provisioning puts the tokenizer files there "
+        "on the router's host when no worker of that host has the weights.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
     @property
