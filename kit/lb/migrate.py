@@ -221,7 +221,7 @@ class Migration:
             return "limit", "the request ran out of time"
         if ex.retries + ex.migrations >= self._config.retries:
             return "budget", f"the request used its {self._config.retries} retries (--retries)"
-        why = refusal(ex.pd, ex.follow is not None)
+        why = refusal(ex.pd, ex.follow is not None and ex.follow.exact)
         if why is not None:
             return "inexact", f"a continuation would not be exact: {why}"
         return None

@@ -107,6 +107,7 @@ class IdStream:
         self.ids: list[int] = []  # generated ids the client got
         self.text = ""  # text the client got
         self.finished = False  # a finish_reason went out
+        self.exact = True  # every chunk with text carried its ids
         self.role_sent = False  # chat: the assistant role chunk went out
         self.cut = 0  # ids before the last cut (usage of a continuation)
         self.joined = False  # events now come from a continuation
@@ -167,6 +168,8 @@ class IdStream:
         finish = None
         choice: dict[str, Any] = choices[0] if choices and isinstance(choices[0], dict) else {}
         if choice:
+            if "token_ids" not in choice and choice.get("text"):
+                self.exact = False  # a worker that does not answer return_token_ids
             new_ids = choice.pop("token_ids", None) or []
             prompt_ids = choice.pop("prompt_token_ids", None)
             self.ids.extend(int(t) for t in new_ids)

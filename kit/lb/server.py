@@ -502,6 +502,8 @@ class LoadBalancer:
                 self._check_prompt(pd)
                 ex = Exchange(request, pd, started, request_id)
                 if self.config.migrate and stream:
+                    if pd.ids is None:  # ids a client sent count without a tokenizer too
+                        pd.ids = prompt_ids(pd, None)
                     ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:

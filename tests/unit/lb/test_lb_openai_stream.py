@@ -134,3 +134,13 @@ def test_a_stop_string_across_the_join_ends_the_stream():
     assert rejoin.event(_chunk(" ignored", [10])) == b":"  # the new decode's rest is dropped
     usage = json.loads(rejoin.event(_usage(len(PROMPT) + 2, 5)))["usage"]
     assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] == len(PROMPT)
+
+
+def test_a_stream_whose_chunks_carry_no_ids_is_not_continued():
+    body = {"model": "m", "prompt": "x", "stream": True, "max_tokens": 8}
+    follow = IdStream.plan(_pd(COMPLETIONS, body), None, None)
+    assert follow is not None
+    chunk = json.loads(_chunk("a", [7]))
+    del chunk["choices"][0]["token_ids"]
+    follow.event(json.dumps(chunk).encode())
+    assert not follow.exact
