@@ -99,7 +99,7 @@ def base_topology() -> dict:
         ],
         "prefill": {"count": 2, "tp": 2, "hosts": ["a"]},
         "decode": {"count": 1, "tp": 4, "hosts": ["b"]},
-        "transfer": {"backend": "mooncake"},
+        "transfer": {"backend": "mooncake", "fabric": "infiniband"},
         "router": {"host": "a"},
     }
 

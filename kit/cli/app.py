@@ -42,11 +42,12 @@ def _main(
     _state["debug"] = debug
 
 
-def resolve_plan(topology: Path) -> Plan:
-    """The topology's Plan, every check run (`kit.plan.resolve`)."""
+def resolve_plan(topology: Path, state_base: Path | None = None) -> Plan:
+    """The topology's Plan, every check run (`kit.plan.resolve`), with `pdkit discover`'s
+    facts from the state dir (`state_base`: --state-dir)."""
     from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
-    return resolve(topology)
+    return resolve(topology, state_base=state_base)
 
 
 def order_commands(names: tuple[str, ...]) -> None:

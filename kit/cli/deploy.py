@@ -81,7 +81,7 @@ def up(
     from kit.deploy import up as deploy_up  # noqa: PLC0415
     from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     options = UpOptions(
         worker_timeout=timeout,
         router_timeout=router_timeout,
@@ -147,7 +147,7 @@ def restart(
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import restart as deploy_restart  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     options = UpOptions(
         worker_timeout=timeout,
         verbose=verbose,
@@ -173,7 +173,7 @@ def down(
     from kit.deploy import DeployContext  # noqa: PLC0415
     from kit.deploy import down as deploy_down  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     deploy_down(context, console, verbose)
 
 
@@ -287,7 +287,7 @@ def provision(
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
         raise PdkitError(
             "--check only reads the hosts: leave out --dry-run, --transfer-test, "
@@ -349,5 +349,5 @@ def discover(
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
     )
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     run_discover(context, console, options)

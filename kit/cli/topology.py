@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kit.cli.app import app, console, err_console, resolve_plan
-from kit.cli.options import JsonOpt, TopologyArg
+from kit.cli.options import JsonOpt, StateDirOpt, TopologyArg
 
 UpgradeToOpt = Annotated[
     str | None,
@@ -36,14 +36,20 @@ StrictOpt = Annotated[
     "listed otherwise."
 )
 def validate(
-    topology: TopologyArg, strict: StrictOpt = False, upgrade_to: UpgradeToOpt = None
+    topology: TopologyArg,
+    strict: StrictOpt = False,
+    upgrade_to: UpgradeToOpt = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
-    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
+    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags), with what
+    `pdkit discover`'s facts (in the state dir) fill in."""
     from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
 
-    plan = resolve(topology, strict=strict)
-    for warning in warnings(topology):
+    plan = resolve(topology, strict=strict, state_base=state_dir)
+    for warning in warnings(topology, state_dir):
         err_console.print(f"warning: {warning}", markup=False, highlight=False)
+    for field in plan.discovered:
+        console.print(f"from `pdkit discover`'s facts: {field}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
@@ -80,11 +86,11 @@ def _upgrade_report(path: Path, version: str) -> None:
     epilog="Examples:\n\n  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
     "  pdkit render topologies/local.yaml --json | jq '.workers[].command'"
 )
-def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
+def render(topology: TopologyArg, as_json: JsonOpt = False, state_dir: StateDirOpt = None) -> None:
     """Show the exact launch command of every process, per host (or the Plan as JSON)."""
     from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve_plan(topology)
+    plan = resolve_plan(topology, state_dir)
     if as_json:
         print(plan.model_dump_json(indent=2))
     else:

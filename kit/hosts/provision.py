@@ -146,6 +146,21 @@ def _router_tokenizer(plan: Plan, host: str, *, has_weights: bool) -> dict[str, 
     return {"pdkit_model_tokenizer_path": folder, "pdkit_model_tokenizer_from": source}
 
 
+def package_vars(plan: Plan) -> dict[str, Any]:
+    """What the pinned SGLang needs installed (the Plan's `packages`, its dialect's): the
+    Mooncake version, the Mooncake build when torch's CUDA cannot be read, and the oldest
+    driver branch its torch's CUDA runs on."""
+    packages = plan.packages
+    if packages is None:
+        return {}
+    return {
+        "pdkit_python_mooncake_version": packages.mooncake_version,
+        "pdkit_python_mooncake_fallback_package": packages.mooncake_package,
+        "pdkit_nvidia_min_driver_branch": packages.min_driver_branch,
+        "pdkit_nvidia_cuda": packages.cuda,
+    }
+
+
 def provision_vars(
     plan: Plan,
     host: DeployHost,
@@ -185,6 +200,7 @@ def provision_vars(
         # workers do not bring the weights there, provisioning copies the tokenizer files.
         **_router_tokenizer(plan, host.name, has_weights=bool(workers) and not sim),
         "pdkit_python_sglang_version": plan.sglang_version,
+        **package_vars(plan),
         # smg runs from the router host's venv (launch scripts put its bin/ first on PATH).
         "pdkit_python_router_packages": [SMG_REQUIREMENT]
         if plan.router.kind == "smg" and plan.router.host == host.name

@@ -48,7 +48,7 @@ from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.openai_stream import IdStream
 from kit.lb.poison import PoisonGuard
 from kit.lb.policies import Policy, make_policy
-from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
+from kit.lb.protocol import GENERATE, PD_ROUTES, PdRequest, parse_request
 from kit.lb.recent import RecentRequests
 from kit.lb.tokenizer import ModelTokenizer, load_for_router
 from kit.lb.upstream import Upstream
@@ -501,7 +501,7 @@ class LoadBalancer:
                 stream = pd.stream
                 self._check_prompt(pd)
                 ex = Exchange(request, pd, started, request_id)
-                if self.config.migrate and stream:
+                if self.config.migrate and stream and path != GENERATE:
                     if pd.ids is None:  # ids a client sent count without a tokenizer too
                         pd.ids = prompt_ids(pd, None)
                     ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length)

@@ -10,6 +10,7 @@ the KV pool's master from `kit.plan.kvpool`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from kit.net import bare_host
@@ -18,6 +19,7 @@ from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
 from kit.sglang import hicache, render
+from kit.sglang.dialects import dialect
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
@@ -116,11 +118,14 @@ def build_workers(
     return workers
 
 
-def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Plan:
+def build_plan(
+    topology: Topology, topology_dir: Path, placed: Placement, discovered: Sequence[str] = ()
+) -> Plan:
     """The Plan of a validated topology placed as `placed` (call only after validation passed).
 
     `topology_dir` is the absolute folder of the topology file: relative host roots and key
-    files are taken from there."""
+    files are taken from there. `discovered`: the fields `pdkit discover`'s facts filled in
+    (`kit.topology.facts.with_facts`), recorded in the Plan."""
     if placed.problems:  # validation runs first; this guards misuse of the API
         raise ValueError(f"topology does not place: {placed.problems[0]}")
     topology = _paths_resolved(topology, topology_dir)
@@ -164,4 +169,6 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        packages=dialect(topology.sglang_version).packages,
+        discovered=tuple(discovered),
     )

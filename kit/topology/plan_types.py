@@ -26,6 +26,26 @@ class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Packages(Frozen):
+    """What an SGLang version's wheel pins that a GPU host must match (its METADATA's
+    Requires-Dist), as its dialect (`kit.sglang.dialects`) says; provisioning reads it from the
+    Plan. `min_driver_branch` is the NVIDIA driver branch its torch's CUDA needs;
+    `mooncake_package` the Mooncake build for that CUDA."""
+
+    torch: str
+    cuda: str
+    sglang_kernel: str
+    flashinfer: str
+    deep_gemm: str
+    mooncake_package: str
+    mooncake_version: str
+    min_driver_branch: int
+    python: str = ">=3.11"
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: str(value) for name, value in self.model_dump().items()}
+
+
 class Command(Frozen):
     """What a process runs: `python -m MODULE ARGS` or `EXECUTABLE ARGS`.
 
@@ -339,6 +359,14 @@ class Plan(Frozen):
     )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
+    packages: Packages | None = Field(
+        None, description="What provisioning installs for the pinned SGLang (its dialect's)."
+    )
+    discovered: tuple[str, ...] = Field(
+        (),
+        description="The fields `pdkit discover`'s facts filled in where the topology leaves "
+        "them out (`hosts[a].network_interface: eth0`).",
+    )
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""

@@ -276,7 +276,18 @@ class Transfer(Strict):
         "Default: per_gpu where a host has gpu_nics, else host.",
     )
     gid_index: int | None = Field(
-        None, ge=0, description="RoCE GID index (MC_GID_INDEX); a wrong one fails transfers."
+        None,
+        ge=0,
+        description="RoCE GID index (MC_GID_INDEX, NCCL_IB_GID_INDEX, NVSHMEM_IB_GID_INDEX); a "
+        "wrong or missing one fails transfers (Mooncake falls back to 3). Required on RoCE; "
+        "default: the IPv4-mapped RoCE v2 index common to the workers' NICs in `pdkit discover`'s "
+        "facts.",
+    )
+    fabric: Literal["infiniband", "roce"] | None = Field(
+        None,
+        description="The RDMA NICs' link layer: `roce` (Ethernet: transfer.gid_index required) "
+        "or `infiniband`. Default: what `pdkit discover` found (unknown without its facts: a "
+        "warning for an RDMA backend on engine sglang).",
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra Mooncake variables (MC_*), set on every worker."

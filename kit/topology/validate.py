@@ -61,7 +61,8 @@ def _interfaces(topology: Topology, placements: list[InstancePlacement]) -> Iter
                 f"{host.address}: gloo may bind the 127.0.1.1 the host name maps to, and the "
                 "ranks never meet.",
                 f"set it to the interface `ip -o addr show to {host.address}` names (it is "
-                "rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).",
+                "rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), or run `pdkit "
+                "discover T`, whose facts fill it in.",
             )
 
 
