@@ -21,6 +21,9 @@ held, from /metrics); TTFT and TPOT p99 over the window. smg has no such counter
 
 Ports come from --port-base (default 44600, the range hand-started servers use here). Logs
 go to .bench/chaos/. Subsets: --faults, --routers; --rate, --tokens, --stop-seconds.
+`--route chat` sends streamed `/v1/chat/completions` instead (what `pdkit bench` sends: a
+shared system prompt and a question each); pdkit's router then gets `--prompt-tokens
+sim:VOCAB`, so that it knows the prompt ids and follows the streams (kit/lb/openai_stream.py).
 """
 
 from __future__ import annotations
@@ -40,11 +43,14 @@ from pathlib import Path
 
 import aiohttp
 
+from kit.perf.models import resolve_model
 from tests.support.sim_launch import SimProcess, worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_DIR = REPO / ".bench" / "chaos"
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_GPU": "H100-SXM"}
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # worker_argv's, the sims' emulated model
+SYSTEM_PROMPT = " ".join(["You answer questions about a long shared document, briefly."] * 40)
 FAULTS = {
     "kill-prefill": (2, 2),
     "stop-prefill": (2, 2),
@@ -85,8 +91,11 @@ class Row:
 class Cluster:
     """Sim workers and one router on fixed ports from `base`."""
 
-    def __init__(self, prefills: int, decodes: int, router: str, base: int, log_dir: Path) -> None:
+    def __init__(
+        self, prefills: int, decodes: int, router: str, base: int, log_dir: Path, *, chat: bool
+    ) -> None:
         self.router = router
+        self.chat = chat
         self.log_dir = log_dir
         self.workers: list[SimProcess] = []
         self.prefill: list[SimProcess] = []
@@ -120,7 +129,9 @@ class Cluster:
         listen = ["--host", "127.0.0.1", "--port", str(self.port)]
         if self.router == "pdkit":
             # health probes every second, as a deployment with `router.args: {health-interval: 1}`
-            return [sys.executable, "-m", "kit.lb", *workers, *listen, "--health-interval", "1"]
+            tokens = ["--prompt-tokens", f"sim:{resolve_model(MODEL).vocab}"] if self.chat else []
+            lb = [sys.executable, "-m", "kit.lb", *workers, *listen, *tokens]
+            return [*lb, "--health-interval", "1"]
         smg = os.environ.get("PDKIT_SMG", str(REPO / ".venv-smg/bin/smg"))
         # what kit.plan.router renders for smg from the topology's default router.faults
         faults = ["--retry-max-retries", "4", "--retry-initial-backoff-ms", "50"]
@@ -171,14 +182,31 @@ class Cluster:
             w.stop(grace_s=2.0)
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, tokens: int, seq: int) -> Result:
-    result = Result(time.monotonic())
+def request_body(tokens: int, seq: int, chat: bool) -> tuple[str, dict[str, object]]:
+    """(route, body) of request `seq`: a 256-id /generate prompt, or a chat."""
+    if chat:
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Question {seq}: what happened on day {seq % 97}?"},
+        ]
+        return "/v1/chat/completions", {"messages": messages, "max_tokens": tokens, "stream": True}
     prompt = [(seq * 31 + i) % 30000 + 100 for i in range(256)]
-    body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": tokens}}
+    return "/generate", {
+        "input_ids": prompt,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": tokens},
+    }
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, tokens: int, seq: int, chat: bool = False
+) -> Result:
+    result = Result(time.monotonic())
+    route, body = request_body(tokens, seq, chat)
     times: list[float] = []
     try:
         async with session.post(
-            url + "/generate", json=body, timeout=aiohttp.ClientTimeout(total=120)
+            url + route, json=body, timeout=aiohttp.ClientTimeout(total=120)
         ) as r:
             if r.status != 200:
                 result.error = f"HTTP {r.status}"
@@ -256,7 +284,7 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
     prefills, decodes = FAULTS[fault]
     log_dir = LOG_DIR / f"{fault}-{router}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    c = Cluster(prefills, decodes, router, args.port_base, log_dir)
+    c = Cluster(prefills, decodes, router, args.port_base, log_dir, chat=args.route == "chat")
     row = Row(fault, router, f"{prefills}P{decodes}D")
     try:
         await c.start()
@@ -275,7 +303,9 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
                 gap = 1.0 / args.rate
                 nxt = time.monotonic()
                 while not until.is_set():
-                    task = asyncio.create_task(one_request(session, c.url, args.tokens, seq))
+                    task = asyncio.create_task(
+                        one_request(session, c.url, args.tokens, seq, args.route == "chat")
+                    )
                     tasks.add(task)
                     task.add_done_callback(finished)
                     seq += 1
@@ -316,9 +346,14 @@ def ms(value: float | None) -> str:
 
 
 def table(rows: list[Row], args: argparse.Namespace) -> str:
+    what = (
+        "streamed chats (a shared system prompt, one question each)"
+        if args.route == "chat"
+        else "streamed /generate with 256-token prompts"
+    )
     lines = [
-        f"bench-chaos: {args.rate:g} req/s of streamed /generate ({args.tokens} tokens, 256-token "
-        f"prompts), fault after {args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
+        f"bench-chaos: {args.rate:g} req/s of {what} ({args.tokens} tokens), fault after "
+        f"{args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
         f"to {args.tail_seconds:g} s after the worker is back",
         "",
         "| fault | shape | router | sent | failed | retried | migrated | held | TTFT p99 ms "
@@ -362,6 +397,12 @@ def main() -> int:
     p.add_argument("--stop-seconds", type=float, default=20.0, help="SIGSTOP length (default 20)")
     p.add_argument("--tail-seconds", type=float, default=5.0, help="s of load after recovery")
     p.add_argument("--port-base", type=int, default=44600)
+    p.add_argument(
+        "--route",
+        choices=("generate", "chat"),
+        default="generate",
+        help="streamed /generate (default) or /v1/chat/completions",
+    )
     return asyncio.run(main_async(p.parse_args()))
 
 

@@ -135,6 +135,17 @@ def _model_source(plan: Plan) -> str:
     return "path" if plan.model.path.startswith("/") else "hub"
 
 
+def _router_tokenizer(plan: Plan, host: str, *, has_weights: bool) -> dict[str, str]:
+    """`pdkit_model_tokenizer_path` (the folder pdkit's router loads the model's tokenizer from,
+    where this host is the router's and holds no weights) and `pdkit_model_tokenizer_from` (a
+    worker host that has them); empty when there is nothing to copy."""
+    folder = plan.router.tokenizer_path
+    if folder is None or plan.router.host != host or has_weights:
+        return {"pdkit_model_tokenizer_path": "", "pdkit_model_tokenizer_from": ""}
+    source = next((w.host for w in plan.workers if w.host != host), "")
+    return {"pdkit_model_tokenizer_path": folder, "pdkit_model_tokenizer_from": source}
+
+
 def package_vars(plan: Plan) -> dict[str, Any]:
     """What the pinned SGLang needs installed (the Plan's `packages`, its dialect's): the
     Mooncake version, the Mooncake build when torch's CUDA cannot be read, and the oldest
@@ -185,6 +196,9 @@ def provision_vars(
         # Where `pdkit up` points the workers' HF_HOME (kit.hosts.inventory).
         "pdkit_model_hf_home": host.layout.hf_home,
         "pdkit_model_revision": plan.model.revision or "",
+        # pdkit's router loads the model's tokenizer from the model folder: on a host whose
+        # workers do not bring the weights there, provisioning copies the tokenizer files.
+        **_router_tokenizer(plan, host.name, has_weights=bool(workers) and not sim),
         "pdkit_python_sglang_version": plan.sglang_version,
         **package_vars(plan),
         # smg runs from the router host's venv (launch scripts put its bin/ first on PATH).

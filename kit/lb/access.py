@@ -30,6 +30,8 @@ The JSON object (`pdkit trace` reads it; times in ms, None as null):
     cached_actual   cache_aware: the prefill's own count (its meta_info cached_tokens)
     prompt_tokens   the prompt's token count where the router knows its ids (its tokenizer,
                     or ids the client sent), else null
+    poison          the body's fingerprint when a prefill died under it or the poison rule
+                    refused it (kit.lb.poison), else ""
 
 The line is built by hand (no json.dumps per request) from values that need no escaping: the
 request id is checked when it is read (kit.lb.exchange.client_request_id), worker URLs are
@@ -59,7 +61,7 @@ _LINE = (
     '"decode":%s,"bootstrap_room":%s,"queued_ms":%s,"prefill_ms":%s,"decode_ms":%s,'
     '"ttft_ms":%s,"e2e_ms":%.3f,"tokens":%s,"cause":"%s","admission":"%s",'
     '"retries":%d,"migrations":%d,"held_ms":%.3f,"dp_rank":%s,"cached_predicted":%s,'
-    '"cached_pending":%s,"cached_actual":%s,"prompt_tokens":%s}'
+    '"cached_pending":%s,"cached_actual":%s,"prompt_tokens":%s,"poison":"%s"}'
 )
 
 
@@ -125,6 +127,7 @@ class AccessLog:
                 _int_or_null(kv.pending if kv is not None and kv.predicted >= 0 else None),
                 _int_or_null(ex.cached_actual),
                 _int_or_null(None if ex.pd.ids is None else len(ex.pd.ids)),
+                ex.poison,
             )
         )
 
@@ -169,6 +172,7 @@ class AccessLog:
                 "null",
                 "null",
                 "null",
+                "",
             )
         )
 

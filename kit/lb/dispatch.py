@@ -30,7 +30,9 @@ no first token within --first-token-timeout) is sent again on a freshly chosen p
 rooms, within the request's budget (`retries`) and deadline (`retry_deadline`). Never after the
 first byte reached the client, never for a client that went away (its task is cancelled), never
 for a 4xx that the worker meant. Each failure counts against the worker it blames (outlier
-ejection, `WorkerPool.record_failure`).
+ejection, `WorkerPool.record_failure`). A prefill that lost its connection mid-request and is
+found dead makes the request a suspect: it goes only to that prefill once it is alive again,
+never to a fresh one, so that a request that kills costs at most one server (`kit.lb.poison`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -63,11 +65,12 @@ from kit.lb.legs import Leg, Legs, Pair, Send, first_event_error
 from kit.lb.logprobs import StreamMerger, merge_body
 from kit.lb.metrics import LbMetrics
 from kit.lb.migrate import Migration
+from kit.lb.poison import PROBE_EVERY, PoisonGuard, fingerprint
 from kit.lb.policies import Policy
 from kit.lb.prefill_queue import PrefillQueue
 from kit.lb.protocol import Merge, PdRequest, affinity_key
 from kit.lb.recent import PathRecord, RecentRequests
-from kit.lb.stream import ClientGone, StreamRelay
+from kit.lb.stream import ClientGone, EventRewriter, StreamRelay
 from kit.lb.upstream import Connection, Upstream, UpstreamError
 from kit.lb.workers import Worker, WorkerPool
 
@@ -95,9 +98,13 @@ class Dispatcher:
         recent: RecentRequests,
         admission: Admission | None = None,
         avoid: Mapping[str, frozenset[str]] | None = None,
+        poison: PoisonGuard | None = None,
+        alive: Callable[[Worker], Awaitable[bool]] | None = None,
     ) -> None:
         self._config = config
         self._avoid = avoid if avoid is not None else {}  # the token canary's wrong pairs
+        self._poison = poison if poison is not None else PoisonGuard()
+        self._alive = alive  # one health probe of a worker (None: none, every death counts)
         self._admission = admission
         self._pool = pool
         self._policies = policies
@@ -137,12 +144,19 @@ class Dispatcher:
 
     # -- selection ---------------------------------------------------------------------------
 
-    async def pick(self, ex: Exchange, role: Role, key: bytes | None, exclude: set[str]) -> Worker:
+    async def pick(
+        self,
+        ex: Exchange,
+        role: Role,
+        key: bytes | None,
+        exclude: set[str],
+        only: Worker | None = None,
+    ) -> Worker:
         """A worker of `role` for the next attempt: one that has not failed in this request
         when there is such, else any routable one; with none routable, hold. A prefill has
         room (`--prefill-max-inflight`) where the limit is set. cache_aware also chooses the
-        prefill's DP rank (`ex.kv`)."""
-        workers = self._pool.routable(role)
+        prefill's DP rank (`ex.kv`). `only`: that worker (a poison suspect's prefill)."""
+        workers = [only] if only is not None else self._pool.routable(role)
         if not workers:
             workers = await self._hold.wait(ex, role, exclude)
         if exclude:
@@ -185,10 +199,15 @@ class Dispatcher:
         decode: Worker,
         excluded: set[str],
         priority: Priority,
+        pinned: bool = False,
     ) -> Worker:
-        """Admit the request (on `prefill` or a better one, returned) or raise the 429."""
+        """Admit the request (on `prefill` or a better one, returned, unless `pinned`) or
+        raise the 429."""
         tokens = ex.ticket.tokens if ex.ticket else prompt_size(ex.pd)
-        prefills = [w for w in self._pool.routable("prefill") if w.url not in excluded]
+        if pinned:
+            prefills = [prefill]
+        else:
+            prefills = [w for w in self._pool.routable("prefill") if w.url not in excluded]
         verdict = admission.decide(prefill, prefills, decode, tokens, priority)
         if isinstance(verdict, Rejection):
             ex.admission = f"rejected:{verdict.reason}"
@@ -216,11 +235,24 @@ class Dispatcher:
         self._metrics.receive(prompt_size(pd))
         admission = self._admission
         priority = self._priority(ex.request) if admission is not None else "normal"
+        pinned = None
+        if self._poison:  # some body is remembered: is this one?
+            ex.poison = fingerprint(pd.path, pd.raw)
+            url = self._poison.pinned(ex.poison)  # raises for a poison body
+            if url is not None:
+                pinned = self._pool.get(url)
+                if pinned is None:  # its prefill was removed from the pool: no one to wait for
+                    raise self._poison.not_back(ex.poison, url, 0.0)
+            else:
+                ex.poison = ""
         await self._queue.turn(ex)
         try:
-            return await self._attempts(ex, pd, key, admission, priority)
+            response = await self._attempts(ex, pd, key, admission, priority, pinned=pinned)
         finally:
             self._queue.claim(ex, False)
+        if ex.poison:
+            self._poison.served(ex.poison)
+        return response
 
     async def _attempts(
         self,
@@ -229,12 +261,17 @@ class Dispatcher:
         key: bytes | None,
         admission: Admission | None,
         priority: Priority,
+        *,
+        pinned: Worker | None,
     ) -> web.StreamResponse:
-        """`dispatch`'s attempts: a pair, the request sent, a fresh pair after a failure."""
+        """`dispatch`'s attempts: a pair, the request sent, a fresh pair after a failure
+        (or, for a poison suspect, its own prefill once alive again)."""
         excluded: set[str] = set()
         deadline = ex.started + self._config.retry_deadline
         while True:
-            prefill = await self.pick(ex, "prefill", key, excluded)
+            if pinned is not None:
+                await self._until_alive(ex, pinned, deadline)
+            prefill = await self.pick(ex, "prefill", key, excluded, only=pinned)
             avoid = self._avoid.get(prefill.url)
             decode = await self.pick(ex, "decode", key, excluded | avoid if avoid else excluded)
             if admission is not None:
@@ -245,6 +282,7 @@ class Dispatcher:
                     decode=decode,
                     excluded=excluded,
                     priority=priority,
+                    pinned=pinned is not None,
                 )
             choice = ex.kv
             if choice is not None and choice.worker is not prefill:  # admission moved it
@@ -252,14 +290,15 @@ class Dispatcher:
             rank = None
             if choice is not None and choice.dp_rank is not None:
                 rank = (choice.dp_rank, choice.dp_size)
-            body, room = pd.encode(
+            wire = ex.follow.wire if ex.follow is not None else pd  # what the legs get
+            body, room = wire.encode(
                 prefill.bootstrap_host, prefill.bootstrap_port, self._rng, dp_rank=rank
             )
             if choice is not None and self._cache_aware is not None:
                 self._cache_aware.begin(choice)
             ex.path = PathRecord(ex.request_id, pd.path, prefill.url, decode.url, room, ex.started)
             self._recent.chose(ex.path)
-            send = self._legs.send(pd.path_bytes, body, ex.request_id)
+            send = self._legs.send(wire.path_bytes, body, ex.request_id)
             try:
                 if pd.stream:
                     return await self._stream(ex, prefill, decode, send)
@@ -268,12 +307,53 @@ class Dispatcher:
                 worker = prefill if error.blame == prefill.url else decode
                 self.blame(worker, error)
                 excluded.add(worker.url)
+                if worker is prefill and await self._died_under(ex, prefill, error):
+                    pinned = prefill
                 if not self._may_retry(ex, error, deadline):
                     raise
                 ex.causes.append(error.cause)
                 ex.retries += 1
                 self._metrics.retry(error.role)
                 log.info("sending again on a fresh pair: %s", error.message)
+
+    async def _died_under(self, ex: Exchange, prefill: Worker, error: LegError) -> bool:
+        """Whether `prefill` died under this request (its connection lost mid-request, and a
+        probe finds it dead): then the request is a poison suspect, recorded (True), or
+        poison, refused at once (the ApiError raised). False: it may go anywhere."""
+        lost = error.cause == "prefill_transport" or (
+            error.cause == "decode_status" and error.role == "decode"
+        )
+        if error.unsent or not lost or error.blame != prefill.url:
+            return False
+        if self._alive is not None and await self._alive(prefill):
+            return False  # it answers: the connection was lost, the worker was not
+        if not ex.poison:
+            ex.poison = fingerprint(ex.pd.path, ex.pd.raw)
+        log.warning(
+            "prefill worker %s died under request %s (fingerprint %s): a poison suspect, "
+            "sent again only to that prefill once it is alive",
+            prefill.url,
+            ex.request_id,
+            ex.poison,
+        )
+        if not self._poison.died(ex.poison, prefill.url):
+            raise self._poison.poisoned(ex.poison) from error
+        return True
+
+    async def _until_alive(self, ex: Exchange, prefill: Worker, deadline: float) -> None:
+        """Wait for a suspect's prefill to answer its probe, up to --hold-timeout within the
+        retry deadline; the 502 `poison_suspect` when it does not."""
+        started = time.monotonic()
+        end = min(started + self._config.hold_timeout, deadline)
+        while True:
+            if self._alive is not None and await self._alive(prefill):
+                ex.held_s += time.monotonic() - started
+                return
+            now = time.monotonic()
+            if now + PROBE_EVERY > end:
+                ex.held_s += now - started
+                raise self._poison.not_back(ex.poison, prefill.url, round(now - started, 1))
+            await asyncio.sleep(PROBE_EVERY)
 
     def blame(self, worker: Worker, error: LegError) -> None:
         """Count a failed leg against the worker it blames (a 4xx is the request's fault)."""
@@ -431,7 +511,7 @@ class Dispatcher:
                     status=upstream.status,
                     headers=self._response_headers(ex, upstream.content_type or "application/json"),
                 )
-            merger = None
+            merger: EventRewriter | None = ex.follow  # ids followed, taken out, or bridged
             if keep:
                 merger = StreamMerger(pd.merge, await pair.prefill_task)
             try:

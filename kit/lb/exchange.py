@@ -9,6 +9,7 @@ from aiohttp import web
 
 from kit.lb.admission import Ticket
 from kit.lb.cache_aware import Choice
+from kit.lb.openai_stream import IdStream
 from kit.lb.protocol import PdRequest
 from kit.lb.recent import PathRecord
 from kit.lb.stream import StreamRelay
@@ -61,6 +62,8 @@ class Exchange:
     kv: Choice | None = None  # cache_aware's choice for the last attempt
     claimed: bool = False  # holds a promised prefill slot (--prefill-max-inflight)
     cached_actual: int | None = None  # cached tokens the prefill reported (meta_info)
+    poison: str = ""  # the body's fingerprint once a prefill died under it (kit.lb.poison)
+    follow: IdStream | None = None  # an OpenAI stream whose ids the router follows (migration)
 
 
 def path_headers(ex: Exchange) -> dict[str, str]:

@@ -22,6 +22,18 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_migrations_total{reason}                 counter (died, stalled)
     pdkit_lb_migrations_refused_total{reason}         counter (why a cut stream was not continued)
     pdkit_lb_held_total{role}                         counter (requests that waited for a worker)
+    pdkit_lb_prompt_tokenizer{kind}                   gauge: 1 for how the router gets a text
+                                                       prompt's ids (model: the model's
+                                                       tokenizer; sim; none: it does not)
+    pdkit_lb_poison_suspects_total                    counter: requests under which a prefill
+                                                       died (kit.lb.poison)
+    pdkit_lb_poison_refused_total                     counter: requests refused by the poison
+                                                       rule (poison bodies, suspects whose
+                                                       prefill was not back)
+    pdkit_lb_poison_quarantined_total                 counter: bodies found poison (a second
+                                                       death)
+    pdkit_lb_poison_bodies{state}                     gauge: bodies remembered now (suspect,
+                                                       refused)
     pdkit_lb_held_requests                            gauge
     pdkit_lb_queued_requests                          gauge (waiting for a prefill with room:
                                                        --prefill-max-inflight)
@@ -88,6 +100,7 @@ from prometheus_client.registry import Collector
 from kit.lb.admission import Admission
 from kit.lb.cache_aware import CacheAware
 from kit.lb.canary import Canary
+from kit.lb.poison import PoisonGuard
 from kit.lb.workers import Worker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -185,6 +198,8 @@ class LbMetrics:
         self.admission: Admission | None = None
         self.cache_aware: CacheAware | None = None
         self.canary: Canary | None = None
+        self.poison: PoisonGuard | None = None
+        self.prompt_tokenizer = "none"  # model, sim or none (kit.lb.server says which)
         self.admitted: dict[str, int] = {}
         self.rejected: dict[tuple[str, str], int] = {}
         self.ttft_error = Histogram(RATIO_BUCKETS)
@@ -317,6 +332,14 @@ class LbMetrics:
             "1 while draining after SIGTERM",
             value=1.0 if self.draining else 0.0,
         )
+        tokenizer = GaugeMetricFamily(
+            "pdkit_lb_prompt_tokenizer",
+            "1 for how the router gets a text prompt's token ids: model (the served model's "
+            "tokenizer), sim (the emulated model's), none (it does not: lengths estimated)",
+            labels=["kind"],
+        )
+        tokenizer.add_metric([self.prompt_tokenizer], 1.0)
+        yield tokenizer
         yield from _worker_families(self._workers())
         if self.admission is not None:
             yield from self._admission_families(self.admission)
@@ -324,6 +347,8 @@ class LbMetrics:
             yield from _kv_families(self.cache_aware)
         if self.canary is not None:
             yield from self.canary.families()
+        if self.poison is not None:
+            yield from _poison_families(self.poison)
 
     def _admission_families(self, admission: Admission) -> Iterator[Metric]:
         admitted = CounterMetricFamily(
@@ -375,6 +400,32 @@ class LbMetrics:
             if predicted is not None:
                 step.add_metric([url], predicted)
         yield from (queue, rate, step)
+
+
+def _poison_families(guard: PoisonGuard) -> Iterator[Metric]:
+    for name, doc, value in (
+        (
+            "suspects",
+            "Requests under which a prefill died (sent again only to it)",
+            guard.suspects_total,
+        ),
+        ("refused", "Requests refused by the poison rule", guard.refused_total),
+        (
+            "quarantined",
+            "Request bodies found poison (a second prefill died)",
+            guard.quarantined_total,
+        ),
+    ):
+        family = CounterMetricFamily(f"pdkit_lb_poison_{name}", doc)
+        family.add_metric([], value)
+        yield family
+    bodies = GaugeMetricFamily(
+        "pdkit_lb_poison_bodies", "Request bodies the poison rule remembers now", labels=["state"]
+    )
+    suspect, refused = guard.counts()
+    bodies.add_metric(["suspect"], suspect)
+    bodies.add_metric(["refused"], refused)
+    yield bodies
 
 
 def _kv_families(policy: CacheAware) -> Iterator[Metric]:

@@ -14,12 +14,14 @@ original prompt). What SGLang 0.5.23 accepts decides where that is exact:
 - `/generate` with `text`: not exact. The ids of the prompt are not in the events unless
   `return_prompt_token_ids` is asked (then in every event, the whole prompt each time), and
   re-tokenizing prompt + generated text may give other tokens than were sampled.
-- `/v1/completions`: its streamed chunks carry only text deltas; `return_token_ids` adds the
-  ids, but the client has to ask for it, so this router does not continue them yet.
-- `/v1/chat/completions`: not exact. The request takes `input_ids` (the templated prompt) but
-  a stream returns the output ids only at its end (`sglext`, `return_output_ids_in_sglext`;
-  `return_token_ids` is refused with streaming), and `continue_final_message` re-tokenizes
-  the assistant's partial text.
+- `/v1/completions` and `/v1/chat/completions`: exact where the router follows the stream's
+  ids (`kit.lb.openai_stream`: completions legs asked for `return_token_ids`, chat bridged
+  through completions with the router's prompt ids); the continuation is the completions
+  request for the prompt plus the ids sent, its chunks rejoined by that module. Not where the
+  router has no prompt ids (text without a tokenizer), nor for `n` > 1, logprobs, echo,
+  tools, a response format or reasoning options: their chunks carry nothing exact to go on
+  from (chat returns its output ids only at the end, `continue_final_message` re-tokenizes
+  the assistant's partial text).
 
 Where it is not exact, the stream ends with an error event that says so.
 
@@ -53,7 +55,7 @@ from kit.lb.legs import Legs, Pair, Send, first_event_error
 from kit.lb.metrics import LbMetrics
 from kit.lb.protocol import GENERATE, Merge, PdRequest, parse_request
 from kit.lb.recent import PathRecord, RecentRequests
-from kit.lb.stream import StreamRelay
+from kit.lb.stream import EventRewriter, StreamRelay
 from kit.lb.upstream import Connection, UpstreamError
 from kit.lb.workers import Worker, WorkerPool
 
@@ -64,10 +66,16 @@ log = logging.getLogger("kit.lb.dispatch")
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
-def refusal(pd: PdRequest) -> str | None:
-    """Why a cut stream of this request cannot be continued exactly (None: it can)."""
+def refusal(pd: PdRequest, followed: bool = False) -> str | None:
+    """Why a cut stream of this request cannot be continued exactly (None: it can);
+    `followed`: an OpenAI stream whose ids the router follows."""
     if pd.path != GENERATE:
-        return "a stream of /v1/completions or /v1/chat/completions carries no token ids"
+        if followed:
+            return None
+        return (
+            "the router does not follow this stream's token ids (no prompt ids: text without "
+            "the model's tokenizer; or n > 1, logprobs, echo, tools, a response format)"
+        )
     body = pd.body
     if pd.batch_size is not None:
         return "a batched /generate"
@@ -213,7 +221,7 @@ class Migration:
             return "limit", "the request ran out of time"
         if ex.retries + ex.migrations >= self._config.retries:
             return "budget", f"the request used its {self._config.retries} retries (--retries)"
-        why = refusal(ex.pd)
+        why = refusal(ex.pd, ex.follow is not None and ex.follow.exact)
         if why is not None:
             return "inexact", f"a continuation would not be exact: {why}"
         return None
@@ -231,8 +239,15 @@ class Migration:
                 return ApiError(
                     cut.status, f"{cut.message}; the stream was not continued: {why}", cut.cause
                 )
-            sent = sent_so_far(ex.pd, relay.last_data)
-            following = continuation(ex.pd, sent)
+            follow = ex.follow
+            rejoin: EventRewriter
+            if follow is not None:
+                following = follow.continuation()
+                rejoin = follow
+            else:
+                sent = sent_so_far(ex.pd, relay.last_data)
+                following = continuation(ex.pd, sent)
+                rejoin = Rejoin(sent)
             if following is None:  # every token was sent: only the end was missing
                 await relay.finish()
                 return None
@@ -253,7 +268,9 @@ class Migration:
                 ex.request_id, ex.pd.path, prefill.url, decode.url, room, ex.started
             )
             self._recent.chose(ex.path)
-            send = self._legs.send(ex.pd.path_bytes, body, ex.request_id)
+            send = self._legs.send(following.path_bytes, body, ex.request_id)
+            if follow is not None:
+                rejoin = follow.rejoin()
             try:
                 await self._continue(
                     ex,
@@ -261,7 +278,7 @@ class Migration:
                     prefill=prefill,
                     decode=decode,
                     send=send,
-                    rejoin=Rejoin(sent),
+                    rejoin=rejoin,
                 )
                 return None
             except LegError as error:
@@ -280,7 +297,7 @@ class Migration:
         prefill: Worker,
         decode: Worker,
         send: Send,
-        rejoin: Rejoin,
+        rejoin: EventRewriter,
     ) -> None:
         """One attempt at the rest of a stream: both legs, then the new decode's events
         rewritten into the client's stream; raises the attempt's error (LegError)."""

@@ -37,7 +37,7 @@ from kit.lb.admin import AdminRoutes
 from kit.lb.admission import Admission, AdmissionConfig, prompt_size
 from kit.lb.cache_aware import CacheAware, prompt_ids
 from kit.lb.canary import Canary
-from kit.lb.config import LbConfig, Role, prompt_tokenizer_path, prompt_vocab
+from kit.lb.config import LbConfig, Role, prompt_vocab
 from kit.lb.dispatch import Dispatcher
 from kit.lb.errors import ApiError, error_body
 from kit.lb.exchange import Exchange, path_headers
@@ -47,11 +47,13 @@ from kit.lb.kv_index import KvIndex, KvSubscriber
 from kit.lb.limits import ClientLimits, LimitsCollector
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
+from kit.lb.openai_stream import IdStream
+from kit.lb.poison import PoisonGuard
 from kit.lb.policies import Policy, make_policy
 from kit.lb.processes import ProcessGroup
-from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
+from kit.lb.protocol import GENERATE, PD_ROUTES, PdRequest, parse_request
 from kit.lb.recent import RecentRequests
-from kit.lb.tokenizer import ModelTokenizer, load_for_router
+from kit.lb.tokenizer import router_prompts
 from kit.lb.upstream import Upstream
 from kit.lb.validate import check_request
 from kit.lb.workers import HealthRules, State, Worker, WorkerPool
@@ -109,21 +111,17 @@ class LoadBalancer:
         if self.limits is not None:
             self.metrics.registry.register(LimitsCollector(self.limits))
         self.access = AccessLog(config.access_log)
+        self.poison = self.metrics.poison = PoisonGuard()
         self.rng = random.Random(config.seed)
         self.recent = RecentRequests()
         self.kv_index: KvIndex | None = None
         self.cache_aware: CacheAware | None = None
         prefill_policy: Policy
-        self.tokenizer: ModelTokenizer | None = None
-        if config.prompt_tokens and prompt_vocab(config) is None:
-            # Said once, at start-up: whether text prompts get exact ids.
-            self.tokenizer, note = load_for_router(prompt_tokenizer_path(config))
-            log.log(logging.INFO if self.tokenizer else logging.WARNING, "%s", note)
-        limits = self.tokenizer.limits if self.tokenizer else None
-        self.vocab_size = limits.vocab_size if limits else prompt_vocab(config)
-        self.context_length = config.context_length or (
-            limits.max_position_embeddings if limits else None
-        )
+        prompts = router_prompts(config)
+        self.tokenizer = prompts.tokenizer
+        self.metrics.prompt_tokenizer = prompts.kind
+        self.vocab_size = prompts.vocab_size
+        self.context_length = prompts.context_length
         if config.prefill_policy == "cache_aware":
             self.kv_index = KvIndex(
                 silence_s=config.kv_silence,
@@ -291,6 +289,8 @@ class LoadBalancer:
             recent=self.recent,
             admission=self.admission,
             avoid=self.canary.avoid if self.canary is not None else None,
+            poison=self.poison,
+            alive=self._alive,
         )
         if self.admission is not None:
             self._loads = WorkerLoads(
@@ -377,6 +377,13 @@ class LoadBalancer:
             )
         elif new is State.UNHEALTHY:
             log.warning("%s worker %s is out: %s", worker.role, worker.url, worker.reason)
+
+    async def _alive(self, worker: Worker) -> bool:
+        """One health probe of `worker` now: whether it answers (the poison rule's test)."""
+        if self._monitor is None:
+            return False
+        healthy, _, _ = await self._monitor.probe(worker)
+        return healthy
 
     def _on_connection_error(self, worker: Worker, detail: str) -> None:
         backoff = self.pool.record_connection_error(worker, detail, time.monotonic())
@@ -524,6 +531,10 @@ class LoadBalancer:
                 if client is not None and limits is not None:
                     limits.take_tokens(client, prompt_size(pd))
                 ex = Exchange(request, pd, started, request_id)
+                if self.config.migrate and stream and path != GENERATE:
+                    if pd.ids is None:  # ids a client sent count without a tokenizer too
+                        pd.ids = prompt_ids(pd, None)
+                    ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:
                 cause = error.cause

@@ -231,5 +231,7 @@ def merge_events(merger: EventRewriter, data: bytes) -> bytes:
         if line.startswith(b"data:"):
             payload = line[5:].strip()
             if payload and payload != b"[DONE]":
-                lines[i] = b"data: " + merger.event(payload)
+                event = merger.event(payload)
+                # b":" drops the event: an SSE comment, which clients skip
+                lines[i] = event if event == b":" else b"data: " + event
     return b"\n".join(lines)

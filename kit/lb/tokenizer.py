@@ -29,6 +29,7 @@ with fields other than role, content and name, content parts other than text, an
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -43,7 +44,10 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, processors
 
+from kit.lb.config import LbConfig, prompt_tokenizer_path, prompt_vocab
 from kit.lb.errors import LbError
+
+log = logging.getLogger("kit.lb")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")
 """What the router needs from the model folder (and chat_template.jinja where there is one)."""
@@ -71,6 +75,11 @@ _TEXT_PART_TYPES = ("text", "input_text")
 
 SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
+
+
+# model_config.get_default_sampling_params: the generation_config.json keys SGLang 0.5.23's chat
+# uses for the sampling fields a request leaves unset.
+SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 
 
 class TokenizerError(LbError):
@@ -200,9 +209,13 @@ class ModelTokenizer:
         limits: ModelLimits,
         *,
         verified: bool = True,
+        sampling_defaults: Mapping[str, float] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self.verified = verified
+        # generation_config.json's sampling fields: what SGLang's chat takes for the ones a
+        # request leaves unset (`--sampling-defaults model`, its default)
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.special_tokens = dict(special_tokens)
         self.limits = limits
         self.chat_template = chat_template
@@ -258,7 +271,21 @@ class ModelTokenizer:
         positions = source.get("max_position_embeddings")
         limits = ModelLimits(vocab, positions if isinstance(positions, int) else None)
         verified = tokenizer_class in _BOS_BY_DEFAULT or tokenizer_class in _GENERIC_CLASSES
-        return cls(tokenizer, special, _chat_template(folder, config), limits, verified=verified)
+        generation_path = folder / "generation_config.json"
+        generation = _read_json(generation_path) if generation_path.is_file() else {}
+        defaults = {
+            key: float(value)
+            for key in SAMPLING_DEFAULT_KEYS
+            if isinstance(value := generation.get(key), int | float) and not isinstance(value, bool)
+        }
+        return cls(
+            tokenizer,
+            special,
+            _chat_template(folder, config),
+            limits,
+            verified=verified,
+            sampling_defaults=defaults,
+        )
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a /generate ``text`` or a /v1/completions ``prompt`` string."""
@@ -387,7 +414,8 @@ def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
     start-up about it. Without one the router does what it does without a tokenizer: text
     prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)."""
     fallback = (
-        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / 4)"
+        "text prompts are routed by prefix_affinity and their lengths estimated (UTF-8 bytes / "
+        "4), and OpenAI streams cut by a dead decode end with an error instead of going on"
     )
     if folder is None:
         return None, f"no model tokenizer (--prompt-tokens model:PATH): {fallback}"
@@ -400,6 +428,40 @@ def load_for_router(folder: str | None) -> tuple[ModelTokenizer | None, str]:
     return tokenizer, (
         f"model tokenizer from {folder} {chat}, vocabulary {tokenizer.limits.vocab_size}"
         f"{verified}: text prompts get their token ids here"
+    )
+
+
+@dataclass(frozen=True)
+class RouterPrompts:
+    """What the router knows of its prompts' tokens, settled once at start-up."""
+
+    tokenizer: ModelTokenizer | None
+    kind: str  # model, sim or none: pdkit_lb_prompt_tokenizer's label
+    vocab_size: int | None
+    context_length: int | None
+
+
+def router_prompts(config: LbConfig) -> RouterPrompts:
+    """The router's prompt tokens from its flags, said once in its log: whether text prompts get
+    exact ids, and what it costs if not."""
+    vocab = prompt_vocab(config)
+    if vocab is not None:
+        log.info(
+            "the emulated model's tokenizer (--prompt-tokens %s): text prompts get the sim "
+            "workers' own ids here",
+            config.prompt_tokens,
+        )
+        return RouterPrompts(None, "sim", vocab, config.context_length or None)
+    tokenizer, note = load_for_router(prompt_tokenizer_path(config))
+    log.log(logging.INFO if tokenizer else logging.WARNING, "%s", note)
+    if tokenizer is None:
+        return RouterPrompts(None, "none", None, config.context_length or None)
+    limits = tokenizer.limits
+    return RouterPrompts(
+        tokenizer,
+        "model",
+        limits.vocab_size,
+        config.context_length or limits.max_position_embeddings,
     )
 
 

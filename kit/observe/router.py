@@ -57,6 +57,7 @@ LB_GAUGES = (
     "pdkit_lb_worker_out",
     "pdkit_lb_inflight_requests",
     "pdkit_lb_draining",
+    "pdkit_lb_prompt_tokenizer",
     "smg_http_requests_total",
 )
 KV_INDEX_FAMILIES = (
@@ -314,6 +315,22 @@ def latency(hist: Histogram | None, limit_ms: float) -> Latency | None:
     return Latency(p50, p90, p99, int(hist.count), limit_ms, hist.share_at_most(limit_ms / 1000))
 
 
+def prompt_tokenizer_note(metrics: MetricSet | None) -> str:
+    """What pdkit's router says about its prompt tokenizer (`pdkit_lb_prompt_tokenizer`), once
+    per status: "" when it has one (the model's, or the sim's), or says nothing (smg)."""
+    if metrics is None:
+        return ""
+    kinds = {s.labels.get("kind") for s in metrics.samples("pdkit_lb_prompt_tokenizer") if s.value}
+    if "none" in kinds:
+        return (
+            "the router has no model tokenizer: text prompts are routed by prefix_affinity "
+            "(cache_aware cannot see their blocks), their lengths estimated as UTF-8 bytes / 4, "
+            "and OpenAI streams cut by a dead decode end with an error; set router.prompt_tokens "
+            "(--prompt-tokens model:PATH)"
+        )
+    return ""
+
+
 def _parse(fetched: Fetched | None) -> MetricSet | None:
     if fetched is None or not fetched.ok:
         return None
@@ -365,6 +382,9 @@ def evaluate_router(
     elif not answers.metrics.ok and answers.health.answered:
         notes.append(f"no metrics at {target.metrics_url}: {answers.metrics.why}")
     before = _parse(earlier)
+    tokenizer = prompt_tokenizer_note(metrics)
+    if tokenizer:
+        notes.append(tokenizer)
 
     state, ready, cause = _state(answers, metrics)
     readiness = answers.readiness.json(any_status=True)

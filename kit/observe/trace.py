@@ -71,6 +71,8 @@ class AccessRecord:
     cached_predicted: int | None = None
     cached_pending: int | None = None
     cached_actual: int | None = None
+    poison: str | None = None
+    """The body's fingerprint when a prefill died under it or the poison rule refused it."""
     in_flight: bool = False
     age_ms: float | None = None
     """In flight: how long it had been running when the router was asked."""
@@ -186,6 +188,7 @@ def parse_access(line: str) -> AccessRecord | None:
         cached_predicted=_int(data.get("cached_predicted")),
         cached_pending=_int(data.get("cached_pending")),
         cached_actual=_int(data.get("cached_actual")),
+        poison=str(data["poison"]) if data.get("poison") else None,
     )
 
 
@@ -277,6 +280,14 @@ def _router_steps(access: AccessRecord, origin: float, prefill: str, decode: str
         again = "once" if access.retries == 1 else f"{access.retries} times"
         steps.append(
             Step(start, dispatched, "router", f"sent again on a fresh pair {again} (a leg failed)")
+        )
+    if access.poison:
+        why = {
+            "poison_refused": "refused: prefills died twice under this same request",
+            "poison_suspect": "not sent elsewhere: its prefill died under it and was not back",
+        }.get(access.cause or "", "a prefill died under it: sent again only to that prefill")
+        steps.append(
+            Step(start, None, "router", f"poison rule (fingerprint {access.poison}): {why}")
         )
     if access.in_flight and access.age_ms is not None:
         steps.append(Step(start, start + access.age_ms, "router", "waiting for the answer"))

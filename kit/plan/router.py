@@ -16,7 +16,7 @@ would be given, as it checks them at start-up.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from kit.topology.router_options import (
     KEY_FILES,
     ROUTER_OPTIONS,
     WORKER_FLAGS,
+    model_tokenizer_path,
     option_problems,
 )
 from kit.topology.schema import ArgValue, Topology
@@ -145,7 +146,18 @@ def build_router(
         env={},
         hold_timeout_s=router.faults.hold_timeout_s if router.kind == "pdkit" else 0.0,
         tls=router.tls is not None,
+        tokenizer_path=router_tokenizer_path(settings) if router.kind == "pdkit" else None,
     )
+
+
+def router_tokenizer_path(settings: Sequence[Flag]) -> str | None:
+    """The folder of `--prompt-tokens model:PATH` among pdkit's router settings (the last one
+    given wins, as argparse takes it), else None."""
+    spec = None
+    for flag in settings:
+        if flag[0] == "--prompt-tokens" and len(flag) > 1:
+            spec = flag[1]
+    return model_tokenizer_path(spec) if spec else None
 
 
 def router_problems(topology: Topology) -> list[Problem]:

@@ -373,9 +373,18 @@ class StreamFormatter:
     """Turns cumulative sequence states into OpenAI stream chunks (chat or completion)."""
 
     def __init__(
-        self, chat: bool, model: str, states: list[RequestState], echo: Echo | None = None
+        self,
+        chat: bool,
+        model: str,
+        states: list[RequestState],
+        echo: Echo | None = None,
+        *,
+        token_ids: bool = False,
     ) -> None:
         self.chat = chat
+        # completions with `return_token_ids`: each chunk carries its new ids, the first also
+        # the prompt's (serving_completions.py)
+        self.token_ids = token_ids and not chat
         self.echo = echo  # completions: put in front of each sequence's first chunk
         self.model = model
         self.states = states
@@ -400,6 +409,8 @@ class StreamFormatter:
         finish: str | None,
         logprobs: Any = None,
         matched: Any = None,
+        *,
+        ids: tuple[list[int], list[int] | None] | None = None,
     ) -> str:
         if self.chat:
             choice: dict[str, Any] = {
@@ -418,6 +429,8 @@ class StreamFormatter:
                 "finish_reason": finish,
                 "matched_stop": matched,
             }
+            if ids is not None:
+                choice["token_ids"], choice["prompt_token_ids"] = ids
             obj = "text_completion"
         body: dict[str, Any] = {
             "id": self.id,
@@ -446,9 +459,14 @@ class StreamFormatter:
         text = state.text
         new_tokens = len(state.output_ids) > self.sent_tokens[index]
         echo = self.echo if self.sent_tokens[index] == 0 else None
-        if new_tokens and (len(text) > self.sent_text[index] or state.inp.return_logprob or echo):
+        grew = len(text) > self.sent_text[index] or state.inp.return_logprob or echo
+        if new_tokens and (grew or self.token_ids):
             piece = (echo.texts[index] if echo else "") + text[self.sent_text[index] :]
-            if state.inp.return_logprob:
+            if self.token_ids and not state.inp.return_logprob:
+                ids = state.output_ids[self.sent_tokens[index] :]
+                prompt = state.inp.prompt_ids if self.sent_tokens[index] == 0 else None
+                out.append(self._chunk(index, piece, None, ids=(ids, prompt)))
+            elif state.inp.return_logprob:
                 logprobs = (
                     _chat_logprobs(state, self.sent_tokens[index])
                     if self.chat

@@ -127,6 +127,7 @@ class CompletionRequest(_SamplingFields):
     """protocol.py CompletionRequest (the fields listed)."""
 
     prompt: list[int] | list[list[int]] | str | list[str]
+    return_token_ids: bool = False
     best_of: int | None = None
     echo: bool = False
     logprobs: int | None = None

@@ -570,7 +570,9 @@ class Api:
         while not any(s.output_ids or s.done for s in states):
             await _any_change(states)
         response = await self._sse(request)
-        fmt = api_openai.StreamFormatter(chat, model, states, echo)
+        fmt = api_openai.StreamFormatter(
+            chat, model, states, echo, token_ids=body.get("return_token_ids") is True
+        )
         pending = set(range(len(states)))
         while True:
             for i in sorted(pending):

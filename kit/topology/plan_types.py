@@ -230,6 +230,12 @@ class RouterProcess(Frozen):
         description="TLS on the client port (router.tls): its URL is https, and `pdkit up` "
         "makes it read its certificate files again (SIGHUP).",
     )
+    tokenizer_path: str | None = Field(
+        None,
+        description="pdkit: the folder the router loads the served model's tokenizer from "
+        "(--prompt-tokens model:PATH), else None; provisioning puts the tokenizer files there "
+        "on the router's host when no worker of that host has the weights.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
     @property

@@ -1,5 +1,6 @@
 """Worker faults behind pdkit's load balancer with real emulated workers (`python -m kit.sim`):
-a decode killed mid-stream, and the only decode restarting, cost no request."""
+a decode killed mid-stream (`/generate` ids, and chat streams from the openai client), and the
+only decode restarting, cost no request."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import signal
 from contextlib import ExitStack
 
 import aiohttp
+import openai
 from aiohttp import web
 
 from kit.lb.config import parse_args
 from kit.lb.server import LoadBalancer
+from kit.perf.models import resolve_model
 from tests.support.lb_cluster import FAST_HEALTH, run
 from tests.support.ports import free_port
 from tests.support.sim_launch import SimProcess, worker_argv
@@ -115,3 +118,54 @@ def test_the_only_decode_restarting_within_the_hold_costs_no_request():
 
     with ExitStack() as stack:
         run(scenario(*_sims(stack, 1)), timeout=60)
+
+
+def test_a_decode_killed_under_chat_streams_costs_no_stream():
+    """Chat streams from the openai client: the router bridges their legs through
+    /v1/completions with its own prompt ids (the sim's chat rendering, `--prompt-tokens sim`),
+    so a stream cut by a killed decode is continued on the other decode."""
+    vocab = resolve_model("meta-llama/Llama-3.1-8B-Instruct").vocab
+
+    async def chat(client: openai.AsyncOpenAI, seq: int) -> tuple[str, int, object]:
+        stream = await client.chat.completions.create(
+            model="llama",
+            messages=[
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": f"Tell me story number {seq}."},
+            ],
+            max_tokens=300,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish, usage = "", None, None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert finish is not None and usage is not None
+        return text, seq, usage
+
+    async def scenario(prefill, boot, decode):
+        lb, runner, url = await _router(prefill, boot, decode, "--prompt-tokens", f"sim:{vocab}")
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        try:
+            whole = await chat(client, 99)  # one unbroken stream: its prompt count
+            streams = [asyncio.create_task(chat(client, i)) for i in range(8)]
+            await asyncio.sleep(1.0)  # tokens are flowing on both decodes
+            decode[0].kill(signal.SIGKILL)
+            finished = await asyncio.gather(*streams)
+            for text, _, usage in finished:
+                assert text and usage.prompt_tokens == whole[2].prompt_tokens
+                assert 0 < usage.completion_tokens <= 300
+                assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+            assert lb.metrics.migrations.get("died", 0) >= 1
+            assert not lb.metrics.migrations_refused
+        finally:
+            await client.close()
+            await runner.cleanup()
+            await lb.close()
+
+    with ExitStack() as stack:
+        run(scenario(*_sims(stack, 2)), timeout=60)

@@ -14,6 +14,8 @@ import urllib.request
 
 import pytest
 
+from kit.lb.openai_stream import IdStream
+from kit.lb.protocol import CHAT, parse_request
 from kit.lb.tokenizer import ModelTokenizer
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.sim_launch import request_json
@@ -162,6 +164,48 @@ def test_a_completions_stream_continued_from_its_ids_is_exact_and_its_text_is_re
     rebuilt = tokenizer.decode(ids)
     assert rebuilt.startswith(text_sent)
     assert text_sent + rebuilt[len(text_sent) :] == whole
+
+
+def _client_chunks(rewritten: bytes) -> list[dict]:
+    return [json.loads(part) for part in rewritten.split(b"\n\ndata: ") if part != b":"]
+
+
+def test_a_bridged_chat_stream_cut_and_continued_reads_as_the_unbroken_chat(server):
+    """The router's whole path for a chat stream whose decode dies (kit/lb/openai_stream.py),
+    on the real server: the chat bridged through /v1/completions, its chunks turned into chat
+    chunks, cut after 5 tokens and continued on prompt + the ids sent. The client's text and
+    usage are the unbroken chat's."""
+    real, tokenizer = server
+    options = {"stream": True, "stream_options": {"include_usage": True}}
+    chat = {**CHATS[1], **GREEDY_OPENAI, **options}
+    status, events = _sse(real.url + "/v1/chat/completions", chat)
+    assert status == 200, events
+    whole = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    pd = parse_request(CHAT, json.dumps(chat).encode())
+    pd.ids = tokenizer.chat_ids(chat)
+    follow = IdStream.plan(pd, tokenizer, context_length=None)
+    assert follow is not None
+    status, legs = _sse(real.url + "/v1/completions", follow.wire.body)
+    assert status == 200, legs
+    got: list[dict] = []
+    for event in legs:
+        if len(follow.ids) >= 5:
+            break  # the decode dies here
+        got += _client_chunks(follow.event(json.dumps(event).encode()))
+    following = follow.continuation()
+    assert following is not None
+    status, rest = _sse(real.url + "/v1/completions", following.body)
+    assert status == 200, rest
+    rejoin = follow.rejoin()
+    for event in rest:
+        got += _client_chunks(rejoin.event(json.dumps(event).encode()))
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in got if c["choices"])
+    assert text == whole
+    mine = next(c["usage"] for c in got if c.get("usage"))
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert {k: mine[k] for k in keys} == {k: usage[k] for k in keys}
+    assert all(c["object"] == "chat.completion.chunk" for c in got)
 
 
 def test_an_out_of_vocabulary_id_kills_the_server(server):

@@ -264,13 +264,26 @@ class HttpServer:
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
-    async def close(self) -> None:
-        """Stop listening and close every connection (requests in flight are cancelled)."""
+    def kill(self) -> None:
+        """Stop listening and drop every connection now, as a killed process would; `close`
+        then waits for the server to be closed."""
+        self._shut(abort=True)
+
+    def _shut(self, *, abort: bool) -> None:
         if self._server is None:
             return
         self._server.close()
         for conn in list(self._live):
             if conn.transport is not None:
-                conn.transport.close()
+                if abort:
+                    conn.transport.abort()
+                else:
+                    conn.transport.close()
+
+    async def close(self) -> None:
+        """Stop listening and close every connection (requests in flight are cancelled)."""
+        if self._server is None:
+            return
+        self._shut(abort=False)
         await self._server.wait_closed()
         self._server = None

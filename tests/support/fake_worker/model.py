@@ -247,19 +247,20 @@ class Shapes:
             if body.get("logprobs") is not None
             else None
         )
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": lp_obj,
+            "finish_reason": "length" if k == self.n_out else None,
+        }
+        if body.get("return_token_ids") is True:  # serving_completions: each chunk's ids
+            choice["token_ids"] = [out_token(k - 1)[0]]
         return {
             "id": "cmpl-fake",
             "object": "text_completion",
             "created": 0,
             "model": MODEL,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": lp_obj,
-                    "finish_reason": "length" if k == self.n_out else None,
-                }
-            ],
+            "choices": [choice],
         }
 
     def _chat_event(self, k: int) -> dict[str, Any]:

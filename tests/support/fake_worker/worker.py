@@ -18,7 +18,10 @@ It behaves like SGLang at the HTTP level where a PD router can tell the differen
 Whatever a router gets wrong lands in `Ledger.problems` (a test fails on any). Faults, settable at
 any time: `fail_status`, `health_status`, `latency` (s before answering), `token_delay` (s between
 streamed tokens), `die_after_tokens` (drop the connection mid-stream), `hang` (never answer),
-`corrupt` (a decode's answer has other tokens from the second on, as from altered KV).
+`corrupt` (a decode's answer has other tokens from the second on, as from altered KV),
+`drop_next` (drop the connection of the next N inference requests, unanswered, and live on),
+`die_on` (a request whose body holds this text kills the worker, as a poison request kills
+SGLang: it stops listening and drops every connection; `start()` brings it back).
 Every inference request whose client went away first is recorded in `cancelled`.
 """
 
@@ -100,6 +103,9 @@ class FakeWorker:
         self.die_after_tokens: int | None = None
         self.hang = False
         self.corrupt = False  # a decode answers other tokens (/generate), as altered KV does
+        self.drop_next = 0
+        self.die_on: str | None = None
+        self._dying: asyncio.Task[None] | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.cancelled: list[str] = []
         self.auth: list[str | None] = []  # Authorization header of every request seen
@@ -263,6 +269,15 @@ class FakeWorker:
         if self.record:
             self.requests.append((path, body))
             self.auth.append(request.headers.get("authorization"))
+        if self.drop_next > 0:
+            self.drop_next -= 1
+            reply.abort()
+            return None
+        if self.die_on is not None and self.die_on in request.body.decode("utf-8", "replace"):
+            reply.abort()
+            self._server.kill()
+            self._dying = asyncio.get_running_loop().create_task(self.stop())
+            return None
         batch = None
         if path == NATIVE and isinstance(body.get("text"), list):
             batch = len(body["text"])

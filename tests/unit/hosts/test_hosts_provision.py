@@ -296,3 +296,24 @@ def test_compile_deep_gemm_lists_the_single_node_fp8_workers_and_refuses_other_m
     with pytest.raises(DeployError, match="is not an FP8 model of engine sglang"):
         check_deep_gemm(llama.plan, ())
     assert host_vars(write_topology(base_topology()))["a"]["pdkit_python_compile_deep_gemm"] == []
+
+
+def test_a_router_only_host_gets_the_model_tokenizer_files_from_a_worker_host(write_topology):
+    data = base_topology()
+    data["model"]["path"] = "/models/llama"
+    data["hosts"].append({"name": "lb", "address": "10.0.0.3", "gpus": 0})
+    data["router"]["host"] = "lb"
+    path = write_topology(data)
+    ctx = load_context(path, control_python="/ctl/venv/bin/python")
+    assert ctx.plan.router.tokenizer_path == "/models/llama"  # --prompt-tokens model:PATH
+    hosts = host_vars(path)
+    lb = hosts["lb"]
+    assert lb["pdkit_model_source"] == "none"  # no weights there
+    assert lb["pdkit_model_tokenizer_path"] == "/models/llama"
+    assert lb["pdkit_model_tokenizer_from"] in {"a", "b"}  # a host with workers
+    assert hosts["a"]["pdkit_model_tokenizer_path"] == ""  # the weights are there
+
+
+def test_the_tokenizer_is_copied_only_for_pdkit_s_router_with_a_model_folder(gpu_topology):
+    # a Hugging Face repo id: the router has no model:PATH to load
+    assert host_vars(gpu_topology)["lb"]["pdkit_model_tokenizer_path"] == ""

@@ -19,6 +19,7 @@ KEYS = {
     "cached_pending",
     "cached_actual",
     "prompt_tokens",
+    "poison",
     "id",
     "route",
     "status",

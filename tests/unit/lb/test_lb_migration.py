@@ -116,3 +116,23 @@ def test_migrations_share_the_retry_budget():
             assert status == 200 and "--retries" in events[-2]["error"]["message"]
 
     run(scenario())
+
+
+def test_a_completions_stream_whose_decode_dies_continues_from_its_ids():
+    async def scenario():
+        async with running_cluster(1, 2, args=RR) as c:
+            c.decode[0].die_after_tokens = 2
+            body = {"prompt": PROMPT, "stream": True, "max_tokens": 5}
+            status, raw, _ = await c.post("/v1/completions", body)
+            assert status == 200
+            events = sse_events(raw)
+            assert events[-1] == b"[DONE]" and not any("error" in e for e in events[:-1])
+            chunks = [e["choices"][0] for e in events[:-1]]
+            assert all("token_ids" not in chunk for chunk in chunks)  # the client did not ask
+            assert chunks[-1]["finish_reason"] == "length"
+            (path, following), *_ = [r for r in c.decode[1].requests]
+            assert path == "/v1/completions" and following["prompt"] == [*PROMPT, 500, 501]
+            assert following["max_tokens"] == 3 and following["return_token_ids"] is True
+            assert c.lb.metrics.migrations == {"died": 1}
+
+    run(scenario())

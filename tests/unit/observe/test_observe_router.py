@@ -6,7 +6,8 @@ import pytest
 
 from kit.lb.processes import merge_metrics
 from kit.observe.probe import Fetched, RouterAnswers
-from kit.observe.router import evaluate_router
+from kit.observe.prom import parse_metrics
+from kit.observe.router import evaluate_router, prompt_tokenizer_note
 from kit.observe.view import router_lines
 from kit.topology.schema import SLO
 from tests.support.observe_builders import (
@@ -186,3 +187,16 @@ def test_a_router_of_two_processes_counts_each_worker_once_and_lists_its_process
     assert status.requests_total == 40  # 20 from each process
     assert [p.pid for p in status.processes] == [100, 101]
     assert "2/2 processes" in router_lines(status).plain
+
+
+def test_a_router_without_the_model_tokenizer_is_said_once_with_what_it_costs():
+    none = parse_metrics('pdkit_lb_prompt_tokenizer{kind="none"} 1.0\n')
+    note = prompt_tokenizer_note(none)
+    assert "no model tokenizer" in note and "UTF-8 bytes / 4" in note
+    assert "--prompt-tokens model:PATH" in note
+    for kind in ("model", "sim"):
+        assert (
+            prompt_tokenizer_note(parse_metrics(f'pdkit_lb_prompt_tokenizer{{kind="{kind}"}} 1\n'))
+            == ""
+        )
+    assert prompt_tokenizer_note(parse_metrics("smg_router_requests_total 3\n")) == ""

@@ -242,3 +242,12 @@ def test_retries_holds_and_migrations_show_in_the_routers_steps():
     assert any("stream migrated 2x" in w for w in whats)
     old = parse_access(access_line())  # a line from a router without these keys
     assert old is not None and (old.retries, old.migrations, old.held_ms) == (0, 0, None)
+
+
+def test_the_poison_rule_is_named_in_the_routers_steps():
+    line = access_line(status=502, cause="poison_refused", poison="0123456789abcdef")
+    access = parse_access(line)
+    assert access is not None and access.poison == "0123456789abcdef"
+    whats = [s.what for s in build_trace(access, None, None).steps if s.process == "router"]
+    assert any("poison rule (fingerprint 0123456789abcdef): refused" in w for w in whats)
+    assert parse_access(access_line(poison="")).poison is None
