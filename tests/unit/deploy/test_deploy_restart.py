@@ -60,8 +60,8 @@ def test_an_unknown_process_is_named_with_the_closest_one(tmp_path):
 
 
 def test_restarting_the_only_decode_without_a_free_gpu_past_the_hold_changes_nothing(tmp_path):
-    # local.yaml: 3 GPUs, 2P1D, none free; nothing measured, so the sim's figures (9 s away)
-    # against a 5 s hold.
+    # local.yaml: 3 GPUs, 2P1D, none free; nothing measured, so the sim's figures (9 s away,
+    # 18 s with the margin for load) against a 5 s hold.
     def short_hold(data):
         data["router"]["faults"] = {"hold_timeout_s": 5}
 
@@ -71,9 +71,9 @@ def test_restarting_the_only_decode_without_a_free_gpu_past_the_hold_changes_not
         restart(ctx, Console(file=io.StringIO()), UpOptions(), "decode")
     message = str(refused.value)
     assert message.startswith(
-        "decode-0 would leave the decodes without an instance for about 9 s (stop 3.0 s, "
+        "decode-0 would leave the decodes without an instance for about 18 s (stop 3.0 s, "
         "start 5.0 s, gate 0.5 s, readmission 0.5 s: pdkit's figures for engine sim; none "
-        "measured yet)"
+        "measured yet; 9.0 s x2 for load, which stretches a window)"
     )
     assert "localhost: 0 of 3" in message and "Nothing was changed" in message
     assert "`pdkit restart` again with --force" in message
