@@ -137,6 +137,9 @@ class LoadBalancer:
         }
         self._kv_subscriber: KvSubscriber | None = None
         self.draining = False
+        self.handing_over = False
+        self.started = time.time()
+        """When this process image started serving (unix seconds; a handover changes it)."""
         self.inflight = 0
         self._logged: dict[str, tuple[float, int]] = {}
         self._worker_headers: dict[str, str] = {}
@@ -319,6 +322,12 @@ class LoadBalancer:
         """SIGTERM: /readiness says 503 and new requests are refused; in-flight ones finish."""
         self.draining = True
         self.metrics.draining = True
+
+    def start_handover(self) -> None:
+        """SIGHUP (`kit.lb.run`): requests still arriving on open connections are served, each
+        connection closed after its response, so that its client reconnects to the socket the
+        next process takes over."""
+        self.handing_over = True
 
     async def _forget(self, worker: Worker) -> None:
         if self._monitor is not None:
@@ -586,7 +595,8 @@ class LoadBalancer:
     # -- open routes -------------------------------------------------------------------------
 
     async def _health(self, request: web.BaseRequest) -> web.Response:
-        return web.json_response({"status": "draining" if self.draining else "ok"})
+        status = "draining" if self.draining else "handover" if self.handing_over else "ok"
+        return web.json_response({"status": status, "started": self.started})
 
     def readiness_report(self) -> tuple[bool, dict[str, object]]:
         """(ready, report): ready needs one routable prefill and decode and no drain."""
