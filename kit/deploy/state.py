@@ -143,11 +143,19 @@ class DeploymentRecord(_Frozen):
         return self.model_copy(update={"processes": tuple(ordered)})
 
 
+SUPERVISORD_TEMPLATE = "supervisord.conf.j2"
+"""supervisord's own configuration: not part of any process's files (a process restarted does
+not apply it; supervisord's next start does, see the pdkit_process role's handlers)."""
+
+
 def templates_digest(playbooks: Path) -> str:
-    """A digest of the pdkit_process role's templates (a change rewrites every process's files)."""
+    """A digest of the pdkit_process role's templates that make each process's files (a change
+    rewrites every process's files, so each is replaced, instance by instance)."""
     digest = hashlib.sha256()
     folder = playbooks / TEMPLATES
     for path in sorted(folder.glob("*.j2")):
+        if path.name == SUPERVISORD_TEMPLATE:
+            continue
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

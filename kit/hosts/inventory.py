@@ -51,6 +51,11 @@ none unless control-plane keys are configured)."""
 ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
 """Variable the router reads its client API key from, per router kind (env file, 0600)."""
 
+ROUTER_RELAUNCH_ENV = {"pdkit": "PDKIT_LB_RELAUNCH"}
+"""Per router kind that hands its listening socket over on SIGHUP (`kit.lb.run`): the variable
+that names what it execs, its launch script. Such a router restarts through that handover (the
+playbook signals it) rather than a stop and a start, so no request is lost."""
+
 
 @dataclass(frozen=True)
 class DeployHost:
@@ -142,8 +147,12 @@ def worker_record(
 def router_record(router: RouterProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:
     """The process record of the router; its API key (if any) and its admin key arrive through
     `secret_env`. Its `restart_key` covers its settings but not its worker list: the playbook
-    rewrites its launch script when workers change, and restarts it only when the key does."""
+    rewrites its launch script when workers change, and restarts it only when the key does
+    (pdkit's router, `handover`: by SIGHUP, on which it hands its socket to a new image)."""
     env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
+    handover = router.kind in ROUTER_RELAUNCH_ENV
+    if handover:
+        env[ROUTER_RELAUNCH_ENV[router.kind]] = layout.launch_script(router.name)
     has_key = bool(router.api_key_env or router.api_key_file)
     secret_env = {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {}
     if router.kind in ROUTER_ADMIN_KEY_ENV:
@@ -158,6 +167,7 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
         "secret_env": secret_env,
         "url": router.url,
         "restart_key": hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16],
+        "handover": handover,
     }
 
 
