@@ -136,6 +136,10 @@ def worker_record(
         "stage": "workers",
         # Node rank 0 stops first: ranks >= 1 ignore SIGTERM and exit after rank 0 does.
         "node_rank": worker.node_rank,
+        # A rank of a multi-node instance never starts alone at boot: it cannot join a torch
+        # group whose other ranks run already or have not started; `pdkit up` starts the
+        # instance's ranks together (it finds them not running).
+        "start_at_boot": worker.nnodes == 1,
         "python": worker.python,
         "env": dict(sorted(env.items())),
         "secret_env": {},
