@@ -17,7 +17,7 @@ Operator actions, as `pdkit restart` and `pdkit up` make them through the router
 same `kit.deploy.routing.RouterAdmin`), without Ansible:
     replace-only-decode  the only decode out of the router (pdkit's: listed as     2P1D
                     returning, its role held; smg: removed), stopped, started, added back
-    restart-router  pdkit's router: SIGHUP (its handover: a new image on the   2P1D
+    restart-router  pdkit's router: SIGUSR2 (its handover: a new image on the   2P1D
                     same socket); smg: SIGTERM, then started again
 
 One row per (fault, router): requests sent during the fault window (from the fault to
@@ -254,7 +254,7 @@ async def counters(url: str) -> dict[str, float]:
 
 
 async def restart_router(c: Cluster) -> None:
-    """pdkit's router: SIGHUP, until /health names a newer image; smg: SIGTERM, start again."""
+    """pdkit's router: SIGUSR2, until /health names a newer image; smg: SIGTERM, start again."""
     if c.router != "pdkit":
         await asyncio.to_thread(c.stop_router)
         await c.start_router()
@@ -263,7 +263,7 @@ async def restart_router(c: Cluster) -> None:
     async with admin:
         before = await admin.started()
         assert c.proc is not None and before is not None
-        c.proc.send_signal(signal.SIGHUP)
+        c.proc.send_signal(signal.SIGUSR2)
         await admin.wait_started_after(before, 60.0)
 
 

@@ -406,7 +406,7 @@ class LiveChange:
 
     def _router(self, changes: Changes) -> None:
         """Restart the router (its settings changed, or `pdkit restart ... router`), or rewrite
-        its files only. pdkit's router is handed over (`kit.lb.run`: SIGHUP, it finishes its
+        its files only. pdkit's router is handed over (`kit.lb.run`: SIGUSR2, it finishes its
         requests and execs its launch script again on the same socket; connections wait, none
         is refused) unless its service definition changed; smg is stopped with SIGTERM, on
         which it drains, and started again."""

@@ -52,7 +52,7 @@ ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
 """Variable the router reads its client API key from, per router kind (env file, 0600)."""
 
 ROUTER_RELAUNCH_ENV = {"pdkit": "PDKIT_LB_RELAUNCH"}
-"""Per router kind that hands its listening socket over on SIGHUP (`kit.lb.run`): the variable
+"""Per router kind that hands its listening socket over on SIGUSR2 (`kit.lb.run`): the variable
 that names what it execs, its launch script. Such a router restarts through that handover (the
 playbook signals it) rather than a stop and a start, so no request is lost."""
 
@@ -152,7 +152,7 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
     """The process record of the router; its API key (if any) and its admin key arrive through
     `secret_env`. Its `restart_key` covers its settings but not its worker list: the playbook
     rewrites its launch script when workers change, and restarts it only when the key does
-    (pdkit's router, `handover`: by SIGHUP, on which it hands its socket to a new image)."""
+    (pdkit's router, `handover`: by SIGUSR2, on which it hands its socket to a new image)."""
     env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
     handover = router.kind in ROUTER_RELAUNCH_ENV
     if handover:

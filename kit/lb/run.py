@@ -1,9 +1,9 @@
-"""The load balancer process: parse the command line, serve, drain on SIGTERM, exit; on SIGHUP
+"""The load balancer process: parse the command line, serve, drain on SIGTERM, exit; on SIGUSR2
 hand its listening socket over to a new process with the same PID.
 
 The handover (`pdkit up` with changed router settings, `pdkit restart ... router`) loses no
 request and refuses no connection:
-    1. SIGHUP: the socket is kept open (a duplicate of its descriptor, inheritable), so the
+    1. SIGUSR2: the socket is kept open (a duplicate of its descriptor, inheritable), so the
        kernel keeps queueing new connections on it; nothing accepts them meanwhile.
     2. The server stops accepting and finishes its in-flight requests, as on SIGTERM (up to
        --drain-grace s) but without refusing the ones that still arrive on open connections;
@@ -83,7 +83,7 @@ async def serve(
     handover: asyncio.Event | None = None,
 ) -> int | None:
     """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s;
-    on SIGHUP (or `handover` set) finish the in-flight requests likewise, keeping the socket.
+    on SIGUSR2 (or `handover` set) finish the in-flight requests likewise, keeping the socket.
 
     `on_ready` gets the bound port once listening (useful with `--port 0` in tests). Returns
     None after a stop, the kept socket's inheritable descriptor after a handover's drain (see
@@ -105,7 +105,11 @@ async def serve(
     stop_event = stop or asyncio.Event()
     handover_event = handover or asyncio.Event()
     loop = asyncio.get_running_loop()
-    signals = {signal.SIGTERM: stop_event, signal.SIGINT: stop_event, signal.SIGHUP: handover_event}
+    signals = {
+        signal.SIGTERM: stop_event,
+        signal.SIGINT: stop_event,
+        signal.SIGUSR2: handover_event,
+    }
     for sig, event in signals.items():
         loop.add_signal_handler(sig, event.set)
     # Everything allocated so far lives as long as the process: keep the collector off it, so

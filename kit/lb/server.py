@@ -324,7 +324,7 @@ class LoadBalancer:
         self.metrics.draining = True
 
     def start_handover(self) -> None:
-        """SIGHUP (`kit.lb.run`): requests still arriving on open connections are served, each
+        """SIGUSR2 (`kit.lb.run`): requests still arriving on open connections are served, each
         connection closed after its response, so that its client reconnects to the socket the
         next process takes over."""
         self.handing_over = True

@@ -1,4 +1,4 @@
-"""pdkit's router restarted under load by a handover (SIGHUP: a new image on the same socket,
+"""pdkit's router restarted under load by a handover (SIGUSR2: a new image on the same socket,
 kit/lb/run.py): `pdkit restart ... router`, then a changed router setting through `pdkit up`,
 while `pdkit bench` sends 4 requests/s; no request fails and the router keeps its PID."""
 

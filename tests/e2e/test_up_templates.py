@@ -144,7 +144,7 @@ def test_smg_router_reads_its_key_from_the_env_file_only(tmp_path, systemd_topol
 
 
 def test_pdkit_router_settings_change_its_env_file_not_its_unit(tmp_path, write_topology):
-    """pdkit's router is handed over (SIGHUP) when its settings change: they reach its env
+    """pdkit's router is handed over (SIGUSR2) when its settings change: they reach its env
     file, which marks it changed, while its unit stays (systemd would otherwise restart it)."""
     rendered = []
     for retries in (2, 1):
@@ -171,4 +171,4 @@ def test_pdkit_router_settings_change_its_env_file_not_its_unit(tmp_path, write_
     assert before[env]["process"] == "router"
     assert "PDKIT_LB_RELAUNCH=/opt/pdkit/prod/bin/router.sh\n" in after[env]["content"]
     script = after["/opt/pdkit/prod/bin/router.sh"]["content"]
-    assert "trap '' HUP\nexec /opt/pdkit/venv/bin/python -m kit.lb" in script
+    assert "trap '' USR2\nexec /opt/pdkit/venv/bin/python -m kit.lb" in script
