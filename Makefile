@@ -21,17 +21,18 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down bench-lb bench-chaos bench-real bench-admission bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
 	@echo "make down        stop it"
 	@echo "make up-sglang   bring up topologies/local-sglang.yaml (the real SGLang on the CPU, 1 prefill + 1 decode + router)"
 	@echo "make down-sglang stop it"
+	@echo "make slurm-up    start a real 3-node Slurm here (namespaces, fake GPUs); make slurm-down stops it"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-limits | bench-vip | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,8 +69,10 @@ $(ROUTER_VENV)/.stamp:
 
 # What the tests need from the OS (Debian's names): the Mooncake transfer engine's libraries, the
 # multi-host test bed (network namespaces with their own sshd) and Prometheus (promtool checks
-# the rendered config; the monitoring e2e runs it). Installed as root, else the line to run.
-TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-client iproute2 prometheus
+# the rendered config; the monitoring e2e runs it) and Slurm with munge (make slurm-up: the
+# local 3-node cluster the Slurm launcher's tests run on). Installed as root, else the line to run.
+TEST_OS_PACKAGES := libibverbs1 librdmacm1 libnuma1 openssh-server openssh-client iproute2 prometheus \
+	slurmctld slurmd slurm-client munge
 
 os-packages:
 	@tools/os_packages.sh $(TEST_OS_PACKAGES)
@@ -85,20 +88,20 @@ lint: $(VENV)/.stamp
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
 
-# The suite in three runs. First every test but the real engine's, spread over PYTEST_WORKERS
-# processes (pytest-xdist, --dist loadgroup: an e2e module stays in one worker in file order,
-# so does a folder whose tests share one fixture; tests/conftest.py); most e2e time is waiting
-# on servers, so more workers than cores. Then the real SGLang engine's tests alone: each of
-# its servers takes a core for a minute to start. Last, SERIAL_E2E alone. Each runs whatever failed before.
-PYTEST_WORKERS ?= 4
+# The suite in two runs. First every test but SERIAL_E2E's, spread over PYTEST_WORKERS processes
+# (pytest-xdist, --dist loadgroup: an e2e module stays in one worker in file order, so does the
+# real engine's folder, whose tests share its servers; tests/conftest.py). Most e2e time is
+# waiting on servers (a real SGLang server's start is about 30 s of CPU in 30-110 s of wall), so
+# more workers than cores, and the real engine's folder, the longest group, runs beside the
+# rest from the start. Then SERIAL_E2E alone. Each runs whatever failed before.
+PYTEST_WORKERS ?= 5
 # e2e modules whose timing (a pool write landing before the next request, an autoscale move
 # under load) failed now and then beside three other workers on 2 cores: run alone, after.
 SERIAL_E2E := tests/e2e/test_kvpool_sim.py tests/e2e/test_kvpool_up.py tests/e2e/test_autoscale_sim.py
 test: deps
 	status=0; \
 	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
-		-m "not real_sglang" $(addprefix --ignore=,$(SERIAL_E2E)) || status=$$?; \
-	$(VENV)/bin/pytest -q -ra --durations=10 -m real_sglang || status=$$?; \
+		$(addprefix --ignore=,$(SERIAL_E2E)) || status=$$?; \
 	$(VENV)/bin/pytest -q -ra --durations=5 $(SERIAL_E2E) || status=$$?; \
 	exit $$status
 
@@ -127,6 +130,15 @@ up:
 down: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local.yaml
 
+# A real 3-node Slurm on this machine (tests/support/slurm_cluster.py): slurmctld, three slurmd in
+# network namespaces with 4 fake GPUs each, munge; in about a second. Then
+# `export SLURM_CONF=/tmp/pdkit-slurm/slurm.conf` and `pdkit up topologies/local-slurm.yaml`.
+slurm-up: os-packages
+	$(PYTHON) -m tests.support.slurm_cluster up
+
+slurm-down:
+	$(PYTHON) -m tests.support.slurm_cluster down
+
 bench-lb: $(VENV)/.stamp $(SMG_VENV)/.stamp $(ROUTER_VENV)/.stamp
 	$(PY) -m benchmarks.bench_lb
 
@@ -139,6 +151,14 @@ bench-real: $(VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
 
 bench-admission: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_admission
+
+# Two clients, one at 5x its token bucket (router.limits): the other's goodput and TTFT p90.
+bench-limits: $(VENV)/.stamp
+	$(PY) -m benchmarks.bench_limits
+
+# keepalived moving the router's VIP between two namespace hosts (root, keepalived installed).
+bench-vip: $(VENV)/.stamp
+	$(PY) -m benchmarks.bench_vip
 
 bench-sim: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_sim

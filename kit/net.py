@@ -71,9 +71,9 @@ def split_host_port(text: str) -> tuple[str, int]:
     return bare_host(host), int(port)
 
 
-def http_url(address: str, port: int, path: str = "") -> str:
-    """``http://host:port[path]`` with an IPv6 literal in brackets."""
-    return f"http://{host_port(address, port)}{path}"
+def http_url(address: str, port: int, path: str = "", *, tls: bool = False) -> str:
+    """``http://host:port[path]`` (``https://`` with `tls`) with an IPv6 literal in brackets."""
+    return f"{'https' if tls else 'http'}://{host_port(address, port)}{path}"
 
 
 def is_loopback(address: str) -> bool:

@@ -35,7 +35,8 @@ FOLDER_MARKS = {
 
 ONE_WORKER_FOLDERS = (("e2e", "real_sglang"),)
 """Folders whose tests run in one pytest-xdist worker, in file order: the real engine's, which
-take the machine's CPU (`make test` runs them alone, after the others)."""
+share the session's real servers (real_sglang/conftest.py) and start no two PD deployments at
+once (`make test` runs the folder beside the other workers, from the start: the longest group)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups
@@ -99,7 +100,7 @@ def base_topology() -> dict:
         ],
         "prefill": {"count": 2, "tp": 2, "hosts": ["a"]},
         "decode": {"count": 1, "tp": 4, "hosts": ["b"]},
-        "transfer": {"backend": "mooncake"},
+        "transfer": {"backend": "mooncake", "fabric": "infiniband"},
         "router": {"host": "a"},
     }
 

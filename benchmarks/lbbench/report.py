@@ -92,6 +92,7 @@ def report(
     for name, note in notes.items():
         print(f"  {name}: {note}")
     headroom(results, fakes)
+    processes_gain(results)
     pdkit = results.get("pdkit")
     if pdkit is None:
         return
@@ -201,3 +202,21 @@ def headroom(results: dict[str, dict[bool, Measured]], fakes: Summary) -> None:
     if fakes.not_found:
         asked = ", ".join(f"{path} ({n})" for path, n in sorted(fakes.not_found.items()))
         print(f"  asked for routes SGLang does not serve: {asked}")
+
+
+def processes_gain(results: dict[str, dict[bool, Measured]]) -> None:
+    """Two router processes against one on the same cores (both without the access log and
+    unpinned), and against one pinned to one core, same run."""
+    two = results.get("pdkit_x2")
+    if two is None:
+        return
+    print()
+    for base, what in (("pdkit_x1", "1 process, every CPU"), ("pdkit_nolog", "1, pinned")):
+        one = results.get(base)
+        if one is None:
+            continue
+        print(f"router processes: pdkit_x2 (2 processes, every CPU) / {base} ({what})")
+        for stream in (False, True):
+            kind = "streaming" if stream else "non-streaming"
+            gain = two[stream].throughput.rate / max(one[stream].throughput.rate, 1e-9)
+            print(f"  {kind:13}: requests/s x{gain:.2f} (target 1.7x)")

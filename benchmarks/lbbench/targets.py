@@ -4,7 +4,10 @@
 - `pdkit`: `python -m kit.lb` (this repo), default policies;
 - `pdkit_nolog`: the same with `--no-access-log` (what the access log costs);
 - `mini_lb`: `python -m sglang_router.launch_router --pd-disaggregation --mini-lb` (0.3.2);
-- `smg`: `smg launch --pd-disaggregation` (1.13.0), default policies.
+- `smg`: `smg launch --pd-disaggregation` (1.13.0), default policies;
+- `pdkit_x1`, `pdkit_x2`: pdkit with one process, and with `--processes 2` (SO_REUSEPORT),
+  no access log, both on every CPU (two processes cannot use two cores pinned to one): N
+  processes against one on the same cores.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO / ".bench" / "lb"
-NAMES = ("direct", "pdkit", "pdkit_nolog", "mini_lb", "smg")
+START_CPUS = os.sched_getaffinity(0)
+"""The CPUs this bench was given (taskset): a router on every CPU gets these."""
+NAMES = ("direct", "pdkit", "pdkit_nolog", "mini_lb", "smg", "pdkit_x1", "pdkit_x2")
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Target:
     policies: str
     proc: asyncio.subprocess.Process | None = None
     note: str = ""
+    every_cpu: bool = False  # not pinned: a router of several processes
 
 
 def _port(url: str) -> int:
@@ -73,6 +79,20 @@ def targets(names: Sequence[str], fakes: FakeWorkerProcess) -> list[Target]:
                     "/readiness",
                     f"{DEFAULT_PREFILL_POLICY}/{DEFAULT_DECODE_POLICY}"
                     + (" (no access log)" if quiet else " (access log on)"),
+                )
+            )
+        elif name in ("pdkit_x1", "pdkit_x2"):
+            n = name[-1]
+            argv = [sys.executable, "-m", "kit.lb", *common, "--log-level", "warning"]
+            out.append(
+                Target(
+                    name,
+                    [*argv, "--no-access-log", "--processes", n],
+                    port,
+                    "/readiness",
+                    f"{DEFAULT_PREFILL_POLICY}/{DEFAULT_DECODE_POLICY} ({n} process(es), no log, "
+                    "every CPU)",
+                    every_cpu=True,
                 )
             )
         elif name == "mini_lb":
@@ -127,7 +147,10 @@ async def start(target: Target, router_cpu: int | None, loadgen_cpu: int | None)
         return False
     log = LOG_DIR / f"{target.name}.log"
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    pin(router_cpu)  # the child inherits the mask; this process goes back right after
+    if target.every_cpu:
+        os.sched_setaffinity(0, START_CPUS)
+    else:
+        pin(router_cpu)  # the child inherits the mask; this process goes back right after
     try:
         with log.open("wb") as sink:
             target.proc = await asyncio.create_subprocess_exec(

@@ -329,6 +329,7 @@ def redeploy(topology_file: Path, target: Split, console: Console, state_base: P
     from kit.plan.resolve import resolve  # noqa: PLC0415
 
     derived = derived_topology(topology_file, target)
-    ctx = DeployContext.build(resolve(derived), derived, state_base)
+    plan = resolve(derived, state_base=state_base)  # the same discovered facts
+    ctx = DeployContext.build(plan, derived, state_base)
     up(ctx, console, UpOptions(gate=True))
     return derived

@@ -123,7 +123,7 @@ class Autoscaler:
         return self.options.interval_s or self.topology.autoscale.interval_s
 
     def _use(self, topology_file: Path) -> None:
-        self.plan = resolve(topology_file)
+        self.plan = resolve(topology_file, state_base=self.options.state_base)
         self.ctx = DeployContext.build(self.plan, topology_file, self.options.state_base)
 
     # -- scrape ----------------------------------------------------------------------------

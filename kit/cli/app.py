@@ -42,11 +42,18 @@ def _main(
     _state["debug"] = debug
 
 
-def resolve_plan(topology: Path) -> Plan:
-    """The topology's Plan, every check run (`kit.plan.resolve`)."""
+def resolve_plan(topology: Path, state_base: Path | None = None, *, on_job: bool = True) -> Plan:
+    """The topology's Plan, every check run (`kit.plan.resolve`), with `pdkit discover`'s
+    facts from the state dir (`state_base`: --state-dir). For `launcher: slurm`, on the nodes
+    of the deployment's recorded job (`on_job`), else with placeholder addresses."""
     from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
-    return resolve(topology)
+    plan = resolve(topology, state_base=state_base)
+    if plan.slurm is None or not on_job:
+        return plan
+    from kit.slurm.launcher import plan_on_job  # noqa: PLC0415
+
+    return plan_on_job(topology, plan, state_base)
 
 
 def order_commands(names: tuple[str, ...]) -> None:

@@ -81,7 +81,7 @@ def up(
     from kit.deploy import up as deploy_up  # noqa: PLC0415
     from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    plan = resolve_plan(topology, state_dir, on_job=False)
     options = UpOptions(
         worker_timeout=timeout,
         router_timeout=router_timeout,
@@ -95,7 +95,12 @@ def up(
         diff_only=diff,
         force=force,
     )
-    deploy_up(context, console, options)
+    if plan.slurm is not None:
+        from kit.slurm.launcher import up as slurm_up  # noqa: PLC0415
+
+        slurm_up(topology, plan, console, options, state_dir)
+        return
+    deploy_up(DeployContext.build(plan, topology, state_dir), console, options)
 
 
 @app.command(
@@ -147,7 +152,7 @@ def restart(
     from kit.deploy import DeployContext, UpOptions  # noqa: PLC0415
     from kit.deploy import restart as deploy_restart  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    plan = resolve_plan(topology, state_dir)
     options = UpOptions(
         worker_timeout=timeout,
         verbose=verbose,
@@ -156,7 +161,12 @@ def restart(
         drain_timeout=drain_timeout,
         force=force,
     )
-    deploy_restart(context, console, options, selector)
+    if plan.slurm is not None:
+        from kit.slurm.restart import restart as slurm_restart  # noqa: PLC0415
+
+        slurm_restart(topology, plan, console, options, selector=selector, state_base=state_dir)
+        return
+    deploy_restart(DeployContext.build(plan, topology, state_dir), console, options, selector)
 
 
 @app.command(
@@ -173,8 +183,13 @@ def down(
     from kit.deploy import DeployContext  # noqa: PLC0415
     from kit.deploy import down as deploy_down  # noqa: PLC0415
 
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
-    deploy_down(context, console, verbose)
+    plan = resolve_plan(topology, state_dir, on_job=False)
+    if plan.slurm is not None:
+        from kit.slurm.launcher import down as slurm_down  # noqa: PLC0415
+
+        slurm_down(plan, console)
+        return
+    deploy_down(DeployContext.build(plan, topology, state_dir), console, verbose)
 
 
 @app.command(
@@ -287,7 +302,7 @@ def provision(
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
         raise PdkitError(
             "--check only reads the hosts: leave out --dry-run, --transfer-test, "
@@ -349,5 +364,5 @@ def discover(
         extra_vars=parse_extra_vars(extra_vars or []),
         verbose=verbose,
     )
-    context = DeployContext.build(resolve_plan(topology), topology, state_dir)
+    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
     run_discover(context, console, options)

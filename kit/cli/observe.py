@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kit.cli.app import app, console, resolve_plan
+
+if TYPE_CHECKING:
+    from kit.topology.plan_types import Plan
 from kit.cli.options import (
     ConcurrencyOpt,
     JsonOpt,
@@ -84,9 +87,28 @@ def status(
             watch=watch or count is not None,
             interval_s=interval,
             count=count,
-            extra=lambda: status_section(folder),
+            extra=lambda: _status_extra(plan, status_section(folder)),
         )
     )
+
+
+def _status_extra(
+    plan: Plan, autoscale: tuple[str, dict[str, object]] | None
+) -> tuple[str, dict[str, object]] | None:
+    """`pdkit status`'s sections below the table: the Slurm job (launcher: slurm), then the
+    autoscaler's last decision."""
+    lines: list[str] = []
+    data: dict[str, object] = {}
+    if plan.slurm is not None:
+        from kit.slurm.launcher import job_report  # noqa: PLC0415
+
+        report = job_report(plan)
+        lines += report
+        data["slurm"] = report
+    if autoscale is not None:
+        lines.append(autoscale[0])
+        data["autoscale"] = autoscale[1]
+    return ("\n".join(lines), data) if lines else None
 
 
 @app.command(

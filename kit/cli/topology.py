@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kit.cli.app import app, console, err_console, resolve_plan
-from kit.cli.options import JsonOpt, TopologyArg
+from kit.cli.options import JsonOpt, StateDirOpt, TopologyArg
 
 UpgradeToOpt = Annotated[
     str | None,
@@ -36,14 +36,20 @@ StrictOpt = Annotated[
     "listed otherwise."
 )
 def validate(
-    topology: TopologyArg, strict: StrictOpt = False, upgrade_to: UpgradeToOpt = None
+    topology: TopologyArg,
+    strict: StrictOpt = False,
+    upgrade_to: UpgradeToOpt = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
-    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags)."""
+    """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags), with what
+    `pdkit discover`'s facts (in the state dir) fill in."""
     from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
 
-    plan = resolve(topology, strict=strict)
-    for warning in warnings(topology):
+    plan = resolve(topology, strict=strict, state_base=state_dir)
+    for warning in warnings(topology, state_dir):
         err_console.print(f"warning: {warning}", markup=False, highlight=False)
+    for field in plan.discovered:
+        console.print(f"from `pdkit discover`'s facts: {field}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")
     console.print(
         f"{topology}: OK: {len(prefill)} prefill + {len(decode)} decode instance(s) on "
@@ -78,15 +84,44 @@ def _upgrade_report(path: Path, version: str) -> None:
 
 @app.command(
     epilog="Examples:\n\n  pdkit render topologies/llama-8b-1p1d.yaml\n\n"
-    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'"
+    "  pdkit render topologies/local.yaml --json | jq '.workers[].command'\n\n"
+    "  pdkit render topologies/local-slurm.yaml > job.sh   (the Slurm batch script)"
 )
-def render(topology: TopologyArg, as_json: JsonOpt = False) -> None:
-    """Show the exact launch command of every process, per host (or the Plan as JSON)."""
+def render(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    state_dir: StateDirOpt = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            "--launcher",
+            help="ansible: the launch lines per host; slurm: the batch script pdkit up "
+            "submits (needs launcher: slurm's `slurm:` section). Default: the topology's.",
+            metavar="ansible|slurm",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Show the exact launch command of every process, per host (or the Plan as JSON, or the
+    Slurm batch script)."""
+    from kit.errors import PdkitError  # noqa: PLC0415
     from kit.plan.shell import plan_to_shell  # noqa: PLC0415
 
-    plan = resolve_plan(topology)
+    plan = resolve_plan(topology, state_dir, on_job=False)
+    chosen = launcher or ("slurm" if plan.slurm is not None else "ansible")
+    if chosen not in ("ansible", "slurm"):
+        raise PdkitError(f"--launcher {chosen}: choose ansible or slurm.")
     if as_json:
         print(plan.model_dump_json(indent=2))
+    elif chosen == "slurm":
+        from kit.slurm.script import batch_script  # noqa: PLC0415
+
+        if plan.slurm is None:
+            raise PdkitError(
+                f"--launcher slurm: {topology} has no `slurm:` section; set launcher: slurm "
+                "and slurm: (nodes, gpus_per_node, ...) in it (docs/slurm.md)."
+            )
+        sys.stdout.write(batch_script(plan))
     else:
         sys.stdout.write(plan_to_shell(plan))
 

@@ -174,7 +174,9 @@ class LiveChange:
 
     def _surge_plan(self, role: str) -> Plan | str:
         if role not in self.surge_plans:
-            self.surge_plans[role] = resolve_surge(self.ctx.topology_file, role)
+            self.surge_plans[role] = resolve_surge(
+                self.ctx.topology_file, role, state_base=self.ctx.state_dir.parent
+            )
         return self.surge_plans[role]
 
     def _record_of(self, plan: Plan) -> DeploymentRecord:

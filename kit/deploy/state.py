@@ -200,7 +200,9 @@ def build_record(plan: Plan, hosts: tuple[DeployHost, ...], templates: str) -> D
             )
         )
     router = plan.router
-    record, host = records[router.name]
+    # The router's own host's record (router.hosts: each replica has one under this name).
+    record = next(r for r in by_host[router.host]["pdkit_processes"] if r["name"] == router.name)
+    host = _host_settings(by_host[router.host])
     settings = {**record, "args": list(router.settings_args)}  # the fingerprint's form
     out.append(
         ProcessRecord(

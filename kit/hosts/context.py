@@ -97,7 +97,8 @@ def load_context(
     topology: Path, state_base: Path | str | None = None, control_python: str | None = None
 ) -> DeployContext:
     """Resolve the topology (every check runs first) and build its context."""
-    return DeployContext.build(resolve(topology), topology, state_base, control_python)
+    plan = resolve(topology, state_base=state_base)
+    return DeployContext.build(plan, topology, state_base, control_python)
 
 
 @contextmanager

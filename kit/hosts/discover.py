@@ -18,7 +18,6 @@ and present on every chosen NIC of every host (none is needed when all of them a
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +32,12 @@ from kit.hosts.context import DeployContext
 from kit.hosts.playbook import failure_report, run_playbook
 from kit.hosts.progress import AnsibleView
 from kit.hosts.provision import FactsCollector
+from kit.hosts.state_dir import display_path
 from kit.perf.gpus import UnknownGpuError, gpu_spec
 from kit.topology.edit import HostFields, edit_topology
+from kit.topology.facts import FACTS_FILE, DiscoveredFacts, HostFact, NicFact, save_facts
+from kit.topology.facts import GidFact as Gid
+from kit.topology.facts import common_gid_index as roce_gid_index
 from kit.topology.load import parse_topology, read_topology_text
 from kit.topology.schema import Topology
 
@@ -58,23 +61,6 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class Gid:
-    index: int
-    gid: str
-    kind: str  # "RoCE v2", "RoCE v1", "IB"
-
-    @property
-    def routable_v2(self) -> bool:
-        """A RoCE v2 GID that leaves the subnet: not link-local (fe80::/10)."""
-        if "v2" not in self.kind.lower():
-            return False
-        try:
-            return not ipaddress.IPv6Address(self.gid).is_link_local
-        except ValueError:
-            return False
-
-
-@dataclass(frozen=True)
 class Nic:
     name: str
     numa: int
@@ -85,13 +71,19 @@ class Nic:
     rate: str
     gids: tuple[Gid, ...]
 
+    def fact(self) -> NicFact:
+        """What the topology's later commands keep of it (`kit.topology.facts`)."""
+        return NicFact(
+            name=self.name, link_layer=self.link_layer, active=self.active, gids=self.gids
+        )
+
     @property
     def roce(self) -> bool:
-        return self.link_layer == "Ethernet"
+        return self.fact().roce
 
     @property
     def routable_v2_indices(self) -> frozenset[int]:
-        return frozenset(g.index for g in self.gids if g.routable_v2)
+        return self.fact().routable_v2_indices
 
 
 @dataclass(frozen=True)
@@ -102,6 +94,8 @@ class HostFacts:
     numa_nodes: int
     gpu_error: str = ""
     gpudirect: Mapping[str, Any] = field(default_factory=dict)
+    network_interface: str | None = None
+    """The interface that carries the host's address (`ip -o addr show to ADDRESS`)."""
 
     @classmethod
     def parse(cls, host: str, data: Mapping[str, Any]) -> HostFacts:
@@ -125,7 +119,7 @@ class HostFacts:
                     link_layer=str(port.get("link_layer", "")),
                     rate=str(port.get("rate", "")),
                     gids=tuple(
-                        Gid(int(g["index"]), str(g["gid"]), str(g.get("type", "")))
+                        Gid(index=int(g["index"]), gid=str(g["gid"]), kind=str(g.get("type", "")))
                         for g in port.get("gids", [])
                     ),
                 )
@@ -137,7 +131,18 @@ class HostFacts:
             numa_nodes=int(gpus_fact.get("numa_nodes", 1)),
             gpu_error="" if gpus_fact.get("ok", True) else str(gpus_fact.get("error", "")),
             gpudirect=rdma.get("gpudirect") or {},
+            network_interface=address_interface(str(data.get("address") or "")),
         )
+
+
+def address_interface(ip_output: str) -> str | None:
+    """The interface of `ip -o addr show to ADDRESS`'s first line (``2: eth0    inet ...``;
+    a VLAN's ``eth0.100@eth0`` is ``eth0.100``), None when the address is on none."""
+    for line in ip_output.splitlines():
+        fields = line.split()
+        if len(fields) >= 2:
+            return fields[1].split("@", 1)[0].rstrip(":") or None
+    return None
 
 
 # -- proposal -----------------------------------------------------------------------------
@@ -160,12 +165,16 @@ class HostProposal:
     rdma_devices: tuple[str, ...]
     gpu_nics: dict[int, str]
     picks: tuple[NicPick, ...]
+    network_interface: str | None = None
 
     def fields(self) -> HostFields:
-        """The topology fields of the host (gpu_type and the NIC fields only when known)."""
+        """The topology fields of the host (gpu_type, the interface and the NIC fields only
+        when known)."""
         out: HostFields = {"gpus": self.gpus}
         if self.gpu_type:
             out["gpu_type"] = self.gpu_type
+        if self.network_interface:
+            out["network_interface"] = self.network_interface
         if self.rdma_devices:
             out["rdma_devices"] = list(self.rdma_devices)
         if self.gpu_nics:
@@ -254,35 +263,22 @@ def propose_host(facts: HostFacts) -> HostProposal:
         rdma_devices=tuple(sorted(n.name for n in facts.nics if n.active)),
         gpu_nics={p.gpu: p.nic for p in picks},
         picks=tuple(picks),
+        network_interface=facts.network_interface,
     )
 
 
 def common_gid_index(
     facts: Sequence[HostFacts], proposals: Sequence[HostProposal]
 ) -> tuple[int | None, str]:
-    """The lowest routable RoCE v2 GID index every chosen NIC has, and a note; None when no
-    RoCE NIC is chosen (InfiniBand needs no index) or when none is common (the note says
-    which index each host has)."""
+    """The GID index every chosen NIC has (`kit.topology.facts.common_gid_index`: IPv4-mapped
+    RoCE v2 first), and a note; None when no RoCE NIC is chosen or none is common."""
     by_host = {f.host: {n.name: n for n in f.nics} for f in facts}
     chosen = [
-        (p.host, by_host[p.host][name])
+        (p.host, by_host[p.host][name].fact())
         for p in proposals
-        for name in (set(p.gpu_nics.values()) or set(p.rdma_devices))
+        for name in sorted(set(p.gpu_nics.values()) or set(p.rdma_devices))
     ]
-    roce = [(host, nic) for host, nic in chosen if nic.roce]
-    if not roce:
-        return None, "no RoCE NIC chosen: no GID index needed" if chosen else "no RDMA NIC"
-    common = frozenset.intersection(*(nic.routable_v2_indices for _, nic in roce))
-    if common:
-        index = min(common)
-        return index, f"RoCE v2, routable, present on all {len(roce)} chosen NIC(s)"
-    each = "; ".join(
-        f"{host}/{nic.name}: {sorted(nic.routable_v2_indices) or 'none'}" for host, nic in roce
-    )
-    return None, (
-        "no routable RoCE v2 GID index is common to the chosen NICs (per NIC: "
-        f"{each}); MC_GID_INDEX is one value per deployment, so align the GID tables"
-    )
+    return roce_gid_index(chosen)
 
 
 def propose(facts: Sequence[HostFacts]) -> Proposal:
@@ -335,6 +331,7 @@ def differences(topology: Topology, proposal: Proposal) -> list[str]:
             "gpu_type": host.gpu_type,
             "rdma_devices": list(host.rdma_devices),
             "gpu_nics": dict(host.gpu_nics),
+            "network_interface": host.network_interface,
         }
         for key, value in hp.fields().items():
             if current[key] != value:
@@ -367,8 +364,10 @@ def facts_lines(facts: HostFacts, proposal: HostProposal) -> list[str]:
     direct = (
         "nvidia_peermem" if gd.get("nvidia_peermem") else "dma-buf" if gd.get("dmabuf") else "no"
     )
+    interface = facts.network_interface or "not found"
     lines = [
-        f"{facts.host}: {gpus}; {facts.numa_nodes} NUMA node(s); GPUDirect RDMA: {direct}",
+        f"{facts.host}: {gpus}; {facts.numa_nodes} NUMA node(s); GPUDirect RDMA: {direct}; "
+        f"interface of its address: {interface}",
     ]
     for nic in facts.nics:
         v2 = sorted(nic.routable_v2_indices)
@@ -396,6 +395,7 @@ def discover(ctx: DeployContext, console: Console, options: DiscoverOptions) -> 
     proposal = propose(facts)
     text = read_topology_text(ctx.topology_file)
     topology, _ = parse_topology(text, str(ctx.topology_file))
+    save_facts(ctx.state_dir / FACTS_FILE, kept_facts(topology, facts, proposal))
     changes = differences(topology, proposal)
     if options.as_json:
         console.print(
@@ -412,7 +412,32 @@ def discover(ctx: DeployContext, console: Console, options: DiscoverOptions) -> 
         options.write.write_text(edit_topology(text, host_fields, transfer))
         if not options.as_json:
             console.print(f"Wrote {options.write} (comments kept).", markup=False)
+    if not options.as_json:
+        console.print(
+            f"Kept in {display_path(ctx.state_dir / FACTS_FILE)}: later commands take the "
+            "interface, NIC map and GID index from it where the topology leaves them out.",
+            markup=False,
+        )
     return proposal
+
+
+def kept_facts(
+    topology: Topology, facts: Sequence[HostFacts], proposal: Proposal
+) -> DiscoveredFacts:
+    """What the topology's later commands take from this discovery (`kit.topology.facts`)."""
+    return DiscoveredFacts(
+        hosts=tuple(
+            HostFact(
+                name=f.host,
+                address=topology.host(f.host).address,
+                network_interface=f.network_interface,
+                rdma_devices=hp.rdma_devices,
+                gpu_nics=hp.gpu_nics,
+                nics=tuple(n.fact() for n in f.nics),
+            )
+            for f, hp in zip(facts, proposal.hosts, strict=True)
+        )
+    )
 
 
 def _print(

@@ -82,7 +82,7 @@ def host_ports(plan: Plan, host: str) -> list[tuple[str, PortUse]]:
     """(process, port use) of every listener the Plan puts on `host`."""
     out = [(w.name, use) for w in plan.on_host(host) for use in w.ports]
     router = plan.router
-    if router.host == host:
+    if plan.runs_router(host):
         out.append(
             (
                 router.name,
@@ -119,7 +119,7 @@ def check_spec(plan: Plan, host: DeployHost, extra_vars: Mapping[str, Any]) -> d
     distributions = ["sglang"] if workers and plan.engine == "sglang" else []
     if workers and plan.transfer_backend == "nixl":
         distributions.append("nixl")
-    executables = ["smg"] if plan.router.kind == "smg" and plan.router.host == host.name else []
+    executables = ["smg"] if plan.router.kind == "smg" and plan.runs_router(host.name) else []
     ranges = sorted({(use.first, use.last) for _, use in host_ports(plan, host.name)})
     gpu = bool(_gpu_workers(plan, host))
     return {
@@ -273,7 +273,7 @@ def judge(
     items.append(_ports(plan, host, found.get("listening") or []))
 
     executables = python.get("executables") or {}
-    if plan.router.kind == "smg" and plan.router.host == name:
+    if plan.router.kind == "smg" and plan.runs_router(name):
         path = executables.get("smg") or ""
         add(
             "smg",

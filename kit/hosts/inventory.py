@@ -172,6 +172,8 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
         "url": router.url,
         "restart_key": hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16],
         "handover": handover,
+        # pdkit up: read the certificate files again (SIGHUP), no connection dropped.
+        "reload_on_deploy": router.tls,
     }
 
 
@@ -213,8 +215,15 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
     if plan.kv_pool is not None and plan.kv_pool.host == host.name:
         records.append(kv_pool_record(plan.kv_pool, plan.name, host.layout))
     records += [worker_record(w, plan.name, host.layout, hf_home) for w in plan.on_host(host.name)]
-    if plan.router.host == host.name:
-        records.append(router_record(plan.router, plan.name, host.layout))
+    if plan.runs_router(host.name):
+        record = router_record(plan.router, plan.name, host.layout)
+        if host.name != plan.router.host:
+            # A replica past the first (router.hosts): `pdkit up` changes the workers through
+            # the first one's API; this one takes a new worker list by a restart (no
+            # restart_key), while the VIP stays on the first.
+            del record["restart_key"]
+            record["url"] = plan.router_url_on(host.name)
+        records.append(record)
     if plan.monitoring is not None and plan.monitoring.host == host.name:
         records.append(monitoring_record(plan.monitoring, plan.name, host.layout))
     out: dict[str, Any] = {"ansible_host": host.plan.address}
@@ -239,6 +248,14 @@ def host_vars(host: DeployHost, plan: Plan) -> dict[str, Any]:
         "pdkit_unit_pattern": unit_pattern(plan.name),
         "pdkit_processes": records,
     }
+    vip = plan.router_vip
+    for replica in vip.replicas if vip else ():
+        if replica.host == host.name:  # provisioning's pdkit_keepalived writes it as it is
+            out["pdkit_keepalived_config"] = {
+                "path": replica.config_path,
+                "content": replica.config,
+                "run_dir": replica.run_dir,
+            }
     return out
 
 
@@ -251,7 +268,14 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
             "children": {
                 "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
                 "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
-                "pdkit_router": {"hosts": {plan.router.host: {}}},
+                "pdkit_router": {
+                    "hosts": {name: {} for name in plan.router_hosts or (plan.router.host,)}
+                },
+                "pdkit_router_vip": {
+                    "hosts": {r.host: {} for r in plan.router_vip.replicas}
+                    if plan.router_vip
+                    else {}
+                },
                 "pdkit_monitoring": {
                     "hosts": {plan.monitoring.host: {}} if plan.monitoring else {}
                 },

@@ -135,6 +135,21 @@ def _model_source(plan: Plan) -> str:
     return "path" if plan.model.path.startswith("/") else "hub"
 
 
+def package_vars(plan: Plan) -> dict[str, Any]:
+    """What the pinned SGLang needs installed (the Plan's `packages`, its dialect's): the
+    Mooncake version, the Mooncake build when torch's CUDA cannot be read, and the oldest
+    driver branch its torch's CUDA runs on."""
+    packages = plan.packages
+    if packages is None:
+        return {}
+    return {
+        "pdkit_python_mooncake_version": packages.mooncake_version,
+        "pdkit_python_mooncake_fallback_package": packages.mooncake_package,
+        "pdkit_nvidia_min_driver_branch": packages.min_driver_branch,
+        "pdkit_nvidia_cuda": packages.cuda,
+    }
+
+
 def provision_vars(
     plan: Plan,
     host: DeployHost,
@@ -171,9 +186,10 @@ def provision_vars(
         "pdkit_model_hf_home": host.layout.hf_home,
         "pdkit_model_revision": plan.model.revision or "",
         "pdkit_python_sglang_version": plan.sglang_version,
+        **package_vars(plan),
         # smg runs from the router host's venv (launch scripts put its bin/ first on PATH).
         "pdkit_python_router_packages": [SMG_REQUIREMENT]
-        if plan.router.kind == "smg" and plan.router.host == host.name
+        if plan.router.kind == "smg" and plan.runs_router(host.name)
         else [],
         "pdkit_python_nixl": plan.transfer_backend == "nixl" and bool(workers) and not sim,
         "pdkit_python_compile_deep_gemm": deep_gemm_workers(plan, host.name)

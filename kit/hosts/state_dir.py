@@ -2,8 +2,9 @@
 
 The state dir is ``.pdkit/<name>/`` beside the topology file, or ``<base>/<name>/`` when
 ``--state-dir <base>`` or ``PDKIT_STATE_DIR=<base>`` is given. It holds Ansible's private data
-dir (``ansible/``: inventory, artifacts of the last runs). Paths on the hosts are
-`kit.topology.layout`'s.
+dir (``ansible/``: inventory, artifacts of the last runs) and `pdkit discover`'s facts
+(``discovered.json``, `kit.topology.facts`). The path is `kit.topology.layout.state_dir`, which
+the Plan's resolution reads the facts through too; paths on the hosts are layout's as well.
 """
 
 from __future__ import annotations
@@ -11,20 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-STATE_DIR_ENV = "PDKIT_STATE_DIR"
-STATE_DIR_NAME = ".pdkit"
+from kit.topology.layout import STATE_DIR_ENV, STATE_DIR_NAME, state_dir
 
-
-def state_dir(topology_file: Path, name: str, base: Path | str | None = None) -> Path:
-    """The control-machine state dir of deployment `name`.
-
-    `base` (from ``--state-dir``) wins over ``$PDKIT_STATE_DIR``, which wins over ``.pdkit/``
-    beside the topology file. The result is absolute.
-    """
-    chosen = base if base is not None else os.environ.get(STATE_DIR_ENV) or None
-    if chosen is not None:
-        return Path(chosen).expanduser().absolute() / name
-    return topology_file.absolute().parent / STATE_DIR_NAME / name
+__all__ = ["STATE_DIR_ENV", "STATE_DIR_NAME", "display_path", "state_dir"]
 
 
 def display_path(path: str | Path) -> str:

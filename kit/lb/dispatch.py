@@ -5,7 +5,8 @@ A request's path (`Dispatcher.dispatch`), each attempt from step 2:
 1. Its turn: with --prefill-max-inflight, it waits behind the requests that came first until a
    prefill has room (`kit.lb.prefill_queue`).
 2. Pick: a prefill and a decode by the roles' policies (`pick`), avoiding the workers that
-   failed in this request while others are routable; with no routable worker of a role it
+   failed in this request, and the pairs the token canary found wrong (`kit.lb.canary`),
+   while others are routable; with no routable worker of a role it
    waits for one (`kit.lb.hold`). cache_aware also chooses the prefill's DP rank.
 3. Admit: with admission on, the request is admitted on that prefill or a better one, or
    refused with a 429 (`kit.lb.admission`).
@@ -40,7 +41,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -93,8 +94,10 @@ class Dispatcher:
         on_failure: Callable[[ApiError], None],
         recent: RecentRequests,
         admission: Admission | None = None,
+        avoid: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self._config = config
+        self._avoid = avoid if avoid is not None else {}  # the token canary's wrong pairs
         self._admission = admission
         self._pool = pool
         self._policies = policies
@@ -232,7 +235,8 @@ class Dispatcher:
         deadline = ex.started + self._config.retry_deadline
         while True:
             prefill = await self.pick(ex, "prefill", key, excluded)
-            decode = await self.pick(ex, "decode", key, excluded)
+            avoid = self._avoid.get(prefill.url)
+            decode = await self.pick(ex, "decode", key, excluded | avoid if avoid else excluded)
             if admission is not None:
                 prefill = self._admit(
                     ex,

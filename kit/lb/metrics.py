@@ -30,7 +30,8 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_worker_inflight{worker,role}             gauge
     pdkit_lb_worker_healthy{worker,role}              gauge (1 routable, 0 not)
     pdkit_lb_worker_out{worker,role,reason}           gauge (1 while out: pending,
-                                                       health_check, connection_error, draining)
+                                                       health_check, connection_error, draining,
+                                                       canary)
     pdkit_lb_worker_requests_total{worker,role}       counter
     pdkit_lb_worker_ejections_total{worker,role,reason} counter
     pdkit_lb_health_probes_total{worker,result}       counter (ok, failed, and busy: a
@@ -62,6 +63,12 @@ time, and reads the worker gauges from the pool.
     pdkit_lb_kv_predictions_agreed_total{worker}      counter: of those, predicted == actual
     pdkit_lb_kv_hit_rate{worker}                      gauge: predicted cached / prompt tokens
                                                        (predictions count pending blocks)
+    pdkit_lb_canary_pair{prefill,decode,state}        gauge: 1 for each pair's state in the
+                                                       last token canary round (ok, wrong,
+                                                       failed; --canary-interval > 0)
+    pdkit_lb_canary_wrong_total{prefill,decode}       counter: rounds the pair gave wrong tokens
+    pdkit_lb_canary_rounds_total                      counter
+    pdkit_lb_canary_round_seconds                     gauge: how long the last round took
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ from prometheus_client.registry import Collector
 
 from kit.lb.admission import Admission
 from kit.lb.cache_aware import CacheAware
+from kit.lb.canary import Canary
 from kit.lb.workers import Worker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -176,6 +184,7 @@ class LbMetrics:
         self._duration_children: dict[tuple[str, bool], Histogram] = {}
         self.admission: Admission | None = None
         self.cache_aware: CacheAware | None = None
+        self.canary: Canary | None = None
         self.admitted: dict[str, int] = {}
         self.rejected: dict[tuple[str, str], int] = {}
         self.ttft_error = Histogram(RATIO_BUCKETS)
@@ -313,6 +322,8 @@ class LbMetrics:
             yield from self._admission_families(self.admission)
         if self.cache_aware is not None:
             yield from _kv_families(self.cache_aware)
+        if self.canary is not None:
+            yield from self.canary.families()
 
     def _admission_families(self, admission: Admission) -> Iterator[Metric]:
         admitted = CounterMetricFamily(

@@ -35,7 +35,9 @@ from kit.aio import loop_factory
 from kit.lb.access import send_to
 from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
+from kit.lb.processes import ProcessGroup, supervise
 from kit.lb.server import LoadBalancer
+from kit.lb.tls import ServerTls
 
 log = logging.getLogger("kit.lb")
 LISTEN_FD_ENV = "PDKIT_LB_LISTEN_FD"
@@ -80,43 +82,67 @@ async def serve(
     *,
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    group: ProcessGroup | None = None,
     handover: asyncio.Event | None = None,
 ) -> int | None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s;
-    on SIGUSR2 (or `handover` set) finish the in-flight requests likewise, keeping the socket.
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s; a
+    single process (no `group`) on SIGUSR2 (or `handover` set) finishes its in-flight requests
+    likewise, keeping its socket (the module doc).
 
-    `on_ready` gets the bound port once listening (useful with `--port 0` in tests). Returns
-    None after a stop, the kept socket's inheritable descriptor after a handover's drain (see
-    the module doc; `relaunch` takes it).
+    `on_ready` gets the bound port once listening (useful with `--port 0` in tests); `group`
+    is this process's place among several on the port (`kit.lb.processes`). Returns None after
+    a stop, the kept socket's inheritable descriptor after a handover's drain (`relaunch`).
     """
-    lb = LoadBalancer(config)
+    tls = ServerTls(config.tls_cert, config.tls_key) if config.tls_cert else None
+    lb = LoadBalancer(config, group)
     await lb.start()
-    try:
-        sock = _listener(config)
-    except LbError:
-        await lb.close()
-        raise
     runner = web.ServerRunner(
         lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace
     )
     await runner.setup()
-    site = web.SockSite(runner, sock)
-    await site.start()
+    sock: socket.socket | None = None
+    if group is None:
+        try:
+            sock = _listener(config)
+        except LbError:
+            await runner.cleanup()
+            await lb.close()
+            raise
+        site: web.BaseSite = web.SockSite(runner, sock, ssl_context=tls.context if tls else None)
+    else:
+        site = web.TCPSite(
+            runner,
+            config.host,
+            config.port,
+            backlog=4096,
+            reuse_address=True,
+            reuse_port=True,
+            ssl_context=tls.context if tls else None,
+        )
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        await lb.close()
+        raise LbError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
+            "To fix: pick a free --port or stop what holds it."
+        ) from exc
+    if group is not None:
+        await group.start(runner, lb)
     stop_event = stop or asyncio.Event()
     handover_event = handover or asyncio.Event()
     loop = asyncio.get_running_loop()
-    signals = {
-        signal.SIGTERM: stop_event,
-        signal.SIGINT: stop_event,
-        signal.SIGUSR2: handover_event,
-    }
-    for sig, event in signals.items():
-        loop.add_signal_handler(sig, event.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload(tls))
+    if group is None:
+        loop.add_signal_handler(signal.SIGUSR2, handover_event.set)
     # Everything allocated so far lives as long as the process: keep the collector off it, so
     # that full collections (pauses in the request path) stay short.
     gc.collect()
     gc.freeze()
-    port = sock.getsockname()[1]
+    port = runner.addresses[0][1] if runner.addresses else config.port
     log.info(
         "pdkit lb listening on %s:%d: %d prefill (%s), %d decode (%s)",
         config.host,
@@ -135,9 +161,15 @@ async def serve(
         for wait in waits:
             wait.cancel()
     finally:
-        for sig in signals:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             loop.remove_signal_handler(sig)
-        if handover_event.is_set() and not stop_event.is_set():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if group is not None:
+            # systemd signals every process of the unit and the supervisor passes its own on:
+            # a second SIGTERM must not cut this one's drain.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if sock is not None and handover_event.is_set() and not stop_event.is_set():
             kept = os.dup(sock.fileno())  # the kernel keeps queueing connections on it
             os.set_inheritable(kept, True)
             lb.start_handover()
@@ -146,9 +178,23 @@ async def serve(
             lb.start_drain()
             log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
         await runner.cleanup()  # stops accepting, waits for handlers up to the grace period
+        if group is not None:
+            await group.close()
         await lb.close()
         log.info("stopped" if kept is None else "handing over")
     return kept
+
+
+def _reload(tls: ServerTls | None) -> Callable[[], None]:
+    """SIGHUP: read the TLS files again; without TLS there is nothing to read (logged)."""
+
+    def reload() -> None:
+        if tls is None:
+            log.info("SIGHUP: no TLS files to read again")
+        else:
+            tls.reload()
+
+    return reload
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,11 +207,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # SIGHUP reloads (`pdkit up`): until the loop handles it, it must not stop the process.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if config.processes > 1:
+        # No handover for a group of processes (yet): SIGUSR2 must not stop one.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        return supervise(config, _run)  # forks before any loop or thread exists
+    return _run(config, None)
+
+
+def _run(config: LbConfig, group: ProcessGroup | None) -> int:
+    """Serve in this process; the exit status."""
     if config.access_log:
         send_to(sys.stderr)  # bare `access {json}` lines, written in batches
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            kept = runner.run(serve(config))
+            kept = runner.run(serve(config, group=group))
         if kept is not None:
             relaunch(kept)
     except LbError as exc:

@@ -34,8 +34,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from kit.lb.access import AccessLog
 from kit.lb.admin import AdminRoutes
-from kit.lb.admission import Admission, AdmissionConfig
+from kit.lb.admission import Admission, AdmissionConfig, prompt_size
 from kit.lb.cache_aware import CacheAware, prompt_ids
+from kit.lb.canary import Canary
 from kit.lb.config import LbConfig, Role, prompt_tokenizer_path, prompt_vocab
 from kit.lb.dispatch import Dispatcher
 from kit.lb.errors import ApiError, error_body
@@ -43,9 +44,11 @@ from kit.lb.exchange import Exchange, path_headers
 from kit.lb.health import HealthMonitor
 from kit.lb.info import InfoRoutes
 from kit.lb.kv_index import KvIndex, KvSubscriber
+from kit.lb.limits import ClientLimits, LimitsCollector
 from kit.lb.loads import WorkerLoads
 from kit.lb.metrics import CONTENT_TYPE, LbMetrics
 from kit.lb.policies import Policy, make_policy
+from kit.lb.processes import ProcessGroup
 from kit.lb.protocol import PD_ROUTES, PdRequest, parse_request
 from kit.lb.recent import RecentRequests
 from kit.lb.tokenizer import ModelTokenizer, load_for_router
@@ -75,7 +78,7 @@ def _error_response(error: ApiError) -> web.Response:
 class LoadBalancer:
     """One PD load balancer instance; `make_server()` gives its aiohttp low-level server."""
 
-    def __init__(self, config: LbConfig) -> None:
+    def __init__(self, config: LbConfig, processes: ProcessGroup | None = None) -> None:
         self.config = config
         rules = HealthRules(
             interval=config.health_interval,
@@ -97,6 +100,14 @@ class LoadBalancer:
                 AdmissionConfig(config.slo_ttft, config.slo_tpot, config.admission_margin)
             )
             self.metrics.admission = self.admission
+        self.limits = ClientLimits.from_text(
+            config.client_limits,
+            config.api_key,
+            share=1 / config.processes,
+            shared=processes.buckets if processes else None,
+        )
+        if self.limits is not None:
+            self.metrics.registry.register(LimitsCollector(self.limits))
         self.access = AccessLog(config.access_log)
         self.rng = random.Random(config.seed)
         self.recent = RecentRequests()
@@ -136,6 +147,7 @@ class LoadBalancer:
             "decode": make_policy(config.decode_policy, self.rng, config.affinity_load_factor),
         }
         self._kv_subscriber: KvSubscriber | None = None
+        self.processes = processes  # several serve the port
         self.draining = False
         self.handing_over = False
         self.started = time.time()
@@ -152,6 +164,7 @@ class LoadBalancer:
         self._loads: WorkerLoads | None = None
         self._info: InfoRoutes | None = None
         self._admin: AdminRoutes | None = None
+        self.canary: Canary | None = None
         self._routes = self._build_routes()
         self._not_found = self._open("other", self._no_route)
         self._method_not_allowed = self._open("other", self._refuse_method)
@@ -257,6 +270,16 @@ class LoadBalancer:
             keepalive=cfg.upstream_keepalive,
             max_connections=cfg.max_connections,
         )
+        if cfg.canary_interval > 0:
+            self.canary = Canary(
+                self.pool,
+                self._session,
+                cfg.canary_interval,
+                # Its own: drawing from the routing's would change the choices a seed gives.
+                random.Random(None if cfg.seed is None else cfg.seed + 1),
+                headers=self._worker_headers,
+            )
+            self.metrics.canary = self.canary
         self._dispatcher = Dispatcher(
             cfg,
             pool=self.pool,
@@ -270,6 +293,7 @@ class LoadBalancer:
             on_failure=self._log_failure,
             recent=self.recent,
             admission=self.admission,
+            avoid=self.canary.avoid if self.canary is not None else None,
         )
         if self.admission is not None:
             self._loads = WorkerLoads(
@@ -300,9 +324,13 @@ class LoadBalancer:
             )
         for worker in self.pool:
             self._monitor.watch(worker)
+        if self.canary is not None:
+            self.canary.start()
 
     async def close(self) -> None:
         """Stop probing, cancel background legs, close the upstream pool."""
+        if self.canary is not None:
+            await self.canary.close()
         if self._kv_subscriber is not None:
             await self._kv_subscriber.close()
         if self._admin is not None:
@@ -431,7 +459,13 @@ class LoadBalancer:
         return self._wrap(label, handler, None)
 
     def _keyed(self, label: str, handler: Handler) -> Handler:
-        key = self.config.api_key
+        key, limits = self.config.api_key, self.limits
+        if limits is not None:  # a limited client's key opens these routes too
+
+            def check(request: web.BaseRequest) -> None:
+                limits.client(request.headers.get("Authorization", ""))
+
+            return self._wrap(label, handler, check)
         return self._wrap(label, handler, lambda q: self._check_key(q, key, "API key"))
 
     def _admin_only(self, label: str, handler: Handler) -> Handler:
@@ -481,7 +515,14 @@ class LoadBalancer:
             try:
                 if self.draining:
                     raise ApiError(503, "the load balancer is shutting down", "draining")
-                self._check_key(request, self.config.api_key, "API key")
+                limits = self.limits
+                client = None
+                if limits is None:
+                    self._check_key(request, self.config.api_key, "API key")
+                else:
+                    client = limits.client(request.headers.get("Authorization", ""))
+                    if client is not None:
+                        limits.take_request(client)
                 dispatcher = self._dispatcher
                 if dispatcher is None:
                     raise ApiError(503, "the load balancer is starting", "starting")
@@ -489,6 +530,8 @@ class LoadBalancer:
                 pd = parse_request(path, await self._read_body(request))
                 stream = pd.stream
                 self._check_prompt(pd)
+                if client is not None and limits is not None:
+                    limits.take_tokens(client, prompt_size(pd))
                 ex = Exchange(request, pd, started, request_id)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:
@@ -614,7 +657,10 @@ class LoadBalancer:
             and bool(self.pool.routable("decode"))
         )
         out = [w.describe(now) for w in self.pool if not w.routable]
-        return ready, {"ready": ready, "draining": self.draining, **counts, "out": out}
+        report = {"ready": ready, "draining": self.draining, **counts, "out": out}
+        if self.processes is not None:
+            report["processes"] = self.processes.states()
+        return ready, report
 
     async def _request_path(self, request: web.BaseRequest) -> web.Response:
         """Where a recent request went (`?id=REQUEST_ID`): its prefill, decode, room, state."""
@@ -636,7 +682,10 @@ class LoadBalancer:
 
     async def _metrics(self, request: web.BaseRequest) -> web.Response:
         self.metrics.inflight = self.inflight
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        body = self.metrics.render()
+        if self.processes is not None and "local" not in request.query:
+            body = await self.processes.metrics(body)  # every process's, labelled
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _refuse_method(self, request: web.BaseRequest) -> web.Response:
         allowed = ", ".join(sorted(self._routes.get(request.path, {})))

@@ -10,10 +10,12 @@ that the routable lists stay current:
        ▲                            │  ▲                                      │
        │                            │  └──────`readmit_after` good probes─────┘
        │                            ├──connection error: out for a backoff──▶ unhealthy
-       │                            └──`eject_after_failed_requests` in a row──▶ unhealthy
-       │                               (5xx, transport, timeouts, stalls: outlier detection as
-       │                               in Envoy), while another worker of its role is routable;
-       │                               out for a backoff growing with each such ejection
+       │                            ├──`eject_after_failed_requests` in a row──▶ unhealthy
+       │                            │  (5xx, transport, timeouts, stalls: outlier detection as
+       │                            │  in Envoy), while another worker of its role is routable;
+       │                            │  out for a backoff growing with each such ejection
+       │                            └──the token canary: all its pairs wrong──▶ unhealthy
+       │                               (kit.lb.canary; only a canary round readmits it)
     (added)                     any ──admin remove──▶ draining ──in-flight 0──▶ (removed)
                                                           │ (removed with ?back_within=S: an
                                                           ▼  operator replaces the process)
@@ -235,7 +237,9 @@ class WorkerPool:
             # A worker that refused connections was down; answering, it is back.
             needed = 1 if worker.reason_kind == "connection_error" else rules.readmit_after
             if worker.state is State.PENDING or (
-                worker.state is State.UNHEALTHY and worker.good_probes >= needed
+                worker.state is State.UNHEALTHY
+                and worker.good_probes >= needed
+                and worker.reason_kind != "canary"  # /health passes; only its tokens readmit
             ):
                 self._set(worker, State.HEALTHY, "", "", now)
             return
@@ -302,6 +306,19 @@ class WorkerPool:
         )
         self._set(worker, State.UNHEALTHY, reason, "failures", now)
         return backoff
+
+    def quarantine(self, worker: Worker, reason: str, now: float) -> None:
+        """The token canary found every pair of `worker` giving wrong tokens while other pairs
+        agree (`kit.lb.canary`): out until a canary round finds its pairs right again (its
+        health probes pass and do not readmit it)."""
+        if worker.state is State.HEALTHY:
+            self._set(worker, State.UNHEALTHY, reason, "canary", now)
+
+    def release(self, worker: Worker, now: float) -> None:
+        """The token canary found the pairs of a worker it took out right again."""
+        if worker.state is State.UNHEALTHY and worker.reason_kind == "canary":
+            worker.failures = worker.failure_ejections = 0
+            self._set(worker, State.HEALTHY, "", "", now)
 
     def record_success(self, worker: Worker) -> None:
         """A connection went through: the connection-error backoff starts over."""

@@ -67,10 +67,13 @@ KV_INDEX_FAMILIES = (
     "pdkit_lb_kv_hit_rate",
 )
 """cache_aware's KV-event index, per prefill (kit.lb.metrics)."""
+CANARY_PAIR = "pdkit_lb_canary_pair"
+"""The token canary's state of each pair in its last round (kit.lb.canary)."""
 FAMILIES = frozenset(
     {n for names in METRIC_NAMES.values() for n in (*names.requests, *names.ttft, *names.tpot)}
     | set(LB_GAUGES)
     | set(KV_INDEX_FAMILIES)
+    | {CANARY_PAIR}
 )
 """The router metric families status reads."""
 # smg counts every HTTP request in smg_http_requests_total, the probes included.
@@ -118,6 +121,17 @@ class KvIndexView:
 
 
 @dataclass(frozen=True)
+class RouterProcessView:
+    """One of pdkit's router processes (`router.processes` > 1), from its /readiness body."""
+
+    index: int
+    pid: int
+    running: bool
+    inflight: int
+    served: int
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """Everything status shows about the router; None when unknown.
 
@@ -149,6 +163,38 @@ class RouterStatus:
     slo_attainment: float = 0.9
     slo_met: bool | None = None
     kv_index: tuple[KvIndexView, ...] = ()
+    canary_pairs: int = 0  # pairs the token canary checked in its last round (0: off or none yet)
+    canary_wrong: tuple[tuple[str, str], ...] = ()  # (prefill URL, decode URL) with wrong tokens
+    processes: tuple[RouterProcessView, ...] = ()
+
+
+def _canary_wrong(metrics: MetricSet) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """(pairs checked, the wrong ones) from the token canary's last round."""
+    samples = [s for s in metrics.samples(CANARY_PAIR) if s.value > 0]
+    wrong = sorted(
+        (s.labels.get("prefill", ""), s.labels.get("decode", ""))
+        for s in samples
+        if s.labels.get("state") == "wrong"
+    )
+    return len(samples), tuple(wrong)
+
+
+def _processes(readiness: Any) -> tuple[RouterProcessView, ...]:
+    """pdkit's router processes from its /readiness body (none for one process)."""
+    items = readiness.get("processes") if isinstance(readiness, dict) else None
+    if not isinstance(items, list):
+        return ()
+    return tuple(
+        RouterProcessView(
+            index=_count(item.get("process")) or 0,
+            pid=_count(item.get("pid")) or 0,
+            running=item.get("running") is True,
+            inflight=_count(item.get("inflight")) or 0,
+            served=_count(item.get("served")) or 0,
+        )
+        for item in items
+        if isinstance(item, dict)
+    )
 
 
 def _routed_workers(body: Any) -> tuple[RoutedWorker, ...] | None:
@@ -195,18 +241,20 @@ def _workers_from_metrics(metrics: MetricSet, readiness: Any) -> tuple[RoutedWor
         for s in metrics.samples("pdkit_lb_worker_out")
         if s.value > 0
     }
-    found = []
+    # One sample per worker, or one per worker and router process (label `process`): a
+    # worker out in any process is shown out.
+    found: dict[str, RoutedWorker] = {}
     for sample in healthy:
         url = sample.labels.get("worker", "").rstrip("/")
         role = sample.labels.get("role", "?")
         if sample.value > 0:
-            found.append(RoutedWorker(url, role, True, "healthy"))
+            found.setdefault(url, RoutedWorker(url, role, True, "healthy"))
         elif url in out:
-            found.append(dataclasses.replace(out[url], role=role, healthy=False))
+            found[url] = dataclasses.replace(out[url], role=role, healthy=False)
         else:
             reason = reasons.get(url)
-            found.append(RoutedWorker(url, role, False, _out_state(reason), reason))
-    return tuple(found)
+            found[url] = RoutedWorker(url, role, False, _out_state(reason), reason)
+    return tuple(found.values())
 
 
 def _role_counts(
@@ -332,6 +380,11 @@ def evaluate_router(
         else:
             cause = "not ready (/readiness says 503)"
     problems = [cause] if cause else []
+    canary_pairs, canary_wrong = _canary_wrong(metrics) if metrics is not None else (0, ())
+    problems += [
+        f"token canary: prefill {p} x decode {d} gives other tokens than the other pairs"
+        for p, d in canary_wrong
+    ]
 
     requests_total = rate_s = window_s = None
     ttft = tpot = None
@@ -382,6 +435,9 @@ def evaluate_router(
         slo_attainment=slo.attainment,
         slo_met=slo_met,
         kv_index=_kv_index(metrics) if metrics is not None else (),
+        canary_pairs=canary_pairs,
+        canary_wrong=canary_wrong,
+        processes=_processes(readiness),
     )
 
 

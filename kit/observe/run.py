@@ -82,15 +82,16 @@ def _plain(console: Console, text: str) -> None:
 
 
 Extra = Callable[[], tuple[str, dict[str, Any]] | None]
-"""A section a layer above adds to each status screen (e.g. the autoscaler's last decision):
-its line for the screen and its object for --json, None when it has nothing to say."""
+"""A section a layer above adds to each status screen (e.g. the autoscaler's last decision, the
+Slurm job): its lines for the screen and its keys for --json (merged into the report's object),
+None when it has nothing to say."""
 
 
 def _json(report: Report, extra: Extra | None = None) -> str:
     data = report_to_json(report)
     found = extra() if extra else None
     if found is not None:
-        data = {**data, "autoscale": found[1]}
+        data = {**data, **found[1]}
     return json.dumps(data, separators=(",", ":"))
 
 

@@ -239,6 +239,13 @@ def router_lines(router: RouterStatus) -> Text:
         text.append(f" ({router.requests_total:,} requests)")
     if router.inflight is not None:
         text.append(f"  {router.inflight} in flight")
+    if router.processes:
+        running = sum(p.running for p in router.processes)
+        style = "" if running == len(router.processes) else "red"
+        text.append(f"  {running}/{len(router.processes)} processes", style)
+        text.append(
+            " (" + ", ".join(f"pid {p.pid}: {p.served:,} served" for p in router.processes) + ")"
+        )
     tpot_label = "ITL" if router.tpot_is_itl else "TPOT"
     text.append(f"  {_latency('TTFT', router.ttft)}  {_latency(tpot_label, router.tpot)}")
     shares = [
@@ -251,6 +258,17 @@ def router_lines(router: RouterStatus) -> Text:
         style = {True: "green", False: "bold red", None: ""}[router.slo_met]
         text.append(f"  within SLO ({router.latency_window}): {', '.join(shares)} ")
         text.append(f"target {router.slo_attainment:.0%} {verdict}", style=style)
+    if router.canary_pairs:
+        text.append("\n       token canary: ")
+        if router.canary_wrong:
+            for prefill, decode in router.canary_wrong:
+                text.append(
+                    f"prefill {prefill.removeprefix('http://')} x decode "
+                    f"{decode.removeprefix('http://')} gives wrong tokens  ",
+                    style="bold red",
+                )
+        else:
+            text.append(f"all {router.canary_pairs} pairs agree", style="green")
     for kv in router.kv_index:
         text.append(f"\n       KV index {kv.worker.removeprefix('http://')}: ")
         text.append(f"{kv.blocks:,} blocks")

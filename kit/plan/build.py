@@ -10,6 +10,7 @@ the KV pool's master from `kit.plan.kvpool`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from kit.net import bare_host
@@ -17,12 +18,15 @@ from kit.plan.kvpool import build_kv_pool
 from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
 from kit.plan.router import build_router
+from kit.plan.vip import build_router_vip
 from kit.sglang import hicache, render
+from kit.sglang.dialects import dialect
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
 from kit.topology.place import Placement
 from kit.topology.plan_types import HostPlan, ModelPlan, Plan, WorkerProcess
 from kit.topology.schema import RoleSpec, Topology
+from kit.topology.slurm_schema import Slurm
 
 
 def local_path(path: str, topology_dir: Path) -> str:
@@ -116,11 +120,14 @@ def build_workers(
     return workers
 
 
-def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Plan:
+def build_plan(
+    topology: Topology, topology_dir: Path, placed: Placement, discovered: Sequence[str] = ()
+) -> Plan:
     """The Plan of a validated topology placed as `placed` (call only after validation passed).
 
     `topology_dir` is the absolute folder of the topology file: relative host roots and key
-    files are taken from there."""
+    files are taken from there. `discovered`: the fields `pdkit discover`'s facts filled in
+    (`kit.topology.facts.with_facts`), recorded in the Plan."""
     if placed.problems:  # validation runs first; this guards misuse of the API
         raise ValueError(f"topology does not place: {placed.problems[0]}")
     topology = _paths_resolved(topology, topology_dir)
@@ -164,4 +171,17 @@ def build_plan(topology: Topology, topology_dir: Path, placed: Placement) -> Pla
         readiness_timeout_s=topology.cluster.readiness_timeout,
         monitoring=build_monitoring(topology, workers, router, layouts),
         kv_pool=build_kv_pool(topology, workers, layouts),
+        router_hosts=tuple(topology.router.hosts or ()),
+        router_vip=build_router_vip(topology, layouts),
+        packages=dialect(topology.sglang_version).packages,
+        discovered=tuple(discovered),
+        slurm=_slurm_paths(topology.slurm, topology_dir),
     )
+
+
+def _slurm_paths(slurm: Slurm | None, topology_dir: Path) -> Slurm | None:
+    """`slurm:` with its root and venv absolute (taken from the topology's folder)."""
+    if slurm is None:
+        return None
+    venv = host_root(slurm.venv, topology_dir) if slurm.venv else None
+    return slurm.model_copy(update={"root": host_root(slurm.root, topology_dir), "venv": venv})

@@ -144,6 +144,7 @@ def build_router(
         settings=settings,
         env={},
         hold_timeout_s=router.faults.hold_timeout_s if router.kind == "pdkit" else 0.0,
+        tls=router.tls is not None,
     )
 
 

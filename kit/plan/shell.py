@@ -72,6 +72,7 @@ def plan_to_shell(plan: Plan) -> str:
         f"# pdkit plan '{plan.name}': engine {plan.engine}, SGLang {plan.sglang_version}, "
         f"model {plan.model.path}, transfer {plan.transfer_backend}"
     ]
+    out += [f"# from `pdkit discover`'s facts: {field}" for field in plan.discovered]
     monitoring, pool = plan.monitoring, plan.kv_pool
     for host in plan.hosts:
         workers = plan.on_host(host.name)

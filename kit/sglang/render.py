@@ -30,8 +30,10 @@ SIM_MODULE = "kit.sim"
 UCX_PORT = 1
 """The HCA port NIXL's UCX uses (SGLang appends port 1 to --disaggregation-ib-device too)."""
 
-PDKIT_DEFAULT_ARGS: dict[str, ArgValue] = {"enable-metrics": True}
-"""Flags pdkit adds unless the topology sets them: status reads /metrics."""
+
+def pdkit_default_args(version: str) -> dict[str, ArgValue]:
+    """Flags pdkit adds unless the topology sets them: status reads /metrics."""
+    return {dialect(version).arg("metrics"): True}
 
 
 def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
@@ -40,7 +42,8 @@ def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
     spec: RoleSpec = getattr(topology, role)
     merged: dict[str, ArgValue] = {}
     pool = hicache.pool_args(topology, role)
-    sources = (PDKIT_DEFAULT_ARGS, cluster_args(topology), pool, topology.defaults.args, spec.args)
+    defaults = pdkit_default_args(topology.sglang_version)
+    sources = (defaults, cluster_args(topology), pool, topology.defaults.args, spec.args)
     for source in sources:
         for key, value in source.items():
             merged[normalize_flag(key)] = value
@@ -50,11 +53,12 @@ def role_args(topology: Topology, role: str) -> dict[str, ArgValue]:
 def cluster_args(topology: Topology) -> dict[str, ArgValue]:
     """`cluster:`'s flags (its keys, else its profile's): --watchdog-timeout, --dist-timeout."""
     cluster = topology.cluster
+    d = dialect(topology.sglang_version)
     args: dict[str, ArgValue] = {}
     if cluster.watchdog is not None:
-        args["watchdog-timeout"] = f"{cluster.watchdog:g}"
+        args[d.arg("watchdog")] = f"{cluster.watchdog:g}"
     if cluster.distributed_timeout is not None:
-        args["dist-timeout"] = str(cluster.distributed_timeout)
+        args[d.arg("dist_timeout")] = str(cluster.distributed_timeout)
     return args
 
 
@@ -101,7 +105,7 @@ def host_args(topology: Topology, role: str, host: Host) -> dict[str, ArgValue]:
     if host.device != "cpu":
         return merged
     profile: dict[str, ArgValue] = dict(cpu.args(role))
-    return {**PDKIT_DEFAULT_ARGS, **profile, **merged}
+    return {**pdkit_default_args(topology.sglang_version), **profile, **merged}
 
 
 def role_env(topology: Topology, role: str) -> dict[str, str]:
@@ -223,47 +227,47 @@ def worker_command(
 def worker_flags(
     topology: Topology, p: InstancePlacement, node: Node, device: str | None
 ) -> list[Flag]:
+    """pdkit's flags of one process, each spelled as the pinned version's dialect spells it
+    (`Dialect.flag`), then the user's args."""
     spec: RoleSpec = getattr(topology, p.role)
     host = topology.host(node.host)
     model = topology.model
-    flags: list[Flag] = [("--model-path", model.path)]
+    d = dialect(topology.sglang_version)
+    flags: list[Flag] = [(d.flag("model_path"), model.path)]
     if model.served_name:
-        flags.append(("--served-model-name", model.served_name))
+        flags.append((d.flag("served_model_name"), model.served_name))
     if model.revision:
-        flags.append(("--revision", model.revision))
+        flags.append((d.flag("revision"), model.revision))
     if model.trust_remote_code:
-        flags.append(("--trust-remote-code",))
-    flags += [("--host", bind_address(spec, host)), ("--port", str(p.http_port))]
-    flags.append(("--disaggregation-mode", p.role))
+        flags.append((d.flag("trust_remote_code"),))
+    flags += [(d.flag("host"), bind_address(spec, host)), (d.flag("port"), str(p.http_port))]
+    flags.append((d.flag("mode"), p.role))
     if p.bootstrap_port is not None:
-        flags.append(("--disaggregation-bootstrap-port", str(p.bootstrap_port)))
-    flags.append(("--disaggregation-transfer-backend", topology.transfer.backend))
+        flags.append((d.flag("bootstrap_port"), str(p.bootstrap_port)))
+    flags.append((d.flag("transfer_backend"), topology.transfer.backend))
     if device:
-        flags.append(("--disaggregation-ib-device", device))
-    flags.append(("--tp-size", str(spec.tp)))
-    # `--dp-size N --enable-dp-attention` is deprecated (removed after 2026-12-31); the
-    # dialect spells attention DP and replicas as the pinned version does.
-    flags += dialect(topology.sglang_version).parallel_flags(
-        dp=spec.dp, dp_attention=spec.dp_attention
-    )
+        flags.append((d.flag("ib_device"), device))
+    flags.append((d.flag("tp"), str(spec.tp)))
+    # `--dp-size N --enable-dp-attention` is deprecated (removed after 2026-12-31).
+    flags += d.parallel_flags(dp=spec.dp, dp_attention=spec.dp_attention)
     if spec.ep > 1:
-        flags.append(("--ep-size", str(spec.ep)))
+        flags.append((d.flag("ep"), str(spec.ep)))
     if spec.pp > 1:
-        flags.append(("--pp-size", str(spec.pp)))
+        flags.append((d.flag("pp"), str(spec.pp)))
     dist_init = dist_init_addr(topology, p)
     if dist_init:
-        flags.append(("--dist-init-addr", dist_init))
+        flags.append((d.flag("dist_init_addr"), dist_init))
     if p.nnodes > 1:
-        flags += [("--nnodes", str(p.nnodes)), ("--node-rank", str(node.rank))]
+        flags += [(d.flag("nnodes"), str(p.nnodes)), (d.flag("node_rank"), str(node.rank))]
     if node.gpus and node.gpus[0] != 0:
-        flags.append(("--base-gpu-id", str(node.gpus[0])))
+        flags.append((d.flag("base_gpu_id"), str(node.gpus[0])))
     if host.device == "cpu":
-        flags.append(tuple(cpu.OWNED[cpu.DEVICE_FLAG].flag(cpu.DEVICE_FLAG)))
+        flags.append((d.flag("device"), str(cpu.OWNED[cpu.DEVICE_FLAG].value)))
     if p.nccl_port is not None:
-        flags.append((f"--{cpu.NCCL_PORT_FLAG}", str(p.nccl_port)))
+        flags.append((d.flag("nccl_port"), str(p.nccl_port)))
     if p.kv_events_port is not None and spec.kv_events is not None:
         config = kv_events_config(p.kv_events_port, spec.kv_events.topic)
-        flags.append(("--kv-events-config", config))
+        flags.append((d.flag("kv_events_config"), config))
     return flags + flag_groups(host_args(topology, p.role, host))
 
 

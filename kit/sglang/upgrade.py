@@ -45,10 +45,10 @@ def changes(topology: Topology, target: Dialect) -> list[str]:
             error = new.check_value(spec, value)
             if error:
                 lines.append(f"{where}: {spec.flag} {error} in SGLang {target.version}.")
-    for name in ("attention_dp_flag", "replicas_flag"):
-        a, b = getattr(source, name), getattr(target, name)
+    for name, b in target.spellings.items():
+        a = source.spellings.get(name)
         if a != b:
-            lines.append(f"pdkit renders {b} instead of {a}.")
+            lines.append(f"pdkit renders {b} instead of {a}." if a else f"pdkit renders {b}.")
     for spec in new:
         was = old.flags.get(spec.flag)
         if was is None or spec.flag in set_flags or was.default == spec.default:

@@ -18,6 +18,10 @@ failures they diagnose on SGLang.
              looks like this); with it on both roles the decode logs SGLang's ``KV checksum
              mismatch req=... bootstrap_room=... expected=0x... got=0x...`` and fails the
              request with 500 "KV checksum mismatch" (srt/disaggregation/decode.py:3332).
+
+A fault is set at start (PDKIT_SIM_FAULT) or while the worker runs, on the emulator's own route
+(not SGLang's): ``POST /sim/fault`` with ``{"fault": "corrupt"}`` (``null`` turns it off), for
+failures that appear after hours of serving (the router's token canary, kit.lb.canary).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from kit.sim.bootstrap import Reservation
 from kit.sim.pd_client import PdError
 from kit.sim.transfer import KvBuffer, TransferError
 
+FAULT_ROUTE = "/sim/fault"
 REFUSED_PORT = 1
 """A port nothing listens on (tcpmux): a connection there is refused at once."""
 

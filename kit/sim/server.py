@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
 from kit.kvevents import wire
-from kit.sim import api_native, api_openai, role_switch
+from kit.sim import api_native, api_openai, faults, role_switch
 from kit.sim.engine import HEALTH_CHECK_PREFIX, Engine
 from kit.sim.errors import RequestRefused, Stage
 from kit.sim.metrics import SGLANG_VERSION, Metrics, loads, loads_prometheus
 from kit.sim.requests import GenerateInput, RequestState
 from kit.sim.schema import validation_message
+from kit.sim.settings import FAULTS
+
+log = logging.getLogger("kit.sim.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
@@ -108,6 +113,7 @@ class Api:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/abort_request", self.abort_request)
+        r.add_post(faults.FAULT_ROUTE, self.set_fault)
         r.add_post("/pd_role_switch", self.pd_role_switch)
         return app
 
@@ -357,6 +363,18 @@ class Api:
                 cache.clear()
             return web.Response(text=FLUSHED)
         return web.Response(text="Flush cache failed.\n", status=400)
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        """The emulator's own route (not SGLang's): turn a PDKIT_SIM_FAULT on or off while the
+        worker runs, `{"fault": "corrupt"}` or `{"fault": null}`, for faults that appear in
+        the field after hours of serving."""
+        body = await request.json()
+        fault = body.get("fault") if isinstance(body, dict) else None
+        if fault is not None and fault not in FAULTS:
+            raise web.HTTPBadRequest(text=f"fault must be one of {', '.join(FAULTS)} or null")
+        self.engine.settings = replace(self.engine.settings, fault=fault)
+        log.warning("PDKIT_SIM_FAULT is now %s", fault or "off")
+        return web.json_response({"fault": fault})
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await request.json()

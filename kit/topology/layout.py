@@ -54,6 +54,20 @@ MONITORING_PROCESS = "prometheus"
 KV_POOL_PROCESS = "kv-pool"
 
 
+STATE_DIR_ENV = "PDKIT_STATE_DIR"
+STATE_DIR_NAME = ".pdkit"
+
+
+def state_dir(topology_file: Path, name: str, base: Path | str | None = None) -> Path:
+    """The control-machine state dir of deployment `name`: ``<base>/<name>/`` (``--state-dir``,
+    which wins over ``$PDKIT_STATE_DIR``), else ``.pdkit/<name>/`` beside the topology file.
+    The result is absolute."""
+    chosen = base if base is not None else os.environ.get(STATE_DIR_ENV) or None
+    if chosen is not None:
+        return Path(chosen).expanduser().absolute() / name
+    return topology_file.absolute().parent / STATE_DIR_NAME / name
+
+
 def instance_name(role: str, index: int) -> str:
     """``prefill-0``: an instance of a role."""
     return f"{role}-{index}"
@@ -148,6 +162,11 @@ class HostLayout:
     @property
     def prometheus_data_dir(self) -> str:
         return _under(self.root, "var/lib/pdkit", self.deployment, "prometheus")
+
+    @property
+    def keepalived_conf(self) -> str:
+        """Debian's keepalived reads this file (one VIP configuration per host)."""
+        return _under(self.root, "etc/keepalived/keepalived.conf")
 
     @property
     def supervisord_conf(self) -> str:

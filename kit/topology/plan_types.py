@@ -18,12 +18,33 @@ from kit.secrets import SecretSource, read_secret
 from kit.topology.args import Flag, flatten
 from kit.topology.launch import Parallelism, WorkerLaunch
 from kit.topology.schema import SLO, Device, Engine, RouterKind, ServiceManager, TransferBackend
+from kit.topology.slurm_schema import Slurm
 
 Role = Literal["prefill", "decode"]
 
 
 class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Packages(Frozen):
+    """What an SGLang version's wheel pins that a GPU host must match (its METADATA's
+    Requires-Dist), as its dialect (`kit.sglang.dialects`) says; provisioning reads it from the
+    Plan. `min_driver_branch` is the NVIDIA driver branch its torch's CUDA needs;
+    `mooncake_package` the Mooncake build for that CUDA."""
+
+    torch: str
+    cuda: str
+    sglang_kernel: str
+    flashinfer: str
+    deep_gemm: str
+    mooncake_package: str
+    mooncake_version: str
+    min_driver_branch: int
+    python: str = ">=3.11"
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: str(value) for name, value in self.model_dump().items()}
 
 
 class Command(Frozen):
@@ -204,6 +225,11 @@ class RouterProcess(Frozen):
         description="Seconds the router holds a request while a role has no serving worker "
         "(pdkit: router.faults.hold_timeout_s; smg holds none: 0).",
     )
+    tls: bool = Field(
+        False,
+        description="TLS on the client port (router.tls): its URL is https, and `pdkit up` "
+        "makes it read its certificate files again (SIGHUP).",
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # shown in `pdkit render --json`
     @property
@@ -213,12 +239,14 @@ class RouterProcess(Frozen):
 
     @property
     def url(self) -> str:
-        return http_url(self.address, self.port)
+        return http_url(self.address, self.port, tls=self.tls)
 
     @property
     def metrics_url(self) -> str:
         """Prometheus endpoint: smg's separate port, else /metrics on the router's port."""
-        return http_url(self.address, self.metrics_port or self.port, "/metrics")
+        if self.metrics_port:
+            return http_url(self.address, self.metrics_port, "/metrics")
+        return http_url(self.address, self.port, "/metrics", tls=self.tls)
 
     @property
     def api_key_source(self) -> SecretSource | None:
@@ -314,6 +342,34 @@ class ModelPlan(Frozen):
     trust_remote_code: bool
 
 
+class KeepalivedReplica(Frozen):
+    """keepalived on one router host (`router.vip`): its VRRP priority and its whole
+    configuration file, rendered here (the playbook writes it as it is)."""
+
+    host: str
+    address: str = Field(description="The host's own address (its unicast VRRP source).")
+    priority: int = Field(description="VRRP priority: the highest healthy host holds the VIP.")
+    config_path: str = Field(description="keepalived.conf on the host (absolute).")
+    config: str = Field(description="The file's whole text.")
+    run_dir: str = Field(
+        description="Where keepalived started without systemd keeps its pid files (absolute)."
+    )
+
+
+class RouterVipPlan(Frozen):
+    """The router's virtual IP, held by keepalived on one of `replicas` at a time."""
+
+    address: str = Field(description="The VIP with its prefix length (e.g. 10.0.0.100/24).")
+    interface: str
+    virtual_router_id: int
+    replicas: tuple[KeepalivedReplica, ...]
+
+    @property
+    def ip(self) -> str:
+        """The VIP without its prefix length, as clients dial it."""
+        return self.address.split("/", 1)[0]
+
+
 class Plan(Frozen):
     """Everything resolved: hosts, worker processes in start order, the router."""
 
@@ -333,10 +389,35 @@ class Plan(Frozen):
     )
     monitoring: MonitoringProcess | None = None
     kv_pool: KvPoolProcess | None = None
+    router_hosts: tuple[str, ...] = Field(
+        (), description="Hosts that run a router replica (router.hosts); empty: one router."
+    )
+    router_vip: RouterVipPlan | None = None
+    packages: Packages | None = Field(
+        None, description="What provisioning installs for the pinned SGLang (its dialect's)."
+    )
+    discovered: tuple[str, ...] = Field(
+        (),
+        description="The fields `pdkit discover`'s facts filled in where the topology leaves "
+        "them out (`hosts[a].network_interface: eth0`).",
+    )
+    slurm: Slurm | None = Field(
+        None,
+        description="launcher: slurm: the allocation and the nodes' environment (root and venv "
+        "absolute); None: launcher ansible.",
+    )
 
     def role(self, role: Role) -> tuple[WorkerProcess, ...]:
         """Rank-0 processes of a role, one per instance (the ones that serve HTTP)."""
         return tuple(w for w in self.workers if w.role == role and w.serves_http)
+
+    def router_url_on(self, host: str) -> str:
+        """The router's URL on `host`, one of its replicas (router.hosts)."""
+        return http_url(self.host(host).address, self.router.port, tls=self.router.tls)
+
+    def runs_router(self, host: str) -> bool:
+        """Whether `host` runs the router, or one of its replicas (router.hosts)."""
+        return host in (self.router_hosts or (self.router.host,))
 
     def on_host(self, host: str) -> tuple[WorkerProcess, ...]:
         return tuple(w for w in self.workers if w.host == host)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kit.net import bare_host
 from kit.topology import ports
+from kit.topology.client_limits import format_limits, limits_problem, parse_limits
 from kit.topology.policies import DEFAULT_POLICIES, PDKIT_POLICIES
 from kit.topology.router_flags import (
     EJECT_BACKOFF_MAX,
@@ -47,7 +48,8 @@ from kit.topology.router_flags import (
     with_admission,
     worker_context_length,
 )
-from kit.topology.schema import SLO, Admission, Faults
+from kit.topology.router_schema import Admission, Canary, Faults
+from kit.topology.schema import SLO
 
 POLICIES = ("round_robin", "random", "least_inflight", "prefix_affinity", "cache_aware")
 PREFILL_ONLY_POLICIES = frozenset(PDKIT_POLICIES["prefill"]) - frozenset(PDKIT_POLICIES["decode"])
@@ -79,6 +81,7 @@ GROUPS = {
 _SLO = SLO()
 _FAULTS = Faults()
 _ADMISSION = Admission()
+_CANARY = Canary()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,6 +272,18 @@ class RouterOptions:
         group="routing",
         plan=faults("migrate"),
     )
+    # The token canary (router.canary; kit.lb.canary).
+    canary_interval: float = option(
+        _CANARY.interval_s,
+        "seconds between rounds of the token canary: one short greedy request per prefill x "
+        "decode pair, off the users' path, tokens compared across the pairs; a worker every "
+        "one of whose pairs disagrees with the majority is taken out until they agree again "
+        "(default {default}; 0 = off)",
+        group="health",
+        unit="s",
+        bound=">= 0",
+        plan=lambda t: t.router.canary.interval_s,
+    )
     # Options a topology sets only through `router.args`.
     connect_timeout: float = option(
         5.0, "TCP connect to a worker (default {default})", group="timeouts", unit="s", bound="> 0"
@@ -433,6 +448,39 @@ class RouterOptions:
     seed: int | None = option(
         None, "seed for random choices and bootstrap rooms (tests)", group="routing"
     )
+    # Several processes on the port (router.processes; kit.lb.processes).
+    processes: int = option(
+        1,
+        "router processes sharing the port (SO_REUSEPORT), one core each; the limits that "
+        "count requests at once (--prefill-max-inflight, --hold-max) are split between them, "
+        "client buckets (--client-limits) shared (default {default})",
+        group="server",
+        bound="> 0",
+        plan=lambda t: t.router.processes,
+    )
+    # TLS on the client port (router.tls): files on the router host, read again on SIGHUP.
+    tls_cert: str = option(
+        "",
+        "TLS on the client port: the PEM certificate chain's file (with --tls-key); read "
+        "again on SIGHUP without dropping connections (default: plain HTTP)",
+        group="server",
+        plan=lambda t: t.router.tls.cert_file if t.router.tls else None,
+    )
+    tls_key: str = option(
+        "",
+        "the PEM private key's file, for --tls-cert",
+        group="server",
+        plan=lambda t: t.router.tls.key_file if t.router.tls else None,
+    )
+    # Limits per client (router.limits): token buckets keyed by the SHA-256 of the API key.
+    client_limits: str = option(
+        "",
+        "token buckets per client: NAME=SHA256:REQUESTS_PER_S:PROMPT_TOKENS_PER_S:BURST_S, "
+        "comma-separated; SHA256 is the hex SHA-256 of the client's API key (a rate of 0: no "
+        "limit of that kind); a client over a limit gets 429 with Retry-After (default none)",
+        group="server",
+        plan=lambda t: format_limits(t.router.limits) or None,
+    )
     admission_poll: float = option(
         1.0,
         "seconds between reads of the workers' /v1/loads (default {default})",
@@ -513,6 +561,27 @@ def option_problems(values: RouterOptions) -> list[str]:
             f"--prompt-tokens {spec!r}: expected model:PATH (the model's folder) or sim:VOCAB "
             "(a positive integer). To fix: use one, or leave it out (token ids only)."
         )
+    if values.client_limits:
+        try:
+            problem = limits_problem(parse_limits(values.client_limits))
+        except ValueError as exc:
+            problem = str(exc)
+        if problem:
+            problems.append(f"--client-limits: {problem}.")
+    if bool(values.tls_cert) != bool(values.tls_key):
+        problems.append(
+            "--tls-cert and --tls-key go together. To fix: give both files, or neither."
+        )
+    n = values.processes
+    for name, value in (
+        ("--prefill-max-inflight", values.prefill_max_inflight),
+        ("--hold-max", values.hold_max),
+    ):
+        if n > 1 and 0 < value < n:
+            problems.append(
+                f"{name} {value} cannot be split over --processes {n} (each process holds a "
+                f"share). To fix: set it to at least {n}, or run fewer processes."
+            )
     if not values.health_path.startswith("/"):
         problems.append(f"--health-path {values.health_path!r} must start with '/'.")
     if values.admission_margin >= 0.5:

@@ -14,8 +14,12 @@ from pydantic import Field, model_validator
 
 from kit.topology import ports
 from kit.topology.autoscale_schema import Autoscale
+from kit.topology.client_limits import ClientLimit, limits_problem
 from kit.topology.cluster import Cluster
 from kit.topology.launch import Parallelism
+from kit.topology.router_ha import RouterTls, RouterVip
+from kit.topology.router_schema import Admission, Canary, Faults
+from kit.topology.slurm_schema import Slurm, stand_in_hosts
 from kit.topology.strict import Strict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -29,6 +33,7 @@ Engine = Literal["sglang", "sim"]
 TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
 RouterKind = Literal["pdkit", "smg"]
 ServiceManager = Literal["systemd", "supervisord"]
+Launcher = Literal["ansible", "slurm"]
 Device = Literal["cuda", "cpu"]
 
 
@@ -276,7 +281,18 @@ class Transfer(Strict):
         "Default: per_gpu where a host has gpu_nics, else host.",
     )
     gid_index: int | None = Field(
-        None, ge=0, description="RoCE GID index (MC_GID_INDEX); a wrong one fails transfers."
+        None,
+        ge=0,
+        description="RoCE GID index (MC_GID_INDEX, NCCL_IB_GID_INDEX, NVSHMEM_IB_GID_INDEX); a "
+        "wrong or missing one fails transfers (Mooncake falls back to 3). Required on RoCE; "
+        "default: the IPv4-mapped RoCE v2 index common to the workers' NICs in `pdkit discover`'s "
+        "facts.",
+    )
+    fabric: Literal["infiniband", "roce"] | None = Field(
+        None,
+        description="The RDMA NICs' link layer: `roce` (Ethernet: transfer.gid_index required) "
+        "or `infiniband`. Default: what `pdkit discover` found (unknown without its facts: a "
+        "warning for an RDMA backend on engine sglang).",
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra Mooncake variables (MC_*), set on every worker."
@@ -287,95 +303,22 @@ class Transfer(Strict):
     )
 
 
-class Admission(Strict):
-    """SLO-aware admission (pdkit router, off by default): 429 at once when the SLO would be missed.
-
-    A request predicted to miss the SLO (its time to first token from the prefill queues and
-    their measured pace, its time per output token from the decode's batch) is answered at once
-    with 429 and Retry-After instead of queueing, so that the requests admitted still meet it
-    past the deployment's goodput rate. Clients may send `X-PDKit-Priority: high|normal|low`;
-    the lowest is shed first. See docs/lb.md."""
-
-    enabled: bool = Field(False, description="Turn admission on (router kind pdkit only).")
-    margin: float = Field(
-        0.2,
-        ge=0,
-        lt=0.5,
-        description="Share of the SLO kept free for prediction error: normal requests may "
-        "use 1 - margin of it, low 1 - 2 x margin, high all of it.",
-    )
-    ttft_ms: float | None = Field(
-        None, gt=0, description="Time to first token target (ms); default: slo.ttft_ms."
-    )
-    tpot_ms: float | None = Field(
-        None, gt=0, description="Time per output token target (ms); default: slo.tpot_ms."
-    )
-
-
-class Faults(Strict):
-    """What the router does when a worker fails (see docs/lb.md, "Faults"). pdkit's router
-    retries a request that failed before the client got a byte on a fresh pair, ejects a
-    worker after failures in a row, holds requests while a role has no worker, and migrates
-    a stream whose decode died or stalled; smg gets the retry and circuit-breaker settings
-    (`--retry-*`, `--cb-*`) as far as its flags go."""
-
-    retries: int = Field(
-        3,
-        ge=0,
-        le=20,
-        description="Attempts after the first per request (retries and stream migrations).",
-    )
-    retry_deadline_s: float = Field(
-        60.0, gt=0, description="No new attempt starts this long after a request arrived."
-    )
-    retry_backoff_ms: float = Field(
-        50.0,
-        ge=0,
-        description="smg only: its first backoff between attempts (pdkit's router sends the "
-        "retry at once, to a fresh pair).",
-    )
-    eject_after_failures: int = Field(
-        3,
-        ge=1,
-        description="Failed requests in a row that take a worker out (smg: its circuit "
-        "breaker's failure threshold).",
-    )
-    eject_backoff_s: float = Field(
-        1.0,
-        gt=0,
-        description="How long a worker stays out at first, doubling per repeat (smg: how long "
-        "its circuit stays open).",
-    )
-    hold_timeout_s: float = Field(
-        5.0,
-        ge=0,
-        description="pdkit only: how long a request waits when a role has no healthy "
-        "worker, before a 503 with Retry-After (0: no hold).",
-    )
-    first_token_timeout_s: float = Field(
-        30.0,
-        ge=0,
-        description="pdkit only: longest wait for a stream's first token before it is sent "
-        "again elsewhere.",
-    )
-    stall_timeout_ms: float | None = Field(
-        None,
-        gt=0,
-        description="pdkit only: no token for this long and a stream is migrated; default "
-        "50 x slo.tpot_ms, at least 2000.",
-    )
-    migrate: bool = Field(
-        True,
-        description="pdkit only: continue a stream whose decode died or stalled on another "
-        "pair where the continuation is exact.",
-    )
-
-
 class Router(Strict):
     """The load balancer in front of the workers."""
 
     kind: RouterKind = Field("pdkit", description="pdkit (pdkit's PD load balancer) or smg.")
     host: str | None = Field(None, description="Host name to run on; default: the first host.")
+    hosts: list[str] | None = Field(
+        None,
+        min_length=2,
+        description="Replicas: the hosts that each run the router (instead of `host`); with "
+        "`vip`, keepalived holds one address for them. See docs/lb.md.",
+    )
+    vip: RouterVip | None = Field(
+        None,
+        description="The virtual IP clients use, moved between the `hosts` by keepalived "
+        "(installed by provisioning) when the router or its host dies.",
+    )
     port: int = Field(ports.ROUTER, ge=1, le=65535, description="Client-facing port.")
     bind: str = Field("0.0.0.0", description="Address the router binds.")
     metrics_port: int = Field(
@@ -408,6 +351,26 @@ class Router(Strict):
         default_factory=Faults,
         description="Retries, ejection, the hold and stream migration when a worker fails.",
     )
+    canary: Canary = Field(
+        default_factory=Canary,
+        description="The token canary: every pair's tokens compared at an interval, a "
+        "disagreeing worker taken out (pdkit router only).",
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="pdkit only: router processes on the router host, sharing its port "
+        "(SO_REUSEPORT), one core each. See docs/lb.md.",
+    )
+    tls: RouterTls | None = Field(
+        None, description="pdkit only: TLS on the client port (certificate files on the host)."
+    )
+    limits: list[ClientLimit] = Field(
+        default_factory=list,
+        description="pdkit only: token buckets per client API key (requests and prompt tokens "
+        "per second); a client over its limit gets 429 with Retry-After. See docs/lb.md.",
+    )
     args: dict[str, ArgValue] = Field(
         default_factory=dict, description="Extra router flags, without leading dashes."
     )
@@ -416,6 +379,21 @@ class Router(Strict):
     def _one_key_source(self) -> Router:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set only one of api_key_env and api_key_file")
+        if self.host is not None and self.hosts is not None:
+            raise ValueError("set host (one router) or hosts (replicas), not both")
+        if self.hosts is not None and len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: each host once")
+        if self.vip is not None and self.hosts is None:
+            raise ValueError("vip: list the router's replicas in hosts (two or more)")
+        if self.processes > 1 and self.kind != "pdkit":
+            raise ValueError("processes: only pdkit's router runs several; set kind: pdkit")
+        if self.tls is not None and self.kind != "pdkit":
+            raise ValueError("tls: only pdkit's router serves TLS here; set kind: pdkit")
+        if self.limits and self.kind != "pdkit":
+            raise ValueError("limits: only pdkit's router limits clients; set kind: pdkit")
+        problem = limits_problem(self.limits)
+        if problem:
+            raise ValueError(f"limits: {problem}")
         if self.admission.enabled and self.kind != "pdkit":
             raise ValueError(
                 "admission.enabled: only pdkit's router admits by SLO; set kind: pdkit, or "
@@ -598,8 +576,20 @@ class Topology(Strict):
         "0.5.23", description="SGLang version the hosts run; its flag catalog checks `args`."
     )
     model: Model = Field(description="The model served by every instance.")
+    launcher: Launcher = Field(
+        "ansible",
+        description="What starts the processes: `ansible` (over SSH, systemd or supervisord "
+        "on each host) or `slurm` (one allocation, each process a job step; see `slurm:` and "
+        "docs/slurm.md).",
+    )
+    slurm: Slurm | None = Field(
+        None,
+        description="launcher: slurm only: the allocation (nodes, GPUs per node, partition, "
+        "time limit, ...) and the environment on the nodes.",
+    )
     hosts: Annotated[tuple[Host, ...], Field(min_length=1)] = Field(
-        description="The machines, in placement order."
+        description="The machines, in placement order. With launcher: slurm, leave it out: the "
+        "hosts are the allocation's nodes, node0 ... node<N-1> (`slurm.nodes`).",
     )
     defaults: RoleDefaults = Field(
         default_factory=RoleDefaults, description="args/env shared by prefill and decode."
@@ -627,6 +617,30 @@ class Topology(Strict):
         "set; `{}`: defaults).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_hosts(cls, data: object) -> object:
+        if isinstance(data, dict):
+            launcher = data.get("launcher", "ansible")
+            if launcher == "slurm" and "slurm" not in data:
+                raise ValueError(
+                    "launcher: slurm needs a `slurm:` section (at least nodes and gpus_per_node)"
+                )
+            if launcher == "slurm" and "hosts" in data:
+                raise ValueError(
+                    "hosts: with launcher: slurm the hosts are the allocation's nodes; "
+                    "leave `hosts:` out and set slurm.nodes and slurm.gpus_per_node"
+                )
+            for key in ("monitoring", "kv_pool"):
+                if launcher == "slurm" and data.get(key) is not None:
+                    raise ValueError(
+                        f"{key}: is not run by launcher: slurm yet; leave it out, or use "
+                        "launcher: ansible"
+                    )
+            if launcher != "slurm" and data.get("slurm") is not None:
+                raise ValueError("slurm: is read only with launcher: slurm; set launcher: slurm")
+        return stand_in_hosts(data)
+
     def host(self, name: str) -> Host:
         """The host called `name` (KeyError if none)."""
         for host in self.hosts:
@@ -636,7 +650,9 @@ class Topology(Strict):
 
     @property
     def router_host(self) -> str:
-        return self.router.host or self.hosts[0].name
+        """The router's host: the first replica's with `router.hosts`."""
+        replicas = self.router.hosts
+        return self.router.host or (replicas[0] if replicas else self.hosts[0].name)
 
 
 ROLE_NAMES = ("prefill", "decode")

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from kit.errors import Problem
-from kit.net import is_loopback
+from kit.net import bare_host, is_ip, is_loopback
 from kit.topology import ports
 from kit.topology.autoscale_checks import autoscale_problems
 from kit.topology.cpu_hosts import cpu_host_problems
@@ -61,7 +61,8 @@ def _interfaces(topology: Topology, placements: list[InstancePlacement]) -> Iter
                 f"{host.address}: gloo may bind the 127.0.1.1 the host name maps to, and the "
                 "ranks never meet.",
                 f"set it to the interface `ip -o addr show to {host.address}` names (it is "
-                "rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).",
+                "rendered as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), or run `pdkit "
+                "discover T`, whose facts fill it in.",
             )
 
 
@@ -118,6 +119,28 @@ def _router(topology: Topology) -> Iterator[Problem]:
             f"no host named '{router.host}'.",
             f"use one of: {', '.join(names)}.",
         )
+    for i, name in enumerate(router.hosts or ()):
+        if name not in names:
+            yield Problem(
+                ("router", "hosts", str(i)),
+                f"no host named '{name}'.",
+                f"use one of: {', '.join(names)}.",
+            )
+    for i, name in enumerate(router.hosts or () if router.vip else ()):
+        if name in names and not is_ip(bare_host(topology.host(name).address)):
+            yield Problem(
+                ("router", "hosts", str(i)),
+                f"host '{name}' has the address {topology.host(name).address!r}: keepalived "
+                "sends its VRRP adverts between IP addresses.",
+                f"give host '{name}' its IP address.",
+            )
+    if router.vip is not None and bare_host(router.bind) not in ("0.0.0.0", "::"):
+        yield Problem(
+            ("router", "bind"),
+            f"the router binds {router.bind} only, so it cannot answer on the VIP "
+            f"{router.vip.address}.",
+            "bind 0.0.0.0 (the default) or ::.",
+        )
     for role in ROLE_NAMES:
         policy = getattr(router, f"{role}_policy")
         allowed = PDKIT_POLICIES[role] if router.kind == "pdkit" else SMG_POLICIES
@@ -138,6 +161,15 @@ def _router(topology: Topology) -> Iterator[Problem]:
 def _monitoring(topology: Topology) -> list[Problem]:
     monitoring = topology.monitoring
     names = [h.name for h in topology.hosts]
+    if monitoring is not None and topology.router.tls is not None:
+        return [
+            Problem(
+                ("router", "tls"),
+                "Prometheus (monitoring:) scrapes the router over plain HTTP; pdkit does not "
+                "render an https scrape yet.",
+                "leave out router.tls or monitoring:, or scrape the router yourself.",
+            )
+        ]
     if monitoring is None or monitoring.host is None or monitoring.host in names:
         return []
     return [
@@ -202,9 +234,13 @@ def _port_collisions(topology: Topology, placements: list[InstancePlacement]) ->
                 for port in use.ports:
                     claim(node.host, port, f"{p.name} ({use.what})", (p.role, key))
     router = topology.router
-    if router.host is not None and router.host not in {h.name for h in topology.hosts}:
+    if topology.router_host not in {h.name for h in topology.hosts}:
         return problems  # the unknown router host is reported by _router
     claim(topology.router_host, router.port, "the router", ("router", "port"))
+    known = {h.name for h in topology.hosts}
+    for replica in (router.hosts or [])[1:]:
+        if replica in known:
+            claim(replica, router.port, "a router replica", ("router", "port"))
     if router.kind == "smg":
         claim(
             topology.router_host,

@@ -1,8 +1,9 @@
 """SGLang 0.5.23's own prompt ids for chat bodies and texts, without a server or a GPU.
 
-Run with the SGLang CPU venv's python: ``python sglang_prompt_ids.py MODEL_DIR`` reads JSON from
-stdin, ``{"chats": [body, ...], "texts": [str, ...]}``, and writes
-``{"chats": [ids or {"error": str}, ...], "texts": [ids, ...]}``.
+Run with the SGLang CPU venv's python: ``python sglang_prompt_ids.py MODEL_DIR...`` reads JSON
+from stdin, ``{"chats": [body, ...], "texts": [str, ...]}``, and writes one line per model folder,
+``{"model": MODEL_DIR, "chats": [ids or {"error": str}, ...], "texts": [ids, ...]}`` (one run
+for several folders: importing SGLang takes seconds).
 
 Chats go through `OpenAIServingChat._process_messages` itself, on the tokenizer SGLang loads
 (`get_tokenizer`) and the templates its `TemplateManager` picks for the model folder; only the
@@ -30,7 +31,12 @@ class _TokenizerManager(SimpleNamespace):
 
 
 def main() -> None:
-    model_dir = sys.argv[1]
+    cases = json.load(sys.stdin)
+    for model_dir in sys.argv[1:]:
+        print(json.dumps({"model": model_dir, **prompt_ids(model_dir, cases)}), flush=True)
+
+
+def prompt_ids(model_dir: str, cases: dict) -> dict:
     server_args = prepare_server_args(["--model-path", model_dir, "--device", "cpu"])
     set_global_server_args_for_tokenizer(server_args)
     tokenizer = get_tokenizer(model_dir)
@@ -49,7 +55,6 @@ def main() -> None:
     except Exception as exc:  # the stand-in lacks what a real server has; say so
         print(json.dumps({"error": f"OpenAIServingChat.__init__: {exc!r}"}))
         raise
-    cases = json.load(sys.stdin)
     chats = []
     for body in cases["chats"]:
         try:
@@ -59,7 +64,7 @@ def main() -> None:
         except Exception as exc:
             chats.append({"error": repr(exc)})
     texts = [list(tokenizer([t])["input_ids"][0]) for t in cases["texts"]]
-    print(json.dumps({"chats": chats, "texts": texts}))
+    return {"chats": chats, "texts": texts}
 
 
 if __name__ == "__main__":

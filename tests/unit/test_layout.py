@@ -117,7 +117,7 @@ def test_the_walk_sees_an_import_inside_a_function(tmp_path):
 
 LAYER_ORDER: tuple[tuple[str, ...], ...] = (
     ("cli",),
-    ("autoscale",),
+    ("autoscale", "slurm"),
     ("deploy",),
     ("hosts",),
     ("sizing",),
@@ -125,27 +125,37 @@ LAYER_ORDER: tuple[tuple[str, ...], ...] = (
     ("lb", "observe", "sglang", "sim"),
     ("kvevents", "perf"),
     ("topology",),
-    ("aio", "byte_tokenizer", "net", "secrets"),
+    ("aio", "byte_tokenizer", "net", "secrets", "token_check"),
     ("errors",),
 )
 """kit's layers, top to bottom, as docs/development.md draws them: each package and each module
 of kit/ itself imports only from layers below its own, never sideways or up."""
 
 KIT_LAYERS: dict[str, set[str]] = {
-    # The base: modules of kit/ itself (errors, net, secrets, aio, byte_tokenizer) and the
-    # schema floor.
+    # The base: modules of kit/ itself (errors, net, secrets, aio, byte_tokenizer, token_check)
+    # and the schema floor.
     "topology": {"errors", "net", "secrets"},
     "kvevents": set(),
     "perf": {"errors", "topology"},
     "sglang": {"errors", "net", "topology"},
-    "lb": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "secrets", "topology"},
+    "lb": {
+        "aio",
+        "byte_tokenizer",
+        "errors",
+        "kvevents",
+        "net",
+        "secrets",
+        "token_check",
+        "topology",
+    },
     "sim": {"aio", "byte_tokenizer", "errors", "kvevents", "net", "perf", "topology"},
     "plan": {"errors", "net", "sglang", "topology"},
-    "observe": {"errors", "net", "perf", "topology"},
+    "observe": {"errors", "net", "perf", "token_check", "topology"},
     "bench": {"aio", "byte_tokenizer", "errors", "net", "perf", "secrets", "topology"},
     "sizing": {"bench", "errors", "perf", "plan", "sglang", "topology"},
     "hosts": {"errors", "perf", "plan", "topology"},
     "deploy": {"errors", "hosts", "net", "observe", "perf", "plan", "secrets", "topology"},
+    "slurm": {"deploy", "errors", "hosts", "net", "observe", "plan", "secrets", "topology"},
     "autoscale": {
         "bench",
         "deploy",

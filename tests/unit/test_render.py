@@ -198,6 +198,20 @@ def test_pdkit_router_gets_only_the_fault_settings_that_differ_from_its_defaults
     assert config.hold_timeout == 8 and config.stall_after == 4 and not config.migrate
 
 
+def test_the_token_canary_is_on_by_default_and_its_interval_comes_from_the_topology(
+    write_topology,
+):
+    data = base_topology()
+    plain = resolve(write_topology(data, "a.yaml")).router.command.args
+    assert "--canary-interval" not in plain  # the default, 60 s
+    assert parse_args([*plain], environ={}).canary_interval == 60
+    for interval, shown in ((5, "5"), (0, "0")):
+        data["router"] = {"canary": {"interval_s": interval}}
+        args = resolve(write_topology(data, f"c{interval}.yaml")).router.command.args
+        assert f"--canary-interval {shown}" in " ".join(args)
+        assert parse_args([*args], environ={}).canary_interval == interval
+
+
 def test_sim_engine_renders_the_same_argv_as_sglang(write_topology):
     data = base_topology()
     sglang = resolve(write_topology(data, "a.yaml"))

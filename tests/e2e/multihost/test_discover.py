@@ -52,7 +52,8 @@ def test_discover_proposes_the_nic_map_and_a_common_gid_index(testbed, fake_host
     assert "  GPU 6: NUMA 1, PCIe switch 0000:91:00.0 -> mlx5_3 (same NUMA node 1)" in out
     assert "  mlx5_4: DOWN Ethernet" in out
     assert "c: no GPU read" in out
-    assert "transfer.gid_index: 5 (RoCE v2, routable, present on all 8 chosen NIC(s))" in out
+    assert "transfer.gid_index: 5 (RoCE v2, IPv4-mapped, present on all 8 chosen NIC(s))" in out
+    assert "interface of its address: " in out and "Kept in " in out
     assert "hosts[a].gpus: 1 -> 8" in out
 
     data = yaml.safe_load(written.read_text())

@@ -3,7 +3,8 @@ topologies/local-sglang.yaml (a prefill and a decode, Mooncake over TCP, pdkit's
 on that one deployment the openai client through pdkit's router and through smg, `pdkit
 health`/`status`/`doctor`/`trace`/`bench` from the real endpoints and logs, a live change under
 load (a decode added, then restarted while the other serves), and token equality of every
-prefill x decode pair with a colocated real server started beside it.
+prefill x decode pair with a colocated real server started beside it (the session's, from
+real_sglang/conftest.py).
 
 Real servers take 30-110 s to start on 2 loaded cores, so the module shares one deployment and
 starts four servers in all (the pair, the colocated reference with them, the added decode);
@@ -41,11 +42,10 @@ from tests.support.real_sglang import (
     GREEDY,
     RealServer,
     sglang_python,
-    tiny_model,
     write_topology,
 )
 from tests.support.requires import require_smg
-from tests.support.sim_launch import request_json
+from tests.support.sim_launch import request_json, start_router
 
 # Starting real servers takes minutes here: the module's set-up (the pair and the colocated
 # server) and the live change (two starts of a decode) get more than the suite's 300 s.
@@ -89,16 +89,18 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
+def real(tmp_path_factory, real_model, real_servers):
     python = sglang_python()
     folder = tmp_path_factory.mktemp("real-sglang")
-    model = tiny_model(folder / "tiny-llama")
+    model = real_model
     name = f"real-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(folder, name, model, python)
     # Short PD timeouts, so that the real failures of the doctor test are written in seconds.
     data["transfer"]["timeouts"] = {"bootstrap_timeout_s": 30, "heartbeat_interval_s": 2}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
-    colocated = RealServer(model, folder).launch()  # starts with the pair
+    # The session's plain server (real_sglang/conftest.py), this module's colocated reference,
+    # which the router tokenizer's tests use next, starts with the pair.
+    colocated = real_servers.get("plain")
     # A decode whose page size is not the prefill's (1 on the CPU), for the doctor test, which
     # starts it (beside the decode the migration test killed: not five servers starting at once).
     odd = RealServer(model, folder, ["--page-size", "16"], role="decode")
@@ -109,11 +111,13 @@ def real(tmp_path_factory):
         up_s = time.monotonic() - started
         assert up.returncode == 0, up.stdout + up.stderr
         colocated_s = colocated.wait_ready()
+        # The wire fidelity's server (the folder's last module) starts while this module's
+        # short tests run, not beside the pair: four real starts at once took 7 min here.
+        real_servers.get("wire")
         deployment = Deployment(topology, name, data, up, colocated, odd)
         deployment.start_s = {"pdkit up": up_s, "colocated": colocated_s}
         yield deployment
     finally:
-        colocated.stop()
         odd.stop()
         if supervisor_processes(layout(topology, name).supervisord_socket):
             pdkit("down", str(topology), timeout=300)
@@ -143,6 +147,58 @@ def test_up_gates_the_real_pair_and_serves_the_openai_client(real):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def _held(decode_url: str) -> int:
+    """Requests the real decode holds now: running, waiting, and in its PD queues (its
+    /v1/loads, asked of the scheduler at once, where /metrics gauges lag)."""
+    status, body = request_json(decode_url + "/v1/loads?include=all", timeout_s=10)
+    assert status == 200, body
+    loads = body.get("loads", []) if isinstance(body, dict) else body
+    held = 0
+    for load in loads:
+        pd = load.get("disaggregation") or {}
+        held += load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0)
+        held += pd.get("decode_prealloc_queue_reqs", 0) + pd.get("decode_transfer_queue_reqs", 0)
+    return held
+
+
+def test_a_prompt_the_real_prefill_refuses_is_answered_at_once_and_the_decode_holds_nothing(
+    real, tmp_path
+):
+    """Issue 37, failure 5: a router waiting for a decode leg whose KV never comes. The
+    router's own checks are off (--no-validate), so the prompt past the model's context reaches
+    the real prefill, which refuses it with a 400."""
+    plan = resolve(real.topology)
+    (prefill,), decode = plan.role("prefill"), plan.role("decode")[0]
+    context = json.loads((Path(real.data["model"]["path"]) / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
+    body = {"input_ids": [5] * (context + 8), "sampling_params": {"max_new_tokens": 4}}
+    port = free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    argv = ["--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--no-validate", "--no-access-log"]
+    router = start_router(argv, tmp_path / "router.log", url, 60)
+    try:
+        assert router.poll() is None, (tmp_path / "router.log").read_text()
+        direct = request_json(
+            prefill.url + "/generate",
+            {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
+             "bootstrap_room": random.getrandbits(63)},
+        )  # fmt: skip
+        assert direct[0] == 400, direct
+        started = time.monotonic()
+        status, answer = request_json(url + "/generate", body, timeout_s=30)
+        took = time.monotonic() - started
+        assert (status, answer) == direct and took < 1.0, (status, answer, took)
+        deadline = time.monotonic() + 10  # SGLang notices a closed connection within 4 s
+        while (held := _held(decode.url)) > 0:
+            assert time.monotonic() < deadline, f"the decode still holds {held} request(s)"
+            time.sleep(0.2)
+    finally:
+        router.terminate()
+        router.wait(timeout=10)
 
 
 def test_health_status_and_doctor_read_the_real_endpoints(real):

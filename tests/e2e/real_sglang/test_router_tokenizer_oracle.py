@@ -16,7 +16,7 @@ import pytest
 from kit.lb.tokenizer import ModelTokenizer
 from tests.conftest import REPO
 from tests.support.prompt_corpus import CHATS, TEXTS
-from tests.support.real_sglang import sglang_python, tiny_model
+from tests.support.real_sglang import sglang_python
 
 ORACLE = REPO / "tests" / "oracles" / "sglang_prompt_ids.py"
 
@@ -63,9 +63,9 @@ def variant(base, folder, *, config=None, jinja=None):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, real_model):
     root = tmp_path_factory.mktemp("oracle")
-    base = tiny_model(root / "tiny")
+    base = real_model
     return {
         "tiny": base,
         "bos-by-tokenizer": variant(
@@ -79,10 +79,12 @@ def models(tmp_path_factory):
     }
 
 
-def sglang_ids(model) -> dict:
+@pytest.fixture(scope="module")
+def sglang_ids(models) -> dict[str, dict]:
+    """SGLang's ids for each model folder (by name), from one run of the oracle."""
     cases = json.dumps({"chats": CHATS, "texts": TEXTS})
     result = subprocess.run(
-        [sglang_python(), str(ORACLE), str(model)],
+        [sglang_python(), str(ORACLE), *(str(m) for m in models.values())],
         input=cases,
         capture_output=True,
         text=True,
@@ -90,14 +92,17 @@ def sglang_ids(model) -> dict:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.splitlines()
+    answers = [json.loads(line) for line in lines if line.startswith('{"model"')]
+    by_folder = {answer.pop("model"): answer for answer in answers}
+    return {name: by_folder[str(model)] for name, model in models.items()}
 
 
 @pytest.mark.parametrize(
     "name", ["tiny", "bos-by-tokenizer", "generic-add-bos", "content-parts", "jinja-file"]
 )
-def test_prompt_ids_are_sglangs_own(models, name):
-    theirs = sglang_ids(models[name])
+def test_prompt_ids_are_sglangs_own(models, sglang_ids, name):
+    theirs = sglang_ids[name]
     tokenizer = ModelTokenizer.load(models[name])
     compared = 0
     for chat, expected in zip(CHATS, theirs["chats"], strict=True):

@@ -2,7 +2,8 @@
 corpus of tests/support/prompt_corpus.py, the prompt ids pdkit computes are the server's own
 (`return_prompt_token_ids` on chat, `return_token_ids` on completions, the count in `usage`);
 the stream facts the router's migration relies on; and the crash the router's validation
-prevents: an out-of-vocabulary id takes the whole server down (the last test: it kills it)."""
+prevents: an out-of-vocabulary id takes the whole server down (the last test: it kills the
+session's server, real_sglang/conftest.py, which a later test asking for it gets anew)."""
 
 from __future__ import annotations
 
@@ -15,21 +16,21 @@ import pytest
 
 from kit.lb.tokenizer import ModelTokenizer
 from tests.support.prompt_corpus import CHATS, TEXTS
-from tests.support.real_sglang import RealServer, tiny_model
 from tests.support.sim_launch import request_json
 
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tokenizer-real")
-    model = tiny_model(folder / "model")
-    real = RealServer(model, folder).start()
-    try:
-        yield real, ModelTokenizer.load(model)
-    finally:
-        real.stop()
+def tokenizer(real_model):
+    return ModelTokenizer.load(real_model)
+
+
+@pytest.fixture
+def server(colocated, tokenizer):
+    """The session's plain real server of the tiny model (real_sglang/conftest.py; a new one
+    after the last test killed it) and pdkit's tokenizer of that model."""
+    return colocated, tokenizer
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 from tests.oracles.request_corpus import CASES, Case
 from tests.support.ports import free_port
-from tests.support.real_sglang import RealServer, tiny_model
+from tests.support.real_sglang import RealServer
 from tests.support.sim_launch import SimProcess
 from tests.support.wire import differences, metric_labels, send
 
@@ -24,8 +24,9 @@ from tests.support.wire import differences, metric_labels, send
 pytestmark = pytest.mark.timeout(900)
 
 CONTEXT = ["--context-length", "128"]
-"""Both servers: a request with no output bound (max_tokens null) then ends within seconds on the
-real one (the tiny model never ends on its own); the corpus's default-server cases are short."""
+"""Both servers (the real one's flags are the `wire` server's of real_sglang/conftest.py): a
+request with no output bound (max_tokens null) then ends within seconds on the real one (the
+tiny model never ends on its own); the corpus's default-server cases are short."""
 
 FAST = {"PDKIT_SIM_LOAD_SECONDS": "0.2", "PDKIT_SIM_SEED": "1"}
 
@@ -168,10 +169,11 @@ def _payload(case: Case) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def servers(tmp_path_factory, real_model, real_servers):
     folder = tmp_path_factory.mktemp("wire")
-    model = tiny_model(folder / "tiny")
-    real = RealServer(model, folder, ["--enable-metrics", *CONTEXT])
+    model = real_model
+    real = real_servers.get("wire")  # the session's (test_real_sglang.py launches it early)
+    assert real.argv[-3:] == ["--enable-metrics", *CONTEXT]
     sim = SimProcess(
         [
             "--model-path",
@@ -187,11 +189,10 @@ def servers(tmp_path_factory):
         log_dir=folder,
     ).start()
     try:
-        real.start()
+        real.wait_ready()
         sim.wait_ready(120)
         yield real, sim
     finally:
-        real.stop()
         sim.stop()
 
 

@@ -17,7 +17,8 @@ It behaves like SGLang at the HTTP level where a PD router can tell the differen
 
 Whatever a router gets wrong lands in `Ledger.problems` (a test fails on any). Faults, settable at
 any time: `fail_status`, `health_status`, `latency` (s before answering), `token_delay` (s between
-streamed tokens), `die_after_tokens` (drop the connection mid-stream), `hang` (never answer).
+streamed tokens), `die_after_tokens` (drop the connection mid-stream), `hang` (never answer),
+`corrupt` (a decode's answer has other tokens from the second on, as from altered KV).
 Every inference request whose client went away first is recorded in `cancelled`.
 """
 
@@ -98,6 +99,7 @@ class FakeWorker:
         self.token_delay = 0.0
         self.die_after_tokens: int | None = None
         self.hang = False
+        self.corrupt = False  # a decode answers other tokens (/generate), as altered KV does
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.cancelled: list[str] = []
         self.auth: list[str | None] = []  # Authorization header of every request seen
@@ -373,7 +375,7 @@ class FakeWorker:
         """Send the answer, or return the coroutine that streams it `token_delay` apart."""
         self.served[shapes.path] += 1
         if not shapes.body.get("stream"):
-            reply.send(200, shapes.result_bytes())
+            reply.send(200, _corrupted(shapes) if self.corrupt else shapes.result_bytes())
             return None
         reply.start_stream()
         events = shapes.events()
@@ -420,3 +422,13 @@ def _last(reply: Reply, events: list[bytes], dies: bool) -> None:
         reply.abort()
     else:
         reply.end_stream(*events, DONE)
+
+
+def _corrupted(shapes: Shapes) -> bytes:
+    """A non-streamed answer whose tokens after the first (the prefill's) are other ones."""
+    result = json.loads(shapes.result_bytes())
+    for item in result if isinstance(result, list) else [result]:
+        if isinstance(item, dict) and isinstance(item.get("output_ids"), list):
+            item["output_ids"] = item["output_ids"][:1] + [i + 1 for i in item["output_ids"][1:]]
+            item["text"] = "wrong" + item["text"]
+    return json.dumps(result).encode()

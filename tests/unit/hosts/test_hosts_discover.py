@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kit.hosts.discover import HostFacts, gpu_type, propose
-from tests.conftest import REPO
+from kit.hosts.discover import HostFacts, gpu_type, kept_facts, propose
+from kit.topology.schema import Topology
+from tests.conftest import REPO, base_topology
 from tests.support.fake_hosts import EXPECTED_NICS, SW0, fake_nvidia_smi, fake_sys
 
 ROLES = REPO / "playbooks" / "roles"
@@ -83,3 +84,17 @@ def test_gpu_names_map_to_the_performance_models_names():
     assert gpu_type("NVIDIA A100-SXM4-40GB") == "A100-40G"
     assert gpu_type("NVIDIA H200") == "H200"
     assert gpu_type("NVIDIA RTX 6000 Ada Generation") == "RTX 6000 Ada Generation"
+
+
+def test_the_facts_kept_for_later_commands_hold_the_interface_map_and_gid_tables(tmp_path):
+    facts = probe(tmp_path)
+    data = {"gpus": {}, "rdma": {}, "address": "2: bond0    inet 10.0.0.1/24 scope global bond0"}
+    assert HostFacts.parse("a", data).network_interface == "bond0"
+    facts = HostFacts(**{**facts.__dict__, "network_interface": "bond0"})
+    proposal = propose([facts])
+    assert proposal.hosts[0].fields()["network_interface"] == "bond0"
+    topology = Topology.model_validate(base_topology())
+    (kept,) = kept_facts(topology, [facts], proposal).hosts
+    assert (kept.name, kept.address, kept.network_interface) == ("a", "10.0.0.1", "bond0")
+    assert kept.gpu_nics == EXPECTED_NICS
+    assert kept.nic("mlx5_0").ipv4_v2_indices == {3, 5}

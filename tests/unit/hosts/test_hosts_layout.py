@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import jinja2
@@ -104,3 +105,40 @@ def test_role_defaults_put_the_venv_and_weights_where_the_layout_says():
     model = _render_group_vars({"pdkit_root": "/srv/a"}, "roles/pdkit_model/defaults/main.yml")
     assert python["pdkit_python_venv"] == layout.venv_dir
     assert model["pdkit_model_hf_home"] == layout.hf_home
+
+
+def _role_task(file: str, name_part: str) -> dict:
+    tasks = yaml.safe_load((REPO / "playbooks" / "roles" / "pdkit_process" / file).read_text())
+    (task,) = [t for t in tasks if name_part in t["name"]]
+    return task
+
+
+def test_systemd_hosts_rotate_every_process_log_in_place():
+    """Under systemd a process writes its log file through `tee -a`: the role's logrotate
+    configuration covers each log file the Plan names, rotates it in place (copytruncate) at
+    the size and count of the role's defaults, and `down` removes it."""
+    layout = HostLayout("dsv3", "/srv/a")
+    known = _render_group_vars({"pdkit_root": "/srv/a", "pdkit_deployment": "dsv3"})
+    defaults = yaml.safe_load(
+        (REPO / "playbooks" / "roles" / "pdkit_process" / "defaults" / "main.yml").read_text()
+    )
+    assert defaults["pdkit_process_logrotate"] is True
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["regex_replace"] = lambda text, pattern, repl: re.sub(pattern, repl, text)
+    task = _role_task("tasks/systemd.yml", "rotated")
+    module = task["ansible.builtin.copy"]
+    values = {**defaults, **known}
+    dest = env.from_string(module["dest"]).render(**values)
+    assert dest == known["pdkit_logrotate_file"] == "/etc/logrotate.d/pdkit-dsv3"
+    config = env.from_string(module["content"]).render(**values)
+    lines = [line.strip() for line in config.splitlines() if not line.startswith("#")]
+    pattern, *directives, close = lines
+    assert pattern == f"{layout.log_dir}/*.log {{" and close == "}"
+    assert fnmatch(layout.log_file("decode-0-node1"), pattern.removesuffix(" {"))
+    assert "size 100M" in directives and "rotate 5" in directives  # 100MB: logrotate's 100M
+    assert {"copytruncate", "compress", "missingok"} <= set(directives)
+    removed = _role_task("tasks/stop.yml", "logrotate")
+    assert removed["ansible.builtin.file"] == {
+        "path": "{{ pdkit_logrotate_file }}",
+        "state": "absent",
+    }

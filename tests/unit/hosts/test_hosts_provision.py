@@ -4,6 +4,7 @@ packages come from; and the option parsing a user meets."""
 
 from __future__ import annotations
 
+import dataclasses
 import tarfile
 from pathlib import Path
 
@@ -60,6 +61,35 @@ def test_gpu_hosts_get_the_nics_gid_index_and_gpu_count_their_workers_use(gpu_to
     assert a["pdkit_model_hf_home"] == "/var/lib/pdkit/huggingface"  # the workers' HF_HOME
     assert a["pdkit_python_source"] == "index"
     assert a["pdkit_python_pdkit_wheel"] == str(WHEEL)
+
+
+def test_the_package_set_comes_from_the_pinned_versions_dialect_through_the_plan(
+    write_topology, monkeypatch
+):
+    data = base_topology()
+    data["sglang_version"] = "0.5.22"
+    a = host_vars(write_topology(data))["a"]
+    assert a["pdkit_python_sglang_version"] == "0.5.22"
+    assert a["pdkit_python_mooncake_version"] == "0.3.13.post1"
+    assert a["pdkit_python_mooncake_fallback_package"] == "mooncake-transfer-engine-cuda13"
+    assert (a["pdkit_nvidia_min_driver_branch"], a["pdkit_nvidia_cuda"]) == (580, "13")
+    # A dialect with another stack changes what provisioning installs, through the Plan only.
+    from kit.sglang.dialects import DIALECTS  # noqa: PLC0415
+
+    old = DIALECTS["0.5.22"]
+    other = old.packages.model_copy(
+        update={
+            "cuda": "12",
+            "mooncake_package": "mooncake-transfer-engine",
+            "mooncake_version": "0.3.9",
+            "min_driver_branch": 550,
+        }
+    )
+    monkeypatch.setitem(DIALECTS, "0.5.22", dataclasses.replace(old, packages=other))
+    a = host_vars(write_topology(data))["a"]
+    assert a["pdkit_python_mooncake_fallback_package"] == "mooncake-transfer-engine"
+    assert a["pdkit_python_mooncake_version"] == "0.3.9"
+    assert (a["pdkit_nvidia_min_driver_branch"], a["pdkit_nvidia_cuda"]) == (550, "12")
 
 
 def test_a_router_only_host_gets_no_gpu_rdma_or_model_work(gpu_topology):
@@ -160,7 +190,7 @@ def test_facts_read_as_one_line_per_kind():
 def test_every_role_default_is_documented_and_prefixed():
     """Each setting follows a comment, directly or in a group of settings the comment heads."""
     roles = sorted((REPO / "playbooks" / "roles").glob("*/defaults/main.yml"))
-    assert len(roles) == 9
+    assert len(roles) == 10
     for defaults in roles:
         role = defaults.parent.parent.name
         lines = defaults.read_text().splitlines()

@@ -216,7 +216,11 @@ def _sample(option):
     if option.choices:
         return next(c for c in option.choices if c != option.default and "_" not in c)
     if option.kind is str:
-        return {"prompt_tokens": "sim:1000", "health_path": "/ping"}.get(option.name, "127.0.0.2")
+        return {
+            "prompt_tokens": "sim:1000",
+            "health_path": "/ping",
+            "client_limits": f"team=a{'0' * 63}:5:0:1",
+        }.get(option.name, "127.0.0.2")
     special = {"port": 9001, "admission_margin": 0.1, "seed": 7}
     return special.get(option.name, option.kind(2 * (option.default or 1) + 1))
 
@@ -225,7 +229,8 @@ def _sample(option):
 def test_each_option_of_the_table_is_a_flag_the_router_reads_back(option):
     value = _sample(option)
     assert value != option.default
-    cfg = parse_args([*WORKERS, *option.render(value)], {})
+    pair = {"tls_cert": ["--tls-key", "/k"], "tls_key": ["--tls-cert", "/c"]}  # go together
+    cfg = parse_args([*WORKERS, *option.render(value), *pair.get(option.name, [])], {})
     assert getattr(cfg, option.name) == pytest.approx(value)
     assert option.flag in build_parser().format_help()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kit.lb.processes import merge_metrics
 from kit.observe.probe import Fetched, RouterAnswers
 from kit.observe.router import evaluate_router
 from kit.observe.view import router_lines
@@ -142,3 +143,46 @@ pdkit_lb_kv_hit_rate{{worker="{P0}"}} 0.75
     text = router_lines(status).plain
     assert "1,178 blocks  hit rate 75%  predictions agreed 95% (19/20)" in text
     assert "not live: routing without it" in text
+
+
+def test_the_token_canary_names_the_pair_that_gives_wrong_tokens():
+    canary = f"""\
+# TYPE pdkit_lb_canary_pair gauge
+pdkit_lb_canary_pair{{decode="{D0}",prefill="{P0}",state="ok"}} 1.0
+pdkit_lb_canary_pair{{decode="{D0}",prefill="{P1}",state="wrong"}} 1.0
+"""
+    status = evaluate_router(pdkit_answers(metrics=pdkit_metrics() + canary), SLO())
+    assert status.canary_pairs == 2 and status.canary_wrong == ((P1, D0),)
+    assert status.problems == (
+        f"token canary: prefill {P1} x decode {D0} gives other tokens than the other pairs",
+    )
+    text = router_lines(status).plain
+    p1, d0 = P1.removeprefix("http://"), D0.removeprefix("http://")
+    assert f"token canary: prefill {p1} x decode {d0} gives wrong tokens" in text
+    agree = canary.replace('state="wrong"', 'state="ok"')
+    status = evaluate_router(pdkit_answers(metrics=pdkit_metrics() + agree), SLO())
+    assert not status.problems and "token canary: all 2 pairs agree" in router_lines(status).plain
+
+
+def test_a_router_of_two_processes_counts_each_worker_once_and_lists_its_processes():
+    one = pdkit_metrics(requests=20)
+    merged = merge_metrics({0: one, 1: one}).decode()
+    processes = [
+        {"process": i, "pid": 100 + i, "running": True, "inflight": 1, "served": 20}
+        for i in range(2)
+    ]
+    answers = pdkit_answers(metrics=merged)
+    body = {**answers.readiness.json(), "processes": processes}
+    answers = RouterAnswers(
+        answers.target,
+        answers.health,
+        got("/readiness", body),
+        answers.workers,
+        answers.metrics,
+    )
+    status = evaluate_router(answers, SLO())
+    assert status.workers is not None and len(status.workers) == 3
+    assert (status.healthy_prefill, status.total_prefill) == (2, 2)
+    assert status.requests_total == 40  # 20 from each process
+    assert [p.pid for p in status.processes] == [100, 101]
+    assert "2/2 processes" in router_lines(status).plain
