@@ -13,11 +13,18 @@ exactly), and one fault injected after a warm-up:
     kill-only-decode  the same as kill-decode with one decode                 2P1D
     restart-only-decode  SIGTERM the only decode, start it again at once      2P1D
                     (what `pdkit restart` does to it, without the drain)
+Operator actions, as `pdkit restart` and `pdkit up` make them through the router's API (the
+same `kit.deploy.routing.RouterAdmin`), without Ansible:
+    replace-only-decode  the only decode out of the router (pdkit's: listed as     2P1D
+                    returning, its role held; smg: removed), stopped, started, added back
+    restart-router  pdkit's router: SIGUSR2 (its handover: a new image on the   2P1D
+                    same socket); smg: SIGTERM, then started again
 
 One row per (fault, router): requests sent during the fault window (from the fault to
 --tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
 timed-out stream), and for pdkit the router's own counts over the run (retried, migrated,
-held, from /metrics); TTFT and TPOT p99 over the window. smg has no such counters (n/a).
+held, from /metrics; after restart-router, the new image's only); TTFT and TPOT p99 over the
+window. smg has no such counters (n/a).
 
 Ports come from --port-base (default 44600, the range hand-started servers use here). Logs
 go to .bench/chaos/. Subsets: --faults, --routers; --rate, --tokens, --stop-seconds.
@@ -43,6 +50,7 @@ from pathlib import Path
 
 import aiohttp
 
+from kit.deploy.routing import RouterAdmin
 from kit.perf.models import resolve_model
 from tests.support.sim_launch import SimProcess, worker_argv
 
@@ -58,7 +66,11 @@ FAULTS = {
     "stop-decode": (2, 2),
     "kill-only-decode": (2, 1),
     "restart-only-decode": (2, 1),
+    "replace-only-decode": (2, 1),
+    "restart-router": (2, 1),
 }
+ADMIN_KEY = "bench-chaos-admin"
+"""pdkit's router's admin key here (its worker API, which replace-only-decode uses)."""
 ROUTERS = ("pdkit", "smg")
 
 
@@ -145,22 +157,26 @@ class Cluster:
             w.start()
         for w in self.workers:
             await asyncio.to_thread(w.wait_ready, 60.0)
-        log = (self.log_dir / f"router-{self.router}.log").open("wb")
-        self.proc = subprocess.Popen(
-            self.router_argv(),
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        await self.start_router()
+        await asyncio.sleep(2.0)  # let every worker pass its probes
+
+    async def start_router(self) -> None:
+        """Start the router (appending to its log) and wait for its /readiness."""
+        with (self.log_dir / f"router-{self.router}.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.router_argv(),
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PDKIT_LB_ADMIN_KEY": ADMIN_KEY},
+            )
         deadline = time.monotonic() + 60
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 try:
                     async with session.get(self.url + "/readiness") as r:
                         if r.status == 200:
-                            await asyncio.sleep(2.0)  # let every worker pass its probes
                             return
                 except aiohttp.ClientError:
                     pass
@@ -169,7 +185,7 @@ class Cluster:
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"router {self.router} did not get ready; see {self.log_dir}")
 
-    def stop(self) -> None:
+    def stop_router(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -177,6 +193,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+    def stop(self) -> None:
+        self.stop_router()
         for w in self.workers:
             w.kill(signal.SIGCONT)
             w.stop(grace_s=2.0)
@@ -262,8 +281,42 @@ async def counters(url: str) -> dict[str, float]:
     return out
 
 
+async def restart_router(c: Cluster) -> None:
+    """pdkit's router: SIGUSR2, until /health names a newer image; smg: SIGTERM, start again."""
+    if c.router != "pdkit":
+        await asyncio.to_thread(c.stop_router)
+        await c.start_router()
+        return
+    admin = RouterAdmin("pdkit", c.url, ADMIN_KEY, 30.0)
+    async with admin:
+        before = await admin.started()
+        assert c.proc is not None and before is not None
+        c.proc.send_signal(signal.SIGUSR2)
+        await admin.wait_started_after(before, 60.0)
+
+
+async def replace_decode(c: Cluster) -> None:
+    """What `pdkit restart` does to the only decode (the hold, no stand-in), by the router's
+    API: out (pdkit's router: returning), stopped, started, added back, routed to."""
+    victim = c.decode[0]
+    admin = RouterAdmin(c.router, c.url, ADMIN_KEY, 30.0)
+    async with admin:
+        await admin.remove(victim.url, back_within=60.0)
+        await asyncio.to_thread(victim.stop, 10.0)
+        victim.start()
+        await asyncio.to_thread(victim.wait_ready, 60.0)
+        await admin.add(victim.url, "decode", None)
+        await admin.wait_routed(victim.url, 60.0)
+
+
 async def inject(fault: str, c: Cluster, stop_s: float) -> None:
     """The fault; returns when the worker is back."""
+    if fault == "restart-router":
+        await restart_router(c)
+        return
+    if fault == "replace-only-decode":
+        await replace_decode(c)
+        return
     victim = c.prefill[0] if fault in {"kill-prefill", "stop-prefill"} else c.decode[0]
     if fault.startswith("stop"):
         victim.kill(signal.SIGSTOP)
@@ -289,6 +342,8 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
     try:
         await c.start()
         before = await counters(c.url) if router == "pdkit" else None
+        if before is not None and fault == "restart-router":
+            before = dict.fromkeys(before, 0.0)  # the new image counts from 0 (its own only)
         results: list[Result] = []
         tasks: set[asyncio.Task[Result]] = set()
         window: list[float] = []

@@ -31,6 +31,7 @@ from typing import Literal
 
 from kit.deploy.state import DeploymentRecord, ProcessRecord
 from kit.errors import DeployError
+from kit.hosts.inventory import ROUTER_RELAUNCH_ENV
 from kit.topology.args import Flag
 
 StepKind = Literal["add", "replace", "remove"]
@@ -96,6 +97,8 @@ class Changes:
     """Why Prometheus restarts (empty: it keeps running or there is none)."""
     serving: dict[str, int] = field(default_factory=dict)
     """Instances per role in the topology (what `waves` keeps serving)."""
+    router_handover: bool = False
+    """The router restarts by handing its socket over (pdkit's), not by a stop and a start."""
 
     @property
     def workers_change(self) -> bool:
@@ -127,7 +130,9 @@ class Changes:
         out = [f"{i}. {step.describe()}" for i, step in enumerate(self.steps, 1)]
         if self.router:
             out.append(
-                f"{len(out) + 1}. restart the router, draining it first ({'; '.join(self.router)})"
+                f"{len(out) + 1}. restart the router, "
+                f"{'handing its socket over' if self.router_handover else 'draining it first'} "
+                f"({'; '.join(self.router)})"
             )
         if self.monitoring:
             out.append(f"{len(out) + 1}. restart Prometheus ({'; '.join(self.monitoring)})")
@@ -182,6 +187,7 @@ def diff(
         serving={
             role: sum(p[0].role == role for p in after.values()) for role in ("prefill", "decode")
         },
+        router_handover=new.router_kind in ROUTER_RELAUNCH_ENV,
     )
 
 

@@ -66,6 +66,7 @@ from kit.deploy.surge import PHASES, OnlyInstance, decide, stand_in, start_estim
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
+from kit.hosts.inventory import ROUTER_RELAUNCH_ENV
 from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve_surge
 from kit.topology.plan_types import Plan
@@ -407,21 +408,61 @@ class LiveChange:
 
     def _router(self, changes: Changes) -> None:
         """Restart the router (its settings changed, or `pdkit restart ... router`), or rewrite
-        its files only. A restart stops it with SIGTERM first, on which it drains."""
+        its files only. pdkit's router is handed over (`kit.lb.run`: SIGUSR2, it finishes its
+        requests and execs its launch script again on the same socket; connections wait, none
+        is refused) unless its service definition changed; smg is stopped with SIGTERM, on
+        which it drains, and started again."""
+        router = self.target.process(self.ctx.plan.router.name)
+        handover = self.ctx.plan.router.kind in ROUTER_RELAUNCH_ENV
         if not changes.router:
             self.console.print(
                 "[bold]Router[/]: keeps running; its files get the worker list for its next start"
             )
-        else:
+            self._run("deploy.yml", "router", None)
+            return
+        why = escape("; ".join(changes.router))
+        if not handover:
             self.console.print(
-                f"[bold]Router[/]: restarting ({escape('; '.join(changes.router))}); it drains "
-                "its in-flight requests first and refuses new ones meanwhile"
+                f"[bold]Router[/]: restarting ({why}); it drains its in-flight requests first "
+                "and refuses new ones meanwhile"
             )
-            router = self.target.process(self.ctx.plan.router.name)
             if changes.router == ("restart",) and router is not None:
                 # Its files are the same: stop it here, the deploy below starts it again.
                 self._run("stop.yml", None, self._inventory(stop=[router]))
-        self._run("deploy.yml", "router", None)
+            self._run("deploy.yml", "router", None)
+            return
+        self.console.print(
+            f"[bold]Router[/]: handing over to a new process on its socket ({why}); it finishes "
+            "its in-flight requests, new connections wait for the new one, none is refused"
+        )
+        before = self._router_started()
+        inventory = self._inventory()
+        if changes.router == ("restart",) and router is not None:
+            for host_vars in inventory["all"]["children"]["pdkit_hosts"]["hosts"].values():
+                host_vars["pdkit_process_hand_over"] = [router.name]
+        began = time.monotonic()
+        self._run("deploy.yml", "router", inventory)
+        if before is None:
+            return  # not answering before: the deploy started it, readiness follows
+
+        async def back() -> float:
+            async with self._admin() as admin:
+                return await admin.wait_started_after(before, self.worker_timeout)
+
+        asyncio.run(back())
+        self.console.print(
+            f"  router: handed over in {time.monotonic() - began:.1f} s", markup=False
+        )
+
+    def _router_started(self) -> float | None:
+        async def ask() -> float | None:
+            async with self._admin() as admin:
+                return await admin.started()
+
+        try:
+            return asyncio.run(ask())
+        except DeployError:
+            return None
 
     async def _reconcile(self) -> None:
         """The router's worker list against the topology: add the missing, drain away strays."""

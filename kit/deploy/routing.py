@@ -239,6 +239,32 @@ class RouterAdmin:
             url, clean, time.monotonic() - began, left if isinstance(left, int) else None
         )
 
+    async def started(self) -> float | None:
+        """When the router's process image started (pdkit's router: /health's `started`, unix
+        seconds; a handover changes it); None where the router does not say."""
+        status, data = await self._call("GET", "/health")
+        value = data.get("started") if status == 200 and isinstance(data, dict) else None
+        return float(value) if isinstance(value, int | float) else None
+
+    async def wait_started_after(self, before: float, timeout: float) -> float:
+        """Until the router answers /health from an image started after `before` (a handover
+        done: the new image serves on the socket); DeployError at timeout. The old image does
+        not accept connections while it finishes its requests, so a poll may wait or fail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                started = await self.started()
+            except DeployError:
+                started = None
+            if started is not None and started > before:
+                return started
+            if time.monotonic() > deadline:
+                raise DeployError(
+                    f"the {self.kind} router at {self.url} did not come back from its handover "
+                    f"within {timeout:.0f} s. To fix: see `pdkit logs TOPOLOGY router`."
+                )
+            await asyncio.sleep(POLL_S)
+
     async def _remove_smg(self, listed: Routed, began: float) -> Drained:
         if listed.ident is None:
             raise DeployError(f"smg lists {listed.url} without a worker id; cannot remove it")

@@ -40,8 +40,10 @@ RECORD_FORMAT = 2
 STARTS_FILE = "starts.json"
 """Each instance's last measured start, seconds (`kit.deploy.surge` estimates from it)."""
 WINDOWS_FILE = "windows.json"
-"""Each instance's last measured replacement, seconds by phase (stop, start, gate, readmit):
+"""Each instance's recent measured replacements, seconds by phase (stop, start, gate, readmit):
 the time its role's requests wait when it is the role's only instance (`kit.deploy.surge`)."""
+RECENT_WINDOWS = 5
+"""How many replacements per instance windows.json keeps (the estimate takes their worst)."""
 TEMPLATES = Path("roles") / "pdkit_process" / "templates"
 """The templates every process's files are rendered from, under the playbooks folder."""
 
@@ -141,11 +143,19 @@ class DeploymentRecord(_Frozen):
         return self.model_copy(update={"processes": tuple(ordered)})
 
 
+SUPERVISORD_TEMPLATE = "supervisord.conf.j2"
+"""supervisord's own configuration: not part of any process's files (a process restarted does
+not apply it; supervisord's next start does, see the pdkit_process role's handlers)."""
+
+
 def templates_digest(playbooks: Path) -> str:
-    """A digest of the pdkit_process role's templates (a change rewrites every process's files)."""
+    """A digest of the pdkit_process role's templates that make each process's files (a change
+    rewrites every process's files, so each is replaced, instance by instance)."""
     digest = hashlib.sha256()
     folder = playbooks / TEMPLATES
     for path in sorted(folder.glob("*.j2")):
+        if path.name == SUPERVISORD_TEMPLATE:
+            continue
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -303,21 +313,32 @@ def save_starts(state_dir: Path, measured: dict[str, float]) -> None:
     (state_dir / STARTS_FILE).write_text(json.dumps(starts, indent=2, sort_keys=True) + "\n")
 
 
-def load_windows(state_dir: Path) -> dict[str, dict[str, float]]:
-    """Each instance's last measured replacement, seconds by phase, by instance name; empty when
-    none was measured or the file cannot be read (it is only an estimate's source)."""
+def load_windows(state_dir: Path) -> dict[str, list[dict[str, float]]]:
+    """Each instance's recent measured replacements (oldest first, at most `RECENT_WINDOWS`),
+    each seconds by phase, by instance name; empty when none was measured or the file cannot be
+    read (it is only an estimate's source). A file of one window per instance (pdkit before the
+    recent ones were kept) reads as that one."""
     data = _measured(state_dir / WINDOWS_FILE)
-    return {
-        str(name): {str(k): float(v) for k, v in phases.items() if isinstance(v, int | float)}
-        for name, phases in data.items()
-        if isinstance(phases, dict)
-    }
+    out: dict[str, list[dict[str, float]]] = {}
+    for name, recent in data.items():
+        listed = [recent] if isinstance(recent, dict) else recent
+        if not isinstance(listed, list):
+            continue
+        out[str(name)] = [
+            {str(k): float(v) for k, v in phases.items() if isinstance(v, int | float)}
+            for phases in listed
+            if isinstance(phases, dict)
+        ][-RECENT_WINDOWS:]
+    return out
 
 
 def save_windows(state_dir: Path, measured: dict[str, dict[str, float]]) -> None:
-    """Add `measured` (seconds by phase, by instance) to the recorded replacements."""
-    rounded = {n: {k: round(v, 2) for k, v in p.items()} for n, p in measured.items()}
-    windows = load_windows(state_dir) | rounded
+    """Add `measured` (seconds by phase, by instance) to the recorded replacements, keeping each
+    instance's last `RECENT_WINDOWS`."""
+    windows = load_windows(state_dir)
+    for name, phases in measured.items():
+        rounded = {k: round(v, 2) for k, v in phases.items()}
+        windows[name] = [*windows.get(name, []), rounded][-RECENT_WINDOWS:]
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / WINDOWS_FILE).write_text(json.dumps(windows, indent=2, sort_keys=True) + "\n")
 

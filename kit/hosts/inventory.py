@@ -51,6 +51,11 @@ none unless control-plane keys are configured)."""
 ROUTER_KEY_ENV = {"pdkit": "PDKIT_LB_API_KEY", "smg": "PDKIT_ROUTER_API_KEY"}
 """Variable the router reads its client API key from, per router kind (env file, 0600)."""
 
+ROUTER_RELAUNCH_ENV = {"pdkit": "PDKIT_LB_RELAUNCH"}
+"""Per router kind that hands its listening socket over on SIGUSR2 (`kit.lb.run`): the variable
+that names what it execs, its launch script. Such a router restarts through that handover (the
+playbook signals it) rather than a stop and a start, so no request is lost."""
+
 
 @dataclass(frozen=True)
 class DeployHost:
@@ -131,6 +136,10 @@ def worker_record(
         "stage": "workers",
         # Node rank 0 stops first: ranks >= 1 ignore SIGTERM and exit after rank 0 does.
         "node_rank": worker.node_rank,
+        # A rank of a multi-node instance never starts alone at boot: it cannot join a torch
+        # group whose other ranks run already or have not started; `pdkit up` starts the
+        # instance's ranks together (it finds them not running).
+        "start_at_boot": worker.nnodes == 1,
         "python": worker.python,
         "env": dict(sorted(env.items())),
         "secret_env": {},
@@ -142,8 +151,12 @@ def worker_record(
 def router_record(router: RouterProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:
     """The process record of the router; its API key (if any) and its admin key arrive through
     `secret_env`. Its `restart_key` covers its settings but not its worker list: the playbook
-    rewrites its launch script when workers change, and restarts it only when the key does."""
+    rewrites its launch script when workers change, and restarts it only when the key does
+    (pdkit's router, `handover`: by SIGUSR2, on which it hands its socket to a new image)."""
     env = {**router.env, "PDKIT_DEPLOYMENT": deployment, "PDKIT_PROCESS": router.name}
+    handover = router.kind in ROUTER_RELAUNCH_ENV
+    if handover:
+        env[ROUTER_RELAUNCH_ENV[router.kind]] = layout.launch_script(router.name)
     has_key = bool(router.api_key_env or router.api_key_file)
     secret_env = {ROUTER_KEY_ENV[router.kind]: CONTROL_ROUTER_KEY_ENV} if has_key else {}
     if router.kind in ROUTER_ADMIN_KEY_ENV:
@@ -158,6 +171,7 @@ def router_record(router: RouterProcess, deployment: str, layout: HostLayout) ->
         "secret_env": secret_env,
         "url": router.url,
         "restart_key": hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16],
+        "handover": handover,
         # pdkit up: read the certificate files again (SIGHUP), no connection dropped.
         "reload_on_deploy": router.tls,
     }

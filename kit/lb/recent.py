@@ -13,6 +13,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
+from kit.lb.errors import ApiError
+
 DEFAULT_CAPACITY = 10_000
 
 
@@ -65,3 +69,18 @@ class RecentRequests:
 
     def get(self, request_id: str) -> PathRecord | None:
         return self._records.get(request_id)
+
+    async def answer(self, request: web.BaseRequest) -> web.Response:
+        """GET /requests?id=REQUEST_ID: where a recent request went (its prefill, decode, room,
+        state)."""
+        request_id = request.query.get("id", "")
+        if not request_id:
+            raise ApiError(400, "give the request id: /requests?id=ID", "bad_request", param="id")
+        record = self.get(request_id)
+        if record is None:
+            raise ApiError(
+                404,
+                f"no recent request {request_id!r} (the last {self.capacity} are kept)",
+                "not_found",
+            )
+        return web.json_response(record.to_json(time.monotonic()))

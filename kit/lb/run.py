@@ -1,4 +1,18 @@
-"""The load balancer process: parse the command line, serve, drain on SIGTERM, exit.
+"""The load balancer process: parse the command line, serve, drain on SIGTERM, exit; on SIGUSR2
+hand its listening socket over to a new process with the same PID.
+
+The handover (`pdkit up` with changed router settings, `pdkit restart ... router`) loses no
+request and refuses no connection:
+    1. SIGUSR2: the socket is kept open (a duplicate of its descriptor, inheritable), so the
+       kernel keeps queueing new connections on it; nothing accepts them meanwhile.
+    2. The server stops accepting and finishes its in-flight requests, as on SIGTERM (up to
+       --drain-grace s) but without refusing the ones that still arrive on open connections;
+       each connection is closed after its request, so its client reconnects to the queue.
+    3. The process execs its launch script again ($PDKIT_LB_RELAUNCH; by hand: the same command
+       line), which reads the current settings, with the socket's descriptor in
+       $PDKIT_LB_LISTEN_FD; the new image serves on that socket and accepts the queued
+       connections. The PID stays, so supervisord and systemd see one process throughout.
+Queued connections wait for step 2 and the new image's start (seconds), not refused.
 
 Exit status: 0 after a clean stop (SIGTERM or SIGINT), 1 when it cannot run (e.g. the port is
 taken), 2 for a bad command line.
@@ -9,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 
@@ -24,6 +40,41 @@ from kit.lb.server import LoadBalancer
 from kit.lb.tls import ServerTls
 
 log = logging.getLogger("kit.lb")
+LISTEN_FD_ENV = "PDKIT_LB_LISTEN_FD"
+"""The listening socket's descriptor, inherited from the process before a handover."""
+RELAUNCH_ENV = "PDKIT_LB_RELAUNCH"
+"""What a handover execs: the launch script (pdkit's deployments set it), else this command."""
+
+
+def _listener(config: LbConfig) -> socket.socket:
+    """The listening socket: the one inherited through a handover (`LISTEN_FD_ENV`), else a new
+    one bound to --host/--port. `LbError` when it cannot listen."""
+    inherited = os.environ.pop(LISTEN_FD_ENV, "")
+    if inherited.isdigit():
+        sock = socket.socket(fileno=int(inherited))
+        sock.set_inheritable(False)
+        return sock
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    try:
+        return socket.create_server((config.host, config.port), family=family, backlog=4096)
+    except OSError as exc:
+        raise LbError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
+            "To fix: pick a free --port or stop what holds it."
+        ) from exc
+
+
+def relaunch(listen_fd: int) -> None:
+    """Step 3 of the handover: exec the launch script (or this command line) with the socket's
+    descriptor in the environment. Does not return."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    env = {**os.environ, LISTEN_FD_ENV: str(listen_fd)}
+    script = os.environ.get(RELAUNCH_ENV, "")
+    argv = [script] if script else [sys.executable, "-m", "kit.lb", *sys.argv[1:]]
+    log.info("handing the socket over: exec %s", argv[0])
+    logging.shutdown()
+    os.execve(argv[0], argv, env)
 
 
 async def serve(
@@ -32,11 +83,15 @@ async def serve(
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
     group: ProcessGroup | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s.
+    handover: asyncio.Event | None = None,
+) -> int | None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s; a
+    single process (no `group`) on SIGUSR2 (or `handover` set) finishes its in-flight requests
+    likewise, keeping its socket (the module doc).
 
     `on_ready` gets the bound port once listening (useful with `--port 0` in tests); `group`
-    is this process's place among several on the port (`kit.lb.processes`).
+    is this process's place among several on the port (`kit.lb.processes`). Returns None after
+    a stop, the kept socket's inheritable descriptor after a handover's drain (`relaunch`).
     """
     tls = ServerTls(config.tls_cert, config.tls_key) if config.tls_cert else None
     lb = LoadBalancer(config, group)
@@ -45,15 +100,25 @@ async def serve(
         lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace
     )
     await runner.setup()
-    site = web.TCPSite(
-        runner,
-        config.host,
-        config.port,
-        backlog=4096,
-        reuse_address=True,
-        reuse_port=group is not None,
-        ssl_context=tls.context if tls else None,
-    )
+    sock: socket.socket | None = None
+    if group is None:
+        try:
+            sock = _listener(config)
+        except LbError:
+            await runner.cleanup()
+            await lb.close()
+            raise
+        site: web.BaseSite = web.SockSite(runner, sock, ssl_context=tls.context if tls else None)
+    else:
+        site = web.TCPSite(
+            runner,
+            config.host,
+            config.port,
+            backlog=4096,
+            reuse_address=True,
+            reuse_port=True,
+            ssl_context=tls.context if tls else None,
+        )
     try:
         await site.start()
     except OSError as exc:
@@ -66,10 +131,13 @@ async def serve(
     if group is not None:
         await group.start(runner, lb)
     stop_event = stop or asyncio.Event()
+    handover_event = handover or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
     loop.add_signal_handler(signal.SIGHUP, _reload(tls))
+    if group is None:
+        loop.add_signal_handler(signal.SIGUSR2, handover_event.set)
     # Everything allocated so far lives as long as the process: keep the collector off it, so
     # that full collections (pauses in the request path) stay short.
     gc.collect()
@@ -86,10 +154,14 @@ async def serve(
     )
     if on_ready is not None:
         on_ready(port)
+    kept: int | None = None
     try:
-        await stop_event.wait()
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop_event, handover_event)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             loop.remove_signal_handler(sig)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if group is not None:
@@ -97,13 +169,20 @@ async def serve(
             # a second SIGTERM must not cut this one's drain.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        lb.start_drain()
-        log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
-        await runner.cleanup()  # stops listening, waits for handlers up to the grace period
+        if sock is not None and handover_event.is_set() and not stop_event.is_set():
+            kept = os.dup(sock.fileno())  # the kernel keeps queueing connections on it
+            os.set_inheritable(kept, True)
+            lb.start_handover()
+            log.info("handover: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
+        else:
+            lb.start_drain()
+            log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
+        await runner.cleanup()  # stops accepting, waits for handlers up to the grace period
         if group is not None:
             await group.close()
         await lb.close()
-        log.info("stopped")
+        log.info("stopped" if kept is None else "handing over")
+    return kept
 
 
 def _reload(tls: ServerTls | None) -> Callable[[], None]:
@@ -131,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGHUP reloads (`pdkit up`): until the loop handles it, it must not stop the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if config.processes > 1:
+        # No handover for a group of processes (yet): SIGUSR2 must not stop one.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         return supervise(config, _run)  # forks before any loop or thread exists
     return _run(config, None)
 
@@ -141,7 +222,9 @@ def _run(config: LbConfig, group: ProcessGroup | None) -> int:
         send_to(sys.stderr)  # bare `access {json}` lines, written in batches
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(serve(config, group=group))
+            kept = runner.run(serve(config, group=group))
+        if kept is not None:
+            relaunch(kept)
     except LbError as exc:
         print(f"pdkit lb: {exc}", file=sys.stderr)
         return 1

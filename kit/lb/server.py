@@ -147,6 +147,9 @@ class LoadBalancer:
         self._kv_subscriber: KvSubscriber | None = None
         self.processes = processes  # several serve the port
         self.draining = False
+        self.handing_over = False
+        self.started = time.time()
+        """When this process image started serving (unix seconds; a handover changes it)."""
         self.inflight = 0
         self._logged: dict[str, tuple[float, int]] = {}
         self._worker_headers: dict[str, str] = {}
@@ -219,7 +222,7 @@ class LoadBalancer:
         for path in ("/health", "/liveness"):
             add("GET", path, self._open(path, self._health))
         add("GET", "/readiness", self._open("/readiness", self._readiness))
-        add("GET", "/requests", self._keyed("/requests", self._request_path))
+        add("GET", "/requests", self._keyed("/requests", self.recent.answer))
         add("GET", "/metrics", self._open("/metrics", self._metrics))
         add(
             "GET",
@@ -347,6 +350,12 @@ class LoadBalancer:
         """SIGTERM: /readiness says 503 and new requests are refused; in-flight ones finish."""
         self.draining = True
         self.metrics.draining = True
+
+    def start_handover(self) -> None:
+        """SIGUSR2 (`kit.lb.run`): requests still arriving on open connections are served, each
+        connection closed after its response, so that its client reconnects to the socket the
+        next process takes over."""
+        self.handing_over = True
 
     async def _forget(self, worker: Worker) -> None:
         if self._monitor is not None:
@@ -640,7 +649,8 @@ class LoadBalancer:
     # -- open routes -------------------------------------------------------------------------
 
     async def _health(self, request: web.BaseRequest) -> web.Response:
-        return web.json_response({"status": "draining" if self.draining else "ok"})
+        status = "draining" if self.draining else "handover" if self.handing_over else "ok"
+        return web.json_response({"status": status, "started": self.started})
 
     def readiness_report(self) -> tuple[bool, dict[str, object]]:
         """(ready, report): ready needs one routable prefill and decode and no drain."""
@@ -662,20 +672,6 @@ class LoadBalancer:
         if self.processes is not None:
             report["processes"] = self.processes.states()
         return ready, report
-
-    async def _request_path(self, request: web.BaseRequest) -> web.Response:
-        """Where a recent request went (`?id=REQUEST_ID`): its prefill, decode, room, state."""
-        request_id = request.query.get("id", "")
-        if not request_id:
-            raise ApiError(400, "give the request id: /requests?id=ID", "bad_request", param="id")
-        record = self.recent.get(request_id)
-        if record is None:
-            raise ApiError(
-                404,
-                f"no recent request {request_id!r} (the last {self.recent.capacity} are kept)",
-                "not_found",
-            )
-        return web.json_response(record.to_json(time.monotonic()))
 
     async def _readiness(self, request: web.BaseRequest) -> web.Response:
         ready, report = self.readiness_report()

@@ -122,7 +122,7 @@ def test_restarting_the_only_decode_without_a_free_gpu_holds_and_fails_no_reques
 ):
     # local.yaml as it is: 3 GPUs, 2P1D, none free. The router lists decode-0 as returning
     # while it is replaced (stop, start, gate, readmission), so the decodes' requests are held
-    # within the hold, not refused. The hold is 90 s here, not local.yaml's 30 s: make test runs
+    # within the hold, not refused. The hold is local.yaml's 90 s: make test runs
     # modules side by side on 2 cores, where the window measured 35 s against 19-20 s alone.
     topology, name = _deploy(deployment, gpus=3, hold=90)
     before = pids(topology, name)

@@ -116,6 +116,9 @@ def test_systemd_host_gets_unit_script_and_env_file(tmp_path, systemd_topology):
     assert unit["mode"] == "0644"
     assert "ExecStart=/opt/pdkit/prod/bin/prefill-0.sh\n" in unit["content"]
     assert "LimitMEMLOCK=infinity\n" in unit["content"]
+    assert (
+        "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service\n"
+    ) in unit["content"]
     # A crash loop stops (the [Unit] section's start limit) instead of restarting for ever.
     assert "StartLimitIntervalSec=300\nStartLimitBurst=5\n" in unit["content"]
     assert unit["content"].index("StartLimitBurst") < unit["content"].index("[Service]")
@@ -138,3 +141,34 @@ def test_smg_router_reads_its_key_from_the_env_file_only(tmp_path, systemd_topol
     assert "exec smg launch \\\n  --pd-disaggregation" in script
     assert script.rstrip().endswith('--api-key "$PDKIT_ROUTER_API_KEY"')
     assert "k3y-for-test" not in script
+
+
+def test_pdkit_router_settings_change_its_env_file_not_its_unit(tmp_path, write_topology):
+    """pdkit's router is handed over (SIGUSR2) when its settings change: they reach its env
+    file, which marks it changed, while its unit stays (systemd would otherwise restart it)."""
+    rendered = []
+    for retries in (2, 1):
+        topology = write_topology(
+            {
+                "name": "prod",
+                "engine": "sim",
+                "model": {"path": "m"},
+                "hosts": [{"name": "a", "address": "10.0.0.1", "gpus": 2}],
+                "transfer": {"backend": "mooncake_tcp"},
+                "router": {"host": "a", "faults": {"retries": retries}},
+            }
+        )
+        plan = resolve(topology)
+        inventory = build_inventory(plan, deploy_hosts(plan, "/unused"))
+        folder = tmp_path / f"retries-{retries}"
+        folder.mkdir()
+        rendered.append(render_files(folder, inventory, "a", "router"))
+    before, after = rendered
+    unit = "/etc/systemd/system/pdkit-prod-router.service"
+    assert before[unit]["content"] == after[unit]["content"]
+    env = "/etc/pdkit/prod/router.env"
+    assert before[env]["content"] != after[env]["content"]
+    assert before[env]["process"] == "router"
+    assert "PDKIT_LB_RELAUNCH=/opt/pdkit/prod/bin/router.sh\n" in after[env]["content"]
+    script = after["/opt/pdkit/prod/bin/router.sh"]["content"]
+    assert "trap '' USR2\nexec /opt/pdkit/venv/bin/python -m kit.lb" in script

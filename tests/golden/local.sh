@@ -51,4 +51,4 @@ python -m kit.lb \
   --port 8000 \
   --prefill-policy prefix_affinity \
   --decode-policy least_inflight \
-  --hold-timeout 30
+  --hold-timeout 90

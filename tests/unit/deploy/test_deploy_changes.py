@@ -16,6 +16,7 @@ from kit.deploy.state import (
     build_record,
     load_record,
     save_record,
+    templates_digest,
 )
 from kit.errors import DeployError
 from kit.hosts.inventory import deploy_hosts
@@ -123,6 +124,20 @@ def test_new_templates_replace_every_process_one_by_one(record_of):
     assert [s.kind for s in changes.steps] == ["replace"] * 3
     assert changes.steps[0].reasons[0].startswith("its service files change")
     assert changes.router  # its files change too
+
+
+def test_supervisords_own_template_replaces_no_process(tmp_path):
+    # A process restarted does not apply supervisord.conf (its next start does): a change to it
+    # alone must not replace every instance; one to the program template must.
+    folder = tmp_path / "roles" / "pdkit_process" / "templates"
+    folder.mkdir(parents=True)
+    (folder / "program.conf.j2").write_text("[program:x]\n")
+    (folder / "supervisord.conf.j2").write_text("[supervisord]\n")
+    first = templates_digest(tmp_path)
+    (folder / "supervisord.conf.j2").write_text("[supervisord]\nminfds=65536\n")
+    assert templates_digest(tmp_path) == first
+    (folder / "program.conf.j2").write_text("[program:x]\nstartsecs=5\n")
+    assert templates_digest(tmp_path) != first
 
 
 def test_restart_replaces_unchanged_instances_and_the_router_when_named(record_of):
@@ -246,3 +261,18 @@ def test_a_deployment_recorded_by_the_previous_release_still_changes(record_of, 
     assert [s.reasons for s in changes.steps] == [("--max-running-requests 256 -> 64",)]
     save_record(tmp_path, old)
     assert json.loads((tmp_path / "deployed.json").read_text())["format"] == 2
+
+
+def test_the_plan_says_how_the_router_restarts(record_of):
+    pdkit = record_of()
+    assert diff(pdkit, pdkit, restart=["router"]).lines()[0] == (
+        "1. restart the router, handing its socket over (restart)"
+    )
+
+    def smg(data):
+        data["router"] = {"kind": "smg", "port": 8000}
+
+    plain = record_of(edit=smg)
+    assert diff(plain, plain, restart=["router"]).lines()[0] == (
+        "1. restart the router, draining it first (restart)"
+    )

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kit.deploy.changes import diff, only_instances
-from kit.deploy.state import build_record, load_starts, save_starts
+from kit.deploy.state import build_record, load_starts, load_windows, save_starts, save_windows
 from kit.deploy.surge import EXPECTED_S, decide, stand_in, start_estimate
 from kit.hosts.inventory import deploy_hosts
 from kit.plan.resolve import resolve, resolve_surge
@@ -94,40 +94,55 @@ def test_an_instance_that_starts_within_the_hold_relies_on_it(local):
     assert not isinstance(cover, str) and cover.path == "hold"
     assert "hold: it is expected back within the router's hold (30 s" in cover.line()
     assert (
-        "(away 8 s: stop 3.0 s, start 4.2 s, gate 0.5 s, readmission 0.5 s: start measured on "
-        "these hosts, the rest pdkit's figures for engine sim)"
+        "(away 16 s: stop 3.0 s, start 4.2 s, gate 0.5 s, readmission 0.5 s: start measured on "
+        "these hosts, the rest pdkit's figures for engine sim; 8.2 s x2 for load, which "
+        "stretches a window)"
     ) in cover.line()
 
 
 def test_the_gap_is_the_whole_replacement_not_the_start_alone(local):
     """The issue's case: a 4 s start within a 5 s hold, but stop, gate and readmission on top
-    make 12 s away: refused, each phase named as measured."""
+    make 12 s away, and twice that for load: refused, each phase named as measured."""
     _, record, why = local(3, hold=5.0)
     step = _restart(record, "decode-0")
     window = {"stop": 2.6, "start": 4.0, "gate": 3.9, "readmit": 1.2}
-    estimate = start_estimate("decode-0", "sim", {"decode-0": 9.9}, {"decode-0": window})
-    assert estimate.seconds == sum(window.values())
+    estimate = start_estimate("decode-0", "sim", {"decode-0": 9.9}, {"decode-0": [window]})
+    assert estimate.seconds == pytest.approx(2 * sum(window.values()))
     refused = decide(step, ((), why), estimate, 5.0, force=False)
     assert isinstance(refused, str)
     assert refused.startswith(
-        "decode-0 would leave the decodes without an instance for about 12 s (stop 2.6 s, "
+        "decode-0 would leave the decodes without an instance for about 23 s (stop 2.6 s, "
         "start 4.0 s, gate 3.9 s, readmission 1.2 s: its last replacement on these hosts, "
-        "measured)"
+        "measured; 11.7 s x2 for load, which stretches a window)"
     )
-    assert decide(step, ((), why), estimate, 15.0, force=False).path == "hold"  # type: ignore[union-attr]
+    assert decide(step, ((), why), estimate, 25.0, force=False).path == "hold"  # type: ignore[union-attr]
+    # Within the measured window but not its margin: refused (a loaded machine stretches it).
+    assert isinstance(decide(step, ((), why), estimate, 15.0, force=False), str)
+
+
+def test_the_estimate_takes_the_worst_of_the_recent_windows_per_phase():
+    # A quiet restart (20 s) after a loaded one (35 s): the next plan expects the loaded one.
+    quiet = {"stop": 3.0, "start": 15.0, "gate": 1.0, "readmit": 1.0}
+    loaded = {"stop": 6.0, "start": 26.0, "gate": 2.0, "readmit": 1.0}
+    estimate = start_estimate("decode-0", "sim", {}, {"decode-0": [loaded, quiet]})
+    assert estimate.seconds == pytest.approx(2 * 35.0)
+    assert estimate.source == (
+        "stop 6.0 s, start 26.0 s, gate 2.0 s, readmission 1.0 s: the worst of its last 2 on "
+        "these hosts, measured; 35.0 s x2 for load, which stretches a window"
+    )
 
 
 def test_a_start_longer_than_the_hold_is_refused_naming_the_gap_unless_forced(local):
     _, record, why = local(3, hold=1.0)
     step = _restart(record, "decode-0")
     estimate = start_estimate("decode-0", "sglang", {})
-    assert estimate.seconds == sum(EXPECTED_S["sglang"].values())
+    assert estimate.seconds == 2 * sum(EXPECTED_S["sglang"].values())
     refused = decide(step, ((), why), estimate, 1.0, force=False)
     assert isinstance(refused, str)
     assert refused.startswith(
-        "decode-0 would leave the decodes without an instance for about 142 s (stop 10.0 s, "
+        "decode-0 would leave the decodes without an instance for about 284 s (stop 10.0 s, "
         "start 110.0 s, gate 20.0 s, readmission 2.0 s: pdkit's figures for engine sglang; "
-        "none measured yet)"
+        "none measured yet; 142.0 s x2 for load, which stretches a window)"
     )
     assert "the router holds requests only 1 s" in refused
     forced = decide(step, ((), why), estimate, 1.0, force=True)
@@ -137,7 +152,7 @@ def test_a_start_longer_than_the_hold_is_refused_naming_the_gap_unless_forced(lo
 
 def test_smg_holds_nothing_so_without_a_stand_in_a_restart_needs_force(local):
     plan, record, why = local(3)
-    assert plan.router.hold_timeout_s == 30.0  # local.yaml's
+    assert plan.router.hold_timeout_s == 90.0  # local.yaml's
     smg = plan.router.model_copy(update={"kind": "smg", "hold_timeout_s": 0.0})
     refused = decide(
         _restart(record, "decode-0"),
@@ -162,3 +177,14 @@ def test_measured_starts_are_kept_per_instance_in_the_state_dir(tmp_path):
     assert load_starts(tmp_path) == {"decode-0": 3.14, "prefill-0": 2.0}
     (tmp_path / "starts.json").write_text("not json")
     assert load_starts(tmp_path) == {}
+
+
+def test_the_recent_windows_are_kept_per_instance_and_an_older_file_still_reads(tmp_path):
+    assert load_windows(tmp_path) == {}
+    for start in range(1, 8):
+        save_windows(tmp_path, {"decode-0": {"stop": 1.0, "start": float(start)}})
+    recent = load_windows(tmp_path)["decode-0"]
+    assert [w["start"] for w in recent] == [3.0, 4.0, 5.0, 6.0, 7.0]  # the last 5
+    # Written by pdkit before the recent ones were kept: one window per instance.
+    (tmp_path / "windows.json").write_text('{"decode-0": {"stop": 2.0, "start": 9.0}}')
+    assert load_windows(tmp_path) == {"decode-0": [{"stop": 2.0, "start": 9.0}]}

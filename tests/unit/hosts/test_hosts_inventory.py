@@ -190,3 +190,20 @@ def test_sglang_workers_look_for_weights_where_provisioning_put_them(write_topol
     workers = [r for r in records if r["role"] != "router"]
     assert {r["env"]["HF_HOME"] for r in workers} == {"/srv/a/var/lib/pdkit/huggingface"}
     assert "HF_HOME" not in next(r for r in records if r["role"] == "router")["env"]
+
+
+def test_only_single_node_instances_start_at_boot():
+    plan = resolve(REPO / "topologies" / "deepseek-v3-2p2d.yaml")
+    inventory = build_inventory(plan, deploy_hosts(plan, PYTHON))
+    records = [
+        r
+        for host in inventory["all"]["children"]["pdkit_hosts"]["hosts"].values()
+        for r in host["pdkit_processes"]
+        if r["stage"] == "workers"
+    ]
+    ranks = {w.name: w.nnodes for w in plan.workers}
+    assert any(n > 1 for n in ranks.values())
+    assert all(r["start_at_boot"] == (ranks[r["name"]] == 1) for r in records)
+    _, local = local_inventory()
+    local_records = local["all"]["children"]["pdkit_hosts"]["hosts"]["localhost"]["pdkit_processes"]
+    assert all(r["start_at_boot"] for r in local_records if r["stage"] == "workers")

@@ -188,7 +188,7 @@ def test_model_info_server_info_health_and_readiness():
             status, info, _ = await c.get("/server_info")
             assert info["internal_states"] == [{"last_gen_throughput": 1.5}]
             status, body, _ = await c.get("/health")
-            assert (status, body) == (200, {"status": "ok"})
+            assert (status, body) == (200, {"status": "ok", "started": c.lb.started})
             status, body, _ = await c.get("/readiness")
             assert status == 200 and body["ready"] and body["prefill"] == {"healthy": 2, "total": 2}
 
