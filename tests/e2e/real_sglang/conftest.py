@@ -3,7 +3,7 @@ the whole session, since each real server takes 30-110 s to start on this machin
 of CPU, the rest waiting).
 
 A server is launched when first asked for and not waited for until a test needs its answers:
-`test_real_sglang.py` launches them as it goes, so that their starts overlap its tests. A test
+`test_real_sglang.py` launches the plain one with its pair, so that the starts overlap. A test
 may kill one (the router tokenizer's out-of-vocabulary test does, on purpose): the next test
 that asks for it gets a new one.
 """

@@ -99,7 +99,7 @@ def real(tmp_path_factory, real_model, real_servers):
     data["transfer"]["timeouts"] = {"bootstrap_timeout_s": 30, "heartbeat_interval_s": 2}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
     # The session's plain server (real_sglang/conftest.py), this module's colocated reference,
-    # which the router tokenizer's tests use next, starts with the pair.
+    # starts with the pair.
     colocated = real_servers.get("plain")
     # A decode whose page size is not the prefill's (1 on the CPU), for the doctor test, which
     # starts it (beside the decode the migration test killed: not five servers starting at once).
@@ -111,9 +111,6 @@ def real(tmp_path_factory, real_model, real_servers):
         up_s = time.monotonic() - started
         assert up.returncode == 0, up.stdout + up.stderr
         colocated_s = colocated.wait_ready()
-        # The wire fidelity's server (the folder's last module) starts while this module's
-        # short tests run, not beside the pair: four real starts at once took 7 min here.
-        real_servers.get("wire")
         deployment = Deployment(topology, name, data, up, colocated, odd)
         deployment.start_s = {"pdkit up": up_s, "colocated": colocated_s}
         yield deployment
