@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -45,6 +46,19 @@ def playbooks_dir(scratch: Path) -> Path:
     if isinstance(found, Path):
         return found
     return extract_tree(found, scratch / "playbooks")
+
+
+def start_host_script(argv: list[str], role: str, name: str) -> subprocess.Popen[str]:
+    """Start `argv` (a host's Python reading its script from stdin, over SSH or local) with the
+    host script `name` of `role` sent on stdin, stdout and stderr piped: a probe left serving
+    while the caller reads its lines."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(host_script(role, name))
+    proc.stdin.close()
+    return proc
 
 
 def host_script(role: str, name: str) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from kit.hosts.inventory import DeployHost
 from kit.hosts.logs import ssh_argv
-from kit.hosts.playbook import host_script
+from kit.hosts.playbook import host_script, start_host_script
 from kit.topology.listeners import DECODE_HOSTS, INSTANCE_NODES
 from kit.topology.plan_types import Plan
 
@@ -137,16 +137,7 @@ class _Listener:
             "serve_s": serve_s,
             "ports": [{"bind": b, "port": p, "expect": n} for (b, p), n in counts.items()],
         }
-        self.proc = subprocess.Popen(
-            _argv(host, spec),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(host_script(PROBE_ROLE, PROBE))
-        self.proc.stdin.close()
+        self.proc = start_host_script(_argv(host, spec), PROBE_ROLE, PROBE)
 
     def ready(self, timeout: float) -> dict[tuple[str, int], str]:
         """(bind, port) -> listening, in use, or why it could not bind; {} when it never

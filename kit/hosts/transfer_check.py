@@ -24,7 +24,7 @@ from kit.errors import DeployError
 from kit.hosts.context import DeployContext
 from kit.hosts.inventory import DeployHost
 from kit.hosts.logs import ssh_argv
-from kit.hosts.playbook import host_script
+from kit.hosts.playbook import host_script, start_host_script
 from kit.topology.nics import RDMA_BACKENDS
 
 PROBE = "kvprobe.py"
@@ -168,16 +168,7 @@ class _Target:
     def __init__(self, host: DeployHost, rail: Rail, serve_s: float) -> None:
         self.rail = rail
         argv = host_argv(host, ["target", *_common(rail), "--serve-s", str(serve_s)])
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(host_script(PROBE_ROLE, PROBE))
-        self.proc.stdin.close()
+        self.proc = start_host_script(argv, PROBE_ROLE, PROBE)
         self.session = ""
         self.addr = 0
 
