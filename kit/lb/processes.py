@@ -1,9 +1,19 @@
 """Several router processes on one port (--processes N): one core each, SO_REUSEPORT.
 
-1. `supervise`: the process started (by systemd or supervisord, as for one router) forks N
-   serving processes and only watches them: it passes on SIGTERM, SIGINT and SIGHUP, starts
-   again one that dies on its own, and exits when all have stopped (with the status of one
-   that could not start, e.g. a taken port). Children get SIGTERM if it dies (PDEATHSIG).
+1. `supervise`: the process started (by systemd or supervisord, as for one router) binds N
+   sockets to the port with SO_REUSEPORT (`kit.lb.listen`), forks N serving processes, one
+   socket each, and only watches them: it passes on SIGTERM, SIGINT and SIGHUP, starts again
+   one that dies on its own, and exits when all have stopped (with the status of one that
+   could not start). Children get SIGTERM if it dies (PDEATHSIG).
+   The handover (SIGUSR2, as for one router, but without a pause in accepting):
+   a. the supervisor execs the launch script again (same PID) with the sockets and its
+      children's pids passed on; the old children keep serving meanwhile;
+   b. the new image forks its group on the same sockets (the old children are still its
+      children) and waits until every new child has written its slot (it serves);
+   c. then it sends the old children SIGUSR2: each stops accepting and finishes its
+      in-flight requests (closing each connection after its response) and exits. The
+      sockets stay open in the supervisor throughout, so no queued connection is reset.
+   A new image that cannot start its group stops the old one too (as one router's does).
 2. Each child serves the same port (the kernel spreads connections over them) with its own
    upstream pools, health probes and KV-event subscriptions, and a configuration in which the
    limits that count requests at once are its share (`process_config`): --prefill-max-inflight
@@ -27,6 +37,7 @@ import mmap
 import os
 import shutil
 import signal
+import socket
 import struct
 import tempfile
 import time
@@ -44,6 +55,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from kit.lb.config import LbConfig
 from kit.lb.limits import ClientLimits, SharedBuckets
+from kit.lb.listen import assign, listeners, relaunch
 
 if TYPE_CHECKING:
     from kit.lb.server import LoadBalancer
@@ -59,6 +71,10 @@ FAILED_START_S = 5.0
 """A child that exits on its own within this many seconds of its start could not start: the
 whole group stops with its status instead of starting it again and again."""
 PR_SET_PDEATHSIG = 1
+WAIT_S = 0.05
+"""Seconds between two looks of the supervisor at its children."""
+OLD_GROUP_ENV = "PDKIT_LB_OLD_GROUP"
+"""Set by a group's handover for the new image: the old children's pids and private folder."""
 
 
 def share(total: int, n: int, index: int) -> int:
@@ -247,23 +263,47 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], int]) -> int:
-    """Fork `config.processes` children that each run `serve_child(its config, its group)`;
-    pass signals on, start again a child that dies, return when all have stopped."""
+def handed_over_group() -> bool:
+    """Whether this image takes over from a group of processes (a supervisor execed on
+    SIGUSR2): it supervises whatever --processes says, the old group's end included."""
+    return bool(os.environ.get(OLD_GROUP_ENV))
+
+
+def _old_group() -> tuple[set[int], str | None]:
+    """The old group's pids and its private folder, passed on by a handover (then unset)."""
+    pids, _, folder = os.environ.pop(OLD_GROUP_ENV, "").partition(";")
+    return {int(p) for p in pids.split(",") if p.isdigit()}, folder or None
+
+
+def supervise(
+    config: LbConfig,
+    serve_child: Callable[[LbConfig, ProcessGroup, list[socket.socket]], int],
+) -> int:
+    """Fork `config.processes` children that each run `serve_child(its config, its group, its
+    sockets)`; pass signals on, start again a child that dies, return when all have stopped.
+    On SIGUSR2, hand over (the module doc): exec the new image with the sockets and the
+    children passed on. `LbError` when the port cannot be listened on."""
     n = config.processes
+    socks = listeners(config, n)
     folder = Path(tempfile.mkdtemp(prefix="pdkit-lb-"))
     table = ProcessTable(n)
     slots = ClientLimits.slots(config.client_limits)
     buckets = SharedBuckets(slots) if slots else None
     children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
+    old, old_folder = _old_group()  # the group this image took over from, still serving
+    finishing: set[int] = set()  # old processes told to finish (SIGUSR2)
     stopping = False
+    handing_over = False
     status = 0
 
     def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, handing_over
+        if signum == signal.SIGUSR2:
+            handing_over = True
+            return
         if signum in (signal.SIGTERM, signal.SIGINT):
             stopping = True
-        for pid in list(children):
+        for pid in [*children, *old, *finishing]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
@@ -274,25 +314,33 @@ def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], 
             try:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop handles it once up
+                for sig in (signal.SIGHUP, signal.SIGUSR2):
+                    signal.signal(sig, signal.SIG_IGN)  # the loop handles them once up
                 _die_with_parent()
                 group = ProcessGroup(n, folder, table, index, buckets)
-                code = serve_child(process_config(config, index), group)
+                code = serve_child(process_config(config, index), group, assign(socks, n, index))
             finally:
                 os._exit(code)
         children[pid] = (index, time.monotonic())
 
-    previous = {
-        sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    }
-    try:
-        for index in range(n):
-            spawn(index)
-        while children:
+    def listening() -> bool:
+        """Every child has written its slot: it serves its sockets."""
+        pids = {s.pid for s in table.read()}
+        return all(pid in pids for pid in children)
+
+    def reap() -> None:
+        nonlocal stopping, status
+        while True:
             try:
-                pid, wait_status = os.wait()
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break
+                return
+            if pid == 0:
+                return
+            old.discard(pid)
+            finishing.discard(pid)
+            if pid not in children:
+                continue
             index, started = children.pop(pid)
             code = os.waitstatus_to_exitcode(wait_status)
             if stopping:
@@ -307,6 +355,27 @@ def supervise(config: LbConfig, serve_child: Callable[[LbConfig, ProcessGroup], 
                 "router process %d (pid %d) exited with %d: starting it again", index, pid, code
             )
             spawn(index)
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        for index in range(n):
+            spawn(index)
+        while children or old or finishing:
+            reap()
+            if old and not stopping and listening():
+                log.info("new group listening: the old one (%s) finishes", sorted(old))
+                for pid in old:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGUSR2)
+                finishing |= old
+                old.clear()
+                if old_folder:
+                    shutil.rmtree(old_folder, ignore_errors=True)
+            if handing_over and not stopping:
+                pids = ",".join(str(p) for p in [*children, *old, *finishing])
+                relaunch(socks, {OLD_GROUP_ENV: f"{pids};{folder}"})
+            time.sleep(WAIT_S)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -12,7 +12,10 @@ request and refuses no connection:
        line), which reads the current settings, with the socket's descriptor in
        $PDKIT_LB_LISTEN_FD; the new image serves on that socket and accepts the queued
        connections. The PID stays, so supervisord and systemd see one process throughout.
-Queued connections wait for step 2 and the new image's start (seconds), not refused.
+Queued connections wait for step 2 and the new image's start (seconds), not refused. A group
+of processes (--processes N) hands over without a wait: its supervisor execs the new image
+at once, which starts a new group on the same sockets and only then tells the old one to
+finish (`kit.lb.processes`); the sockets themselves are in `kit.lb.listen`.
 
 Exit status: 0 after a clean stop (SIGTERM or SIGINT), 1 when it cannot run (e.g. the port is
 taken), 2 for a bad command line.
@@ -35,46 +38,12 @@ from kit.aio import loop_factory
 from kit.lb.access import send_to
 from kit.lb.config import LbConfig, parse_args
 from kit.lb.errors import LbConfigError, LbError
-from kit.lb.processes import ProcessGroup, supervise
+from kit.lb.listen import listeners, relaunch
+from kit.lb.processes import ProcessGroup, handed_over_group, supervise
 from kit.lb.server import LoadBalancer
 from kit.lb.tls import ServerTls
 
 log = logging.getLogger("kit.lb")
-LISTEN_FD_ENV = "PDKIT_LB_LISTEN_FD"
-"""The listening socket's descriptor, inherited from the process before a handover."""
-RELAUNCH_ENV = "PDKIT_LB_RELAUNCH"
-"""What a handover execs: the launch script (pdkit's deployments set it), else this command."""
-
-
-def _listener(config: LbConfig) -> socket.socket:
-    """The listening socket: the one inherited through a handover (`LISTEN_FD_ENV`), else a new
-    one bound to --host/--port. `LbError` when it cannot listen."""
-    inherited = os.environ.pop(LISTEN_FD_ENV, "")
-    if inherited.isdigit():
-        sock = socket.socket(fileno=int(inherited))
-        sock.set_inheritable(False)
-        return sock
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    try:
-        return socket.create_server((config.host, config.port), family=family, backlog=4096)
-    except OSError as exc:
-        raise LbError(
-            f"cannot listen on {config.host}:{config.port}: {exc.strerror}. "
-            "To fix: pick a free --port or stop what holds it."
-        ) from exc
-
-
-def relaunch(listen_fd: int) -> None:
-    """Step 3 of the handover: exec the launch script (or this command line) with the socket's
-    descriptor in the environment. Does not return."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    env = {**os.environ, LISTEN_FD_ENV: str(listen_fd)}
-    script = os.environ.get(RELAUNCH_ENV, "")
-    argv = [script] if script else [sys.executable, "-m", "kit.lb", *sys.argv[1:]]
-    log.info("handing the socket over: exec %s", argv[0])
-    logging.shutdown()
-    os.execve(argv[0], argv, env)
 
 
 async def serve(
@@ -84,15 +53,21 @@ async def serve(
     stop: asyncio.Event | None = None,
     group: ProcessGroup | None = None,
     handover: asyncio.Event | None = None,
-) -> int | None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s; a
-    single process (no `group`) on SIGUSR2 (or `handover` set) finishes its in-flight requests
-    likewise, keeping its socket (the module doc).
+    sockets: list[socket.socket] | None = None,
+) -> list[socket.socket] | None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain for up to `drain_grace` s; on
+    SIGUSR2 (or `handover` set) finish the in-flight requests likewise, keeping the sockets
+    (the module doc).
 
-    `on_ready` gets the bound port once listening (useful with `--port 0` in tests); `group`
-    is this process's place among several on the port (`kit.lb.processes`). Returns None after
-    a stop, the kept socket's inheritable descriptor after a handover's drain (`relaunch`).
+    `sockets`: the listening sockets to serve (a group's child gets its share from the
+    supervisor, `kit.lb.listen`); None: this process's own (inherited through a handover, else
+    bound to --host/--port). `on_ready` gets the bound port once listening (useful with
+    `--port 0` in tests); `group` is this process's place among several on the port
+    (`kit.lb.processes`). Returns None after a stop or a group child's handover (its
+    supervisor keeps the sockets), a single process's kept sockets after a handover's drain
+    (`kit.lb.listen.relaunch`).
     """
+    socks = sockets if sockets is not None else listeners(config, 1)
     tls = ServerTls(config.tls_cert, config.tls_key) if config.tls_cert else None
     lb = LoadBalancer(config, group)
     await lb.start()
@@ -100,27 +75,10 @@ async def serve(
         lb.make_server(), handle_signals=False, shutdown_timeout=config.drain_grace
     )
     await runner.setup()
-    sock: socket.socket | None = None
-    if group is None:
-        try:
-            sock = _listener(config)
-        except LbError:
-            await runner.cleanup()
-            await lb.close()
-            raise
-        site: web.BaseSite = web.SockSite(runner, sock, ssl_context=tls.context if tls else None)
-    else:
-        site = web.TCPSite(
-            runner,
-            config.host,
-            config.port,
-            backlog=4096,
-            reuse_address=True,
-            reuse_port=True,
-            ssl_context=tls.context if tls else None,
-        )
+    context = tls.context if tls else None
     try:
-        await site.start()
+        for sock in socks:
+            await web.SockSite(runner, sock, ssl_context=context).start()
     except OSError as exc:
         await runner.cleanup()
         await lb.close()
@@ -136,8 +94,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
     loop.add_signal_handler(signal.SIGHUP, _reload(tls))
-    if group is None:
-        loop.add_signal_handler(signal.SIGUSR2, handover_event.set)
+    loop.add_signal_handler(signal.SIGUSR2, handover_event.set)
     # Everything allocated so far lives as long as the process: keep the collector off it, so
     # that full collections (pauses in the request path) stay short.
     gc.collect()
@@ -154,7 +111,7 @@ async def serve(
     )
     if on_ready is not None:
         on_ready(port)
-    kept: int | None = None
+    kept: list[socket.socket] | None = None
     try:
         waits = [asyncio.ensure_future(e.wait()) for e in (stop_event, handover_event)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -163,15 +120,17 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             loop.remove_signal_handler(sig)
+        # A second SIGUSR2 or a SIGHUP during the drain must not stop the process.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         if group is not None:
             # systemd signals every process of the unit and the supervisor passes its own on:
             # a second SIGTERM must not cut this one's drain.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if sock is not None and handover_event.is_set() and not stop_event.is_set():
-            kept = os.dup(sock.fileno())  # the kernel keeps queueing connections on it
-            os.set_inheritable(kept, True)
+        if handover_event.is_set() and not stop_event.is_set():
+            if group is None:  # the kernel keeps queueing connections on the kept sockets
+                kept = [socket.socket(fileno=os.dup(s.fileno())) for s in socks]
             lb.start_handover()
             log.info("handover: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
         else:
@@ -207,22 +166,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # SIGHUP reloads (`pdkit up`): until the loop handles it, it must not stop the process.
+    # SIGHUP reloads (`pdkit up`) and SIGUSR2 hands over: until the loop (or the supervisor)
+    # handles them, neither may stop the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if config.processes > 1:
-        # No handover for a group of processes (yet): SIGUSR2 must not stop one.
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        return supervise(config, _run)  # forks before any loop or thread exists
-    return _run(config, None)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        if config.processes > 1 or handed_over_group():
+            return supervise(config, _run)  # forks before any loop or thread exists
+        return _run(config, None, listeners(config, 1))
+    except LbError as exc:
+        print(f"pdkit lb: {exc}", file=sys.stderr)
+        return 1
 
 
-def _run(config: LbConfig, group: ProcessGroup | None) -> int:
-    """Serve in this process; the exit status."""
+def _run(config: LbConfig, group: ProcessGroup | None, sockets: list[socket.socket]) -> int:
+    """Serve `sockets` in this process; the exit status."""
     if config.access_log:
         send_to(sys.stderr)  # bare `access {json}` lines, written in batches
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            kept = runner.run(serve(config, group=group))
+            kept = runner.run(serve(config, group=group, sockets=sockets))
         if kept is not None:
             relaunch(kept)
     except LbError as exc:

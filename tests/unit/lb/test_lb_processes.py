@@ -25,7 +25,7 @@ from kit.lb.limits import SharedBuckets, SharedTokenBucket
 from kit.lb.processes import merge_metrics, process_config, share
 from kit.topology.router_options import DEFAULTS, option_problems
 from tests.support.fake_worker import FakeWorker, Ledger
-from tests.support.lb_cluster import FAST_HEALTH, run
+from tests.support.lb_cluster import FAST_HEALTH, run, sse_events
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -91,8 +91,9 @@ class QueuedPrefill(FakeWorker):
 @contextlib.asynccontextmanager
 async def router_processes(
     args: list[str], *, prefill_class: type[FakeWorker] = FakeWorker
-) -> AsyncIterator[tuple[str, FakeWorker, FakeWorker]]:
-    """`python -m kit.lb --processes 2 ARGS` in front of one fake prefill and decode."""
+) -> AsyncIterator[tuple[str, FakeWorker, FakeWorker, asyncio.subprocess.Process]]:
+    """`python -m kit.lb --processes 2 ARGS` in front of one fake prefill and decode (the URL,
+    the workers, the supervisor's process)."""
     ledger = Ledger()
     prefill = prefill_class("prefill", ledger, bootstrap_port=9000)
     decode = FakeWorker("decode", ledger)
@@ -116,7 +117,7 @@ async def router_processes(
                             break
                 assert time.monotonic() < deadline, "the router is not ready"
                 await asyncio.sleep(0.1)
-        yield url, prefill, decode
+        yield url, prefill, decode, proc
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -155,7 +156,7 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 def test_two_processes_keep_the_prefill_limit_and_answer_for_each_other():
     async def scenario():
-        async with router_processes(["--prefill-max-inflight", "2"]) as (url, prefill, _):
+        async with router_processes(["--prefill-max-inflight", "2"]) as (url, prefill, _, _):
             prefill.latency = 0.4
             peak = 0
 
@@ -186,7 +187,7 @@ def test_two_processes_keep_the_prefill_limit_and_answer_for_each_other():
 def test_two_processes_hold_no_more_than_the_hold_max_together():
     async def scenario():
         args = ["--hold-max", "2", "--hold-timeout", "1.5"]
-        async with router_processes(args) as (url, _, decode):
+        async with router_processes(args) as (url, _, decode, _):
             decode.health_status = 503
             async with aiohttp.ClientSession() as session:
                 deadline = time.monotonic() + 10
@@ -214,7 +215,7 @@ def test_each_process_s_admission_sees_the_queue_the_prefill_reports():
     async def scenario():
         args = ["--admission", "--admission-poll", "0.1"]
         async with (
-            router_processes(args, prefill_class=QueuedPrefill) as (url, _, _),
+            router_processes(args, prefill_class=QueuedPrefill) as (url, _, _, _),
             aiohttp.ClientSession() as session,
         ):
             deadline = time.monotonic() + 10
@@ -248,7 +249,7 @@ def test_a_client_on_one_connection_gets_its_whole_rate_from_two_processes():
 
     async def scenario():
         async with (
-            router_processes(["--client-limits", limits]) as (url, _, _),
+            router_processes(["--client-limits", limits]) as (url, _, _, _),
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session,
         ):
             statuses = []
@@ -263,3 +264,60 @@ def test_a_client_on_one_connection_gets_its_whole_rate_from_two_processes():
             assert 4 <= statuses.count(200) <= 5 and statuses.count(429) >= 3
 
     run(scenario(), timeout=60)
+
+
+async def process_pids(session: aiohttp.ClientSession, url: str) -> set[int]:
+    async with session.get(url + "/readiness") as resp:
+        return {p["pid"] for p in (await resp.json())["processes"]}
+
+
+def test_sigusr2_starts_a_new_group_on_the_same_sockets_and_loses_no_request():
+    """A group's handover: the new group listens before the old one stops accepting, so
+    requests on fresh connections all succeed, a stream in flight finishes, the supervisor
+    keeps its PID and the old processes exit."""
+
+    async def scenario():
+        async with router_processes([]) as (url, _, decode, proc):
+            decode.token_delay = 0.02
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 4}}
+            async with aiohttp.ClientSession() as session:
+                before = await process_pids(session, url)
+                stream = await session.post(
+                    url + "/generate",
+                    json={"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 60}},
+                )
+                first = await stream.content.readuntil(b"\n\n")
+                fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+                async def one(i: int) -> int:
+                    await asyncio.sleep(i * 0.02)
+                    async with fresh.post(url + "/generate", json=body) as resp:
+                        await resp.read()
+                        return resp.status
+
+                async with fresh:
+                    load = asyncio.gather(*(one(i) for i in range(150)))  # 3 s of requests
+                    await asyncio.sleep(0.3)
+                    proc.send_signal(signal.SIGUSR2)
+                    statuses = await load
+                events = sse_events(first + await stream.read())
+                deadline = time.monotonic() + 20
+                while True:  # the new group is up and the old one gone
+                    after = await process_pids(session, url)
+                    if not after & before and not any(alive(pid) for pid in before):
+                        break
+                    assert time.monotonic() < deadline, (before, after)
+                    await asyncio.sleep(0.1)
+            assert events[-1] == b"[DONE]" and len(events) == 61
+            assert statuses == [200] * 150, statuses
+            assert proc.returncode is None and len(after) == 2
+
+    run(scenario(), timeout=60)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
