@@ -35,6 +35,8 @@ class Target:
     model: str
     api_key: str | None = None
     pdkit_router: bool = False
+    via: str = ""
+    """What `url` is, where a topology has router replicas: their VIP, or the one replica."""
 
 
 class Client:

@@ -98,7 +98,14 @@ def target(args: BenchArgs, plan: Plan | None) -> Target:
         if args.url or args.model:
             raise PdkitError("give a topology or --url/--model, not both.")
         router = plan.router
-        return Target(router.url, plan.model.served_name, router.api_key(), router.kind == "pdkit")
+        replicas = ", ".join(plan.router_hosts)
+        via = ""
+        if plan.vip_url:
+            via = f"the router's VIP (replicas {replicas})"
+        elif plan.router_hosts:
+            via = f"the router replica on {router.host} (of {replicas}; no VIP)"
+        pdkit = router.kind == "pdkit"
+        return Target(plan.client_url, plan.model.served_name, router.api_key(), pdkit, via)
     if not args.url or not args.model:
         raise PdkitError(
             "give a topology (pdkit bench topologies/local.yaml) or --url URL --model NAME."

@@ -82,7 +82,11 @@ class BenchReport:
             "version": SUMMARY_VERSION,
             "label": opts.label,
             "started_at": self.started_at,
-            "target": {"url": self.target.url, "model": self.target.model},
+            "target": {
+                "url": self.target.url,
+                "model": self.target.model,
+                **({"via": self.target.via} if self.target.via else {}),
+            },
             "gpus": opts.gpus,
             "workload": opts.workload.describe(),
             "load": {
@@ -199,7 +203,8 @@ def bench(
         )
         slo = options.slo
         console.print(
-            f"[bold]pdkit bench[/] {target.url} (model {target.model}): {what}; "
+            f"[bold]pdkit bench[/] {target.url}{f' ({target.via})' if target.via else ''} "
+            f"(model {target.model}): {what}; "
             f"{options.workload.describe()}; SLO TTFT <= {slo.ttft_ms:g} ms, TPOT <= "
             f"{slo.tpot_ms:g} ms, {slo.attainment:.0%} attainment",
             highlight=False,

@@ -19,7 +19,8 @@ The record (`kit.deploy.state`) is saved after each wave, so a failed run leaves
 runs; an instance that failed to join is left out of it and joins on the next `pdkit up`.
 
 Then the router: restarted when its own settings changed (pdkit's load balancer and smg drain on
-SIGTERM), else only its files rewritten (the new worker list, for its next start); the service
+SIGTERM), else only its files rewritten (the new worker list, for its next start); replicas
+(router.hosts) one at a time, each ready before the next (`kit.deploy.replicas`); the service
 definitions of removed processes deleted; the router's worker list checked against the topology
 (missing workers added, stray ones drained away); and the end of every rollout
 (`kit.deploy.steps.finish_rollout`): the router's /readiness, Prometheus (`monitoring:`), the
@@ -39,6 +40,7 @@ from rich.markup import escape
 
 from kit.deploy.changes import Changes, Step, only_instances, waves
 from kit.deploy.gate import transfer_gate
+from kit.deploy.replicas import rollout_order
 from kit.deploy.routing import Drained, RouterAdmin
 from kit.deploy.state import (
     DeploymentRecord,
@@ -53,6 +55,7 @@ from kit.deploy.state import (
 )
 from kit.deploy.steps import (
     DRAIN_TIMEOUT_S,
+    ROUTER_TIMEOUT_S,
     WORKER_TIMEOUT_S,
     UpOptions,
     deploy_kv_pool,
@@ -63,10 +66,10 @@ from kit.deploy.steps import (
     wait_until_ready,
 )
 from kit.deploy.surge import PHASES, OnlyInstance, decide, stand_in, start_estimate
-from kit.deploy.wait import worker_targets
+from kit.deploy.wait import router_targets, worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
-from kit.hosts.inventory import ROUTER_RELAUNCH_ENV
+from kit.hosts.inventory import CONTROL_ROUTER_KEY_ENV, ROUTER_RELAUNCH_ENV
 from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve_surge
 from kit.topology.plan_types import Plan
@@ -113,11 +116,12 @@ class LiveChange:
             self.options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
         )
 
-    def _admin(self) -> RouterAdmin:
+    def _admin(self, url: str | None = None) -> RouterAdmin:
+        """The router's worker API (at `url`: one replica's; None: the first's)."""
         router = self.ctx.plan.router
         drain = self.options.drain_timeout
         timeout = DRAIN_TIMEOUT_S if drain is None else drain
-        return RouterAdmin(router.kind, router.url, router_key(self.ctx), timeout)
+        return RouterAdmin(router.kind, url or router.url, router_key(self.ctx), timeout)
 
     def _inventory(
         self,
@@ -125,10 +129,15 @@ class LiveChange:
         only: Sequence[str] | None = None,
         stop: Sequence[ProcessRecord] = (),
         remove_others: bool = False,
+        router_hosts: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """The inventory with this run's selection per host: the workers to deploy (`only`),
-        the processes to stop, and whether processes no longer in the topology go."""
+        the processes to stop, whether processes no longer in the topology go, and the
+        router's hosts to deploy (`router_hosts`; None: every replica)."""
         inventory = self.ctx.inventory()
+        if router_hosts is not None:
+            group = inventory["all"]["children"]["pdkit_router"]
+            group["hosts"] = {h: v for h, v in group["hosts"].items() if h in router_hosts}
         for name, host_vars in inventory["all"]["children"]["pdkit_hosts"]["hosts"].items():
             if only is not None:
                 host_vars["pdkit_process_only"] = list(only)
@@ -414,6 +423,9 @@ class LiveChange:
         which it drains, and started again."""
         router = self.target.process(self.ctx.plan.router.name)
         handover = self.ctx.plan.router.kind in ROUTER_RELAUNCH_ENV
+        if len(self.ctx.plan.router_replicas) > 1:
+            self._router_replicas(changes, router, handover)
+            return
         if not changes.router:
             self.console.print(
                 "[bold]Router[/]: keeps running; its files get the worker list for its next start"
@@ -454,9 +466,61 @@ class LiveChange:
             f"  router: handed over in {time.monotonic() - began:.1f} s", markup=False
         )
 
-    def _router_started(self) -> float | None:
+    def _router_replicas(
+        self, changes: Changes, router: ProcessRecord | None, handover: bool
+    ) -> None:
+        """router.hosts: the replicas one at a time (`kit.deploy.replicas`), each gated on a
+        new image that is ready before the next is touched."""
+        steps = rollout_order(self.ctx.plan)
+        why = escape("; ".join(changes.router)) or "its files get the worker list"
+        how = "handed over on its socket" if handover else "restarted"
+        self.console.print(
+            f"[bold]Router[/]: {len(steps)} replicas, one at a time ({why}); each is {how}, "
+            "then must answer /readiness before the next is touched"
+        )
+        key = self.secret_env.get(CONTROL_ROUTER_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        timeout = self.options.router_timeout or ROUTER_TIMEOUT_S
+        restart = changes.router == ("restart",) and router is not None
+        for step in steps:
+            began = time.monotonic()
+            # Without a changed setting only a later replica's worker list may change (its
+            # playbook restarts it then): no new image to wait for, only /readiness.
+            before = self._router_started(step.url) if handover and changes.router else None
+            inventory = self._inventory(router_hosts=[step.host])
+            if restart and handover:
+                inventory["all"]["children"]["pdkit_hosts"]["hosts"][step.host][
+                    "pdkit_process_hand_over"
+                ] = [self.ctx.plan.router.name]
+            elif restart and router is not None:
+                on_host = router.model_copy(update={"host": step.host})
+                self._run("stop.yml", None, self._inventory(stop=[on_host]))
+            self._run("deploy.yml", "router", inventory)
+            try:
+                if before is not None:
+                    asyncio.run(self._wait_started_after(step.url, before, timeout))
+                targets = router_targets(self.ctx.plan, [step.host])
+                statuses = wait_until_ready(self.ctx, self.console, targets, timeout, headers)
+                raise_unless_ready(self.ctx, statuses, stage="router")
+            except DeployError as exc:
+                left = [s.host for s in steps if s.index > step.index]
+                rest = f"; {', '.join(left)} not touched (as before)" if left else ""
+                raise DeployError(
+                    f"{exc}\nThe router {step.line('did not come back')}{rest}. To fix: see "
+                    "its log (pdkit logs), then `pdkit up` again."
+                ) from exc
+            self.console.print(
+                f"  router {step.line(f'ready in {time.monotonic() - began:.1f} s')}",
+                markup=False,
+            )
+
+    async def _wait_started_after(self, url: str, before: float, timeout: float) -> None:
+        async with self._admin(url) as admin:
+            await admin.wait_started_after(before, timeout)
+
+    def _router_started(self, url: str | None = None) -> float | None:
         async def ask() -> float | None:
-            async with self._admin() as admin:
+            async with self._admin(url) as admin:
                 return await admin.started()
 
         try:

@@ -190,7 +190,7 @@ def raise_unless_ready(ctx: DeployContext, statuses: list[ProcessStatus], stage:
         lines.append(
             f"{target.name} on {target.host} {_state_phrase(status)}: {status.verdict.detail}."
         )
-        lines += _log_tail(ctx, target.name)
+        lines += _log_tail(ctx, target.process_name)
     unsettled = [s for s in statuses if s.verdict.state in ("waiting", "starting")]
     if unsettled:
         lines.append(
@@ -338,30 +338,24 @@ def finish_rollout(
 
 def _print_serving(ctx: DeployContext, console: Console, statuses: list[ProcessStatus]) -> None:
     plan = ctx.plan
-    pids: dict[str, int] = {}
+    pids: dict[tuple[str, str], int | None] = {}
     for host in ctx.hosts:
-        pids |= {name: info.pid for name, info in (host_processes(host) or {}).items()}
-    urls = {w.name: w.url for w in plan.workers if w.serves_http} | {"router": plan.router.url}
-    if plan.monitoring is not None:
-        urls[plan.monitoring.name] = plan.monitoring.url
-    if plan.kv_pool is not None:
-        urls[plan.kv_pool.name] = plan.kv_pool.url
-    urls = {name: url.removeprefix("http://") for name, url in urls.items()}
+        pids |= {(host.name, name): i.pid for name, i in (host_processes(host) or {}).items()}
     rows = [
         (
             s.target.name,
             s.target.role,
             s.target.host,
-            urls.get(s.target.name, "-"),
+            (s.target.url or "-").removeprefix("http://"),
             s.verdict.state,
-            str(pids.get(s.target.name) or s.pid or "-"),
+            str(pids.get((s.target.host, s.target.process_name)) or s.pid or "-"),
         )
         for s in statuses
     ]
     console.print(status_table(rows))
     console.print(
-        f"[bold green]Serving[/] {escape(plan.model.served_name)} at {escape(plan.router.url)} "
-        f"(OpenAI API: base_url {escape(plan.router.url)}/v1). Try:"
+        f"[bold green]Serving[/] {escape(plan.model.served_name)} at {escape(plan.client_url)} "
+        f"(OpenAI API: base_url {escape(plan.client_url)}/v1). Try:"
     )
     console.print(f"  {_curl_line(ctx)}", markup=False, highlight=False)
     _print_scrapes(ctx, console)
@@ -381,7 +375,7 @@ def _curl_line(ctx: DeployContext) -> str:
         "messages": [{"role": "user", "content": "Say hello in five words."}],
         "max_tokens": 32,
     }
-    parts = ["curl", "-s", f"{router.url}/v1/chat/completions"]
+    parts = ["curl", "-s", f"{ctx.plan.client_url}/v1/chat/completions"]
     parts += ["-H", "Content-Type: application/json"]
     line = shlex.join(parts)
     if router.api_key_env:

@@ -41,6 +41,12 @@ class Target:
     rank0: str | None = None
     unit: str | None = None
     """Its systemd unit: on systemd hosts each poll also reads `systemctl show` of it."""
+    process: str | None = None
+    """Its process's name where `name` differs (a router replica past the first: `router@b`)."""
+
+    @property
+    def process_name(self) -> str:
+        return self.process or self.name
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,29 @@ def worker_targets(plan: Plan) -> list[Target]:
     ]
 
 
-def router_targets(plan: Plan) -> list[Target]:
+def router_targets(plan: Plan, hosts: Sequence[str] | None = None) -> list[Target]:
+    """The router on each of its hosts (router.hosts: every replica; or those of `hosts`),
+    ready when /readiness answers 200."""
     router = plan.router
-    return [Target(router.name, "router", router.host, router.url, "/readiness", unit=router.unit)]
+    return [
+        Target(
+            replica_name(plan, host),
+            "router",
+            host,
+            plan.router_url_on(host),
+            "/readiness",
+            unit=router.unit,
+            process=router.name,
+        )
+        for host in plan.router_replicas
+        if hosts is None or host in hosts
+    ]
+
+
+def replica_name(plan: Plan, host: str) -> str:
+    """How the router on `host` is named in tables: the router's name on its first host,
+    `router@HOST` on a later replica's."""
+    return plan.router.name if host == plan.router.host else f"{plan.router.name}@{host}"
 
 
 def monitoring_targets(plan: Plan) -> list[Target]:
@@ -98,18 +124,19 @@ async def _services(
 ) -> dict[str, ServiceInfo]:
     """The service managers' view of `targets` (supervisord on local hosts, `systemctl show`
     of their units on systemd hosts), read from every host at once."""
-    names = {t.name for t in targets}
     units = {
-        h.name: {t.unit: t.name for t in targets if t.host == h.name and t.unit} for h in hosts
+        h.name: {t.unit: t.process_name for t in targets if t.host == h.name and t.unit}
+        for h in hosts
     }
     found: dict[str, ServiceInfo] = {}
     views = await asyncio.gather(
         *(asyncio.to_thread(host_processes, h, units[h.name]) for h in hosts)
     )
-    for view in views:
+    for host, view in zip(hosts, views, strict=True):
+        mine = {t.process_name: t.name for t in targets if t.host == host.name}
         for name, info in (view or {}).items():
-            if name in names:
-                found[name] = info
+            if name in mine:
+                found[mine[name]] = info
     return found
 
 

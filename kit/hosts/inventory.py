@@ -268,9 +268,7 @@ def build_inventory(plan: Plan, hosts: tuple[DeployHost, ...]) -> dict[str, Any]
             "children": {
                 "pdkit_hosts": {"hosts": {h.name: host_vars(h, plan) for h in hosts}},
                 "pdkit_workers": {"hosts": {h.name: {} for h in hosts if h.name in worker_hosts}},
-                "pdkit_router": {
-                    "hosts": {name: {} for name in plan.router_hosts or (plan.router.host,)}
-                },
+                "pdkit_router": {"hosts": {name: {} for name in plan.router_replicas}},
                 "pdkit_router_vip": {
                     "hosts": {r.host: {} for r in plan.router_vip.replicas}
                     if plan.router_vip

@@ -419,11 +419,29 @@ class Plan(Frozen):
 
     def router_url_on(self, host: str) -> str:
         """The router's URL on `host`, one of its replicas (router.hosts)."""
+        if host == self.router.host:
+            return self.router.url
         return http_url(self.host(host).address, self.router.port, tls=self.router.tls)
 
     def runs_router(self, host: str) -> bool:
         """Whether `host` runs the router, or one of its replicas (router.hosts)."""
-        return host in (self.router_hosts or (self.router.host,))
+        return host in self.router_replicas
+
+    @property
+    def router_replicas(self) -> tuple[str, ...]:
+        """The hosts that run the router: router.hosts, else the router's one host."""
+        return self.router_hosts or (self.router.host,)
+
+    @property
+    def vip_url(self) -> str | None:
+        """The router's URL at its virtual IP (router.vip: what clients use), else None."""
+        vip = self.router_vip
+        return http_url(vip.ip, self.router.port, tls=self.router.tls) if vip else None
+
+    @property
+    def client_url(self) -> str:
+        """What clients use: the VIP's URL (router.vip), else the router's."""
+        return self.vip_url or self.router.url
 
     def on_host(self, host: str) -> tuple[WorkerProcess, ...]:
         return tuple(w for w in self.workers if w.host == host)
