@@ -27,6 +27,7 @@ from kit.observe.doctor_view import (
     summary,
     token_line,
 )
+from kit.observe.run import ProbeOptions, replica_checks
 
 
 def log_reader(ctx: DeployContext, lines: int = LOG_LINES) -> LogReader:
@@ -89,4 +90,11 @@ def run_doctor(
     if not as_json:
         for check in checks:
             console.print(check.line(), style="" if check.ok else "red", markup=False)
-    return status or (0 if all(c.ok for c in checks) else 1)
+    replicas = replica_checks(ctx.plan, ProbeOptions())
+    if replicas is not None and not as_json:
+        for part in (*replicas.replicas, *((replicas.vip,) if replicas.vip else ())):
+            console.print(part.line(), style="" if part.ok else "red", markup=False)
+        for _, _, cause in replicas.problems:
+            console.print(f"  {cause}", style="red", markup=False)
+    replicas_ok = replicas is None or not replicas.problems
+    return status or (0 if all(c.ok for c in checks) and replicas_ok else 1)

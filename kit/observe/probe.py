@@ -103,6 +103,16 @@ class KvPoolAnswers:
 
 
 @dataclass(frozen=True)
+class ReplicaAnswers:
+    """What one router replica (router.hosts) said: /health and /readiness."""
+
+    host: str
+    url: str
+    health: Fetched
+    readiness: Fetched
+
+
+@dataclass(frozen=True)
 class Round:
     """One probe round. `taken_at` is wall-clock (time.time()) when it started, `seconds` how
     long asking everything took; `router_metrics_before` is an earlier scrape of the router's
@@ -114,6 +124,8 @@ class Round:
     seconds: float
     router_metrics_before: Fetched | None = None
     kv_pool: KvPoolAnswers | None = None
+    replicas: tuple[ReplicaAnswers, ...] = ()
+    vip: Fetched | None = None
 
 
 async def _mark_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
@@ -284,9 +296,11 @@ class Prober:
         taken_at, started = time.time(), time.monotonic()
         router_task = asyncio.ensure_future(self.router(targets.router))  # first in the queue
         pool_task = asyncio.ensure_future(self.kv_pool(targets.kv_pool))
+        replicas_task = asyncio.ensure_future(self.replicas(targets))
         workers = await self.workers(targets.workers)
         router = await router_task
         kv_pool = await pool_task
+        replicas, vip = await replicas_task
         seconds = time.monotonic() - started
         before: Fetched | None = None
         if rate_window_s > 0 and router.metrics.ok:
@@ -306,7 +320,28 @@ class Prober:
             seconds=seconds,
             router_metrics_before=before,
             kv_pool=kv_pool,
+            replicas=replicas,
+            vip=vip,
         )
+
+    async def replicas(self, targets: Targets) -> tuple[tuple[ReplicaAnswers, ...], Fetched | None]:
+        """Every router replica's /health and /readiness (router.hosts), and the VIP's /health
+        (router.vip), concurrently; `kit.observe.replicas` judges them."""
+        headers = auth_headers(targets.router)
+
+        async def one(host: str, url: str) -> ReplicaAnswers:
+            health, readiness = await asyncio.gather(
+                self.get(f"{url}/health", headers), self.get(f"{url}/readiness", headers)
+            )
+            return ReplicaAnswers(host, url, health, readiness)
+
+        async def vip() -> Fetched | None:
+            return await self.get(f"{targets.vip_url}/health", headers) if targets.vip_url else None
+
+        answers, at_vip = await asyncio.gather(
+            asyncio.gather(*(one(r.host, r.url) for r in targets.replicas)), vip()
+        )
+        return tuple(answers), at_vip
 
     async def kv_pool(self, target: KvPoolTarget | None) -> KvPoolAnswers | None:
         """The KV pool master's /health and /metrics (None without `kv_pool:`)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from kit.observe.kvpool import KvPoolStatus, evaluate_kv_pool
 from kit.observe.probe import Round, WorkerAnswers
+from kit.observe.replicas import ReplicaStatus, VipStatus, evaluate_replicas
 from kit.observe.router import RoutedWorker, RouterStatus, evaluate_router
 from kit.observe.targets import Targets
 from kit.observe.worker import WorkerStatus, evaluate_worker
@@ -48,6 +49,9 @@ class Report:
     problems: tuple[Finding, ...]
     warnings: tuple[Finding, ...]
     kv_pool: KvPoolStatus | None = None
+    replicas: tuple[ReplicaStatus, ...] = ()
+    """Each router replica (router.hosts; empty with one router)."""
+    vip: VipStatus | None = None
 
     @property
     def healthy(self) -> bool:
@@ -138,6 +142,9 @@ def build_report(
     pool = evaluate_kv_pool(now.kv_pool) if now.kv_pool is not None else None
     if pool is not None and pool.state == "down":
         problems.append(Finding(pool.name, pool.endpoint, pool.cause))
+    log_path = targets.replicas[0].log_path if targets.replicas else ""
+    replicas = evaluate_replicas(now.replicas, now.vip, targets.vip_url, log_path)
+    problems += [Finding(*p) for p in replicas.problems]
     return Report(
         deployment=targets.deployment,
         taken_at=now.taken_at,
@@ -148,6 +155,8 @@ def build_report(
         problems=tuple(problems),
         warnings=tuple(warnings),
         kv_pool=pool,
+        replicas=replicas.replicas,
+        vip=replicas.vip,
     )
 
 

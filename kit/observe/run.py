@@ -20,7 +20,15 @@ from rich.live import Live
 from rich.text import Text
 
 from kit.errors import ProbeError
-from kit.observe.probe import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Prober, Round
+from kit.observe.probe import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TIMEOUT_S,
+    Fetched,
+    Prober,
+    ReplicaAnswers,
+    Round,
+)
+from kit.observe.replicas import ReplicasView, evaluate_replicas
 from kit.observe.report import Report, build_report, report_to_json
 from kit.observe.targets import Targets, targets_from_plan
 from kit.observe.view import health_lines, status_view
@@ -118,6 +126,21 @@ def health(plan: Plan, console: Console, options: ProbeOptions, as_json: bool = 
         for line in health_lines(report):
             _plain(console, line)
     return 0 if report.healthy else 1
+
+
+def replica_checks(plan: Plan, options: ProbeOptions) -> ReplicasView | None:
+    """`pdkit doctor`'s look at the router's replicas and VIP (router.hosts), once; None with
+    one router."""
+    if not plan.router_hosts:
+        return None
+    targets = targets_from_plan(plan)
+
+    async def ask() -> tuple[tuple[ReplicaAnswers, ...], Fetched | None]:
+        async with Prober(options.timeout_s, options.concurrency) as prober:
+            return await prober.replicas(targets)
+
+    answers, vip = asyncio.run(ask())
+    return evaluate_replicas(answers, vip, targets.vip_url, plan.router.log_path)
 
 
 def status(

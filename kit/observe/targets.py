@@ -77,14 +77,26 @@ class KvPoolTarget:
 
 
 @dataclass(frozen=True)
+class ReplicaTarget:
+    """One router replica (router.hosts): its host, URL there, and its log file there."""
+
+    host: str
+    url: str
+    log_path: str
+
+
+@dataclass(frozen=True)
 class Targets:
-    """Everything one status round probes."""
+    """Everything one status round probes: with router.hosts each replica (the first too)
+    and, with router.vip, the VIP's URL."""
 
     deployment: str
     workers: tuple[WorkerTarget, ...]
     router: RouterTarget
     slo: SLO
     kv_pool: KvPoolTarget | None = None
+    replicas: tuple[ReplicaTarget, ...] = ()
+    vip_url: str | None = None
 
 
 def targets_from_plan(plan: Plan) -> Targets:
@@ -130,4 +142,9 @@ def targets_from_plan(plan: Plan) -> Targets:
             if plan.kv_pool
             else None
         ),
+        replicas=tuple(
+            ReplicaTarget(host, plan.router_url_on(host), router.log_path)
+            for host in plan.router_hosts
+        ),
+        vip_url=plan.vip_url,
     )

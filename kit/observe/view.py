@@ -313,6 +313,8 @@ class StatusScreen:
         head.append(f"  (probed in {report.probe_s:.2f} s, timeout {report.timeout_s:g} s, {when})")
         yield head
         yield router_lines(report.router)
+        for part in (*report.replicas, *((report.vip,) if report.vip else ())):
+            yield Text(f"  {part.line()}", style="" if part.ok else "red")
         if report.kv_pool is not None:
             style = "red" if report.kv_pool.state == "down" else ""
             yield Text(kv_pool_line(report.kv_pool), style=style)
@@ -347,9 +349,11 @@ def health_lines(report: Report) -> list[str]:
     """`pdkit health` output: OK line, or one line per problem; warnings after, marked."""
     lines = [str(f) for f in report.problems]
     if not lines:
+        replicas = f" ({len(report.replicas)} replicas)" if report.replicas else ""
+        vip = f", its VIP {report.vip.endpoint} answers" if report.vip else ""
         lines.append(
             f"OK: {report.deployment}: {len(report.workers)} workers and the "
-            f"{report.router.kind} router are healthy"
+            f"{report.router.kind} router{replicas} are healthy{vip}"
         )
     lines += [f"warning: {f}" for f in report.warnings]
     return lines
