@@ -21,7 +21,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-vip-deployed bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -32,7 +32,7 @@ help:
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-limits | bench-vip | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-limits | bench-vip | bench-vip-deployed | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -159,6 +159,10 @@ bench-limits: $(VENV)/.stamp
 # keepalived moving the router's VIP between two namespace hosts (root, keepalived installed).
 bench-vip: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_vip
+
+# The VIP's move on a deployment pdkit provision and pdkit up made on the multi-host bed.
+bench-vip-deployed: $(VENV)/.stamp
+	$(PY) -m benchmarks.bench_vip_deployed
 
 bench-sim: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_sim

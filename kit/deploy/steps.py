@@ -31,6 +31,7 @@ from kit.deploy.wait import (
     kv_pool_targets,
     monitoring_targets,
     router_targets,
+    vip_targets,
     wait_ready,
 )
 from kit.errors import DeployError, PdkitError, ProbeError
@@ -328,6 +329,11 @@ def finish_rollout(
     targets = router_targets(ctx.plan)
     router_status = wait_until_ready(ctx, console, targets, router_timeout, headers)
     raise_unless_ready(ctx, router_status, stage="router")
+    vip = vip_targets(ctx.plan)
+    if vip:  # keepalived gives it to a replica once its health check passes (rise 2)
+        console.print(f"[bold]Router[/]: waiting for its VIP {escape(vip[0].url or '')}")
+        router_status += wait_until_ready(ctx, console, vip, router_timeout, headers)
+        raise_unless_ready(ctx, router_status, stage="router")
     monitoring_status = (
         deploy_monitoring(ctx, console, secret_env, options.verbose) if monitoring else []
     )

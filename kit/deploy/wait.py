@@ -96,6 +96,16 @@ def router_targets(plan: Plan, hosts: Sequence[str] | None = None) -> list[Targe
     ]
 
 
+def vip_targets(plan: Plan) -> list[Target]:
+    """The router's VIP (router.vip), ready when its /health answers 200 (keepalived holds it
+    where a router answers); none without a VIP."""
+    if plan.vip_url is None:
+        return []
+    router = plan.router
+    vip = Target("router VIP", "router", router.host, plan.vip_url, "/health", process=router.name)
+    return [vip]
+
+
 def replica_name(plan: Plan, host: str) -> str:
     """How the router on `host` is named in tables: the router's name on its first host,
     `router@HOST` on a later replica's."""

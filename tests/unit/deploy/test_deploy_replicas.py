@@ -18,7 +18,7 @@ from kit.deploy.live import LiveChange
 from kit.deploy.readiness import Verdict
 from kit.deploy.replicas import rollout_order
 from kit.deploy.state import build_record
-from kit.deploy.wait import ProcessStatus, router_targets
+from kit.deploy.wait import ProcessStatus, router_targets, vip_targets
 from kit.errors import DeployError
 from kit.plan.resolve import resolve
 from tests.conftest import base_topology
@@ -133,3 +133,12 @@ def test_bench_loads_the_vip_or_says_which_replica_it_hits(ctx, write_topology):
     target = bench_target(BenchArgs(), resolve(write_topology(data, "novip.yaml")))
     assert target.url == "http://10.0.0.1:8000"
     assert target.via == "the router replica on a (of a, b; no VIP)"
+
+
+def test_up_waits_for_the_vip_after_the_replicas(ctx):
+    (vip,) = vip_targets(ctx.plan)
+    assert (vip.name, vip.url, vip.ready_path) == (
+        "router VIP",
+        "http://10.0.0.100:8000",
+        "/health",
+    )
