@@ -13,7 +13,9 @@ sending /generate to the VIP, 1 s timeout each):
    and comes back once the first is healthy again (VRRP preemption);
 2. `host gone`: the holder's router is killed and its link cut (its adverts stop).
 
-Printed for each: seconds from the kill to the first request served, to the VIP seen on the
+First, a router setting changed by `pdkit up` under the same load: the replicas handed over
+one at a time (the order `pdkit up` printed), and the requests that failed meanwhile.
+Printed for each kill: seconds from the kill to the first request served, to the VIP seen on the
 other host, and to the first request from which every one was served; requests in flight on
 the dead router (lost), requests failed after the kill, and failed after the move.
 Needs root, iproute2, openssh-server and keepalived.
@@ -28,6 +30,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -113,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         def where() -> str:
             return holder_of(vip, namespaces)
 
+        _wait_served(send, where, "b", 60)
+        rolled = rolling_change(bed, topology, send, args.clients)
         for round_no in range(args.rounds):
             for kill in ("router", "host"):
                 _wait_served(send, where, "b", 60)
@@ -136,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bed.destroy()  # every process in the namespaces, keepalived's daemons too
         shutil.rmtree(folder, ignore_errors=True)
+    print(rolled)
     print(
         f"\nbench-vip-deployed: pdkit provision + pdkit up of a two-replica router (b, c) "
         f"behind a keepalived VIP on the multi-host bed; {args.clients} clients in a closed "
@@ -153,6 +159,37 @@ def run(args: argparse.Namespace) -> int:
             f"{r.sent:>6}"
         )
     return 0
+
+
+def rolling_change(bed: TestBed, topology: Path, send: Callable[[], bool], clients: int) -> str:
+    """A router setting changed by `pdkit up` under load through the VIP: the replicas are
+    handed over one at a time; what failed meanwhile, and the order `pdkit up` printed."""
+    data = yaml.safe_load(topology.read_text())
+    data["router"]["faults"] = {"retries": 1}
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    results: list[bool] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            results.append(send())
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    started = time.monotonic()
+    result = run_pdkit(bed, "up", str(topology), timeout=600)
+    took = time.monotonic() - started
+    stop.set()
+    for t in threads:
+        t.join()
+    if result.returncode != 0:
+        raise SystemExit(f"pdkit up (a router setting) failed:\n{result.stdout}\n{result.stderr}")
+    order = [line.strip() for line in result.stdout.splitlines() if "replica " in line]
+    return (
+        f"rolling change (--retries 1 by pdkit up, {took:.0f} s) under {clients} clients on the "
+        f"VIP: {results.count(False)} of {len(results)} requests failed\n  " + "\n  ".join(order)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
