@@ -129,9 +129,15 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def upgrade_steps(changes: Changes, target: str) -> tuple[Step, ...]:
-    """The replacements of an upgrade; `DeployError` naming whatever else `target` changes."""
-    other = [s.describe() for s in changes.steps if s.kind != "replace"]
+def upgrade_steps(changes: Changes, target: str, known: set[str]) -> tuple[Step, ...]:
+    """The steps of an upgrade: replacements, and adds of `known` instances (the running
+    topology's: one an interrupted upgrade had stopped); `DeployError` naming whatever else
+    `target` changes."""
+    other = [
+        s.describe()
+        for s in changes.steps
+        if s.kind == "remove" or (s.kind == "add" and s.instance not in known)
+    ]
     if other:
         raise DeployError(
             f"--to {target} changes more than an upgrade does: {'; '.join(other)}. Nothing was "
@@ -260,7 +266,7 @@ def upgrade(
         target = target_context(source, target_file)
         target_record = _record(target)
         forward = diff(recorded, target_record)
-        steps = upgrade_steps(forward, str(target_file))
+        steps = upgrade_steps(forward, str(target_file), set(_record(source).instances()))
         # A new pdkit release on the same file: nothing older to go back to.
         same_file = target_file.resolve() == source.topology_file.resolve()
         if mode == "start" and not same_file:

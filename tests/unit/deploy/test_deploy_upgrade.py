@@ -74,7 +74,7 @@ def _upgrade(ctx, target, **kwargs):
 
 def test_a_new_revision_replaces_every_instance_and_nothing_else(local):
     source, target = local(), local("new.yaml", _revision)
-    steps = upgrade_steps(diff(_record(source), _record(target)), "new.yaml")
+    steps = upgrade_steps(diff(_record(source), _record(target)), "new.yaml", set())
     assert [(s.kind, s.instance) for s in steps] == [
         ("replace", "prefill-0"),
         ("replace", "prefill-1"),
@@ -89,7 +89,7 @@ def test_scaling_in_the_target_is_refused_naming_the_counts(local):
         "new.yaml", lambda d: (d["decode"].update(count=2), d["hosts"][0].update(gpus=4))
     )
     with pytest.raises(DeployError) as raised:
-        upgrade_steps(diff(_record(source), _record(target)), "new.yaml")
+        upgrade_steps(diff(_record(source), _record(target)), "new.yaml", {"decode-0"})
     text = str(raised.value)
     assert "--to new.yaml changes more than an upgrade does: add decode-1" in text
     assert "keep prefill.count, decode.count and the hosts as they run" in text
@@ -212,6 +212,14 @@ def test_an_interrupted_upgrade_is_resumed_or_rolled_back_not_started_again(loca
     other = local("other.yaml", _revision)
     with pytest.raises(DeployError, match="is not the upgrade under way"):
         _upgrade(source, other.topology_file, mode="resume")
+    # Interrupted while decode-0 was away (stopped, its replacement not yet in): it is added.
+    record = _record(source)
+    save_record(
+        source.state_dir,
+        record.without(p.name for p in record.processes if p.instance == "decode-0"),
+    )
+    text = _upgrade(source, None, mode="resume", dry_run=True)
+    assert "1. add decode-0: the decodes at 0 of 1" in text
     # A target changed since the start would move the rest elsewhere.
     Path(target.topology_file).write_text(Path(target.topology_file).read_text() + "\n# edited\n")
     with pytest.raises(DeployError, match=r"changed \(or is gone\) since the upgrade started"):
