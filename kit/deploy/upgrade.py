@@ -318,39 +318,14 @@ def upgrade(
         except KeyboardInterrupt:
             raise DeployError(_interrupted(source, target_file)) from None
         except DeployError as exc:
-            reason = _reason(exc)
-            if same_file:
-                forget_progress(state)
-                raise DeployError(
-                    f"{reason}\nThe upgrade stopped there. Nothing to roll back to: the instances "
-                    "already replaced run this pdkit's files, and the old release's are gone. To "
-                    f"fix: correct the cause above, then `pdkit upgrade {topology} --to "
-                    f"{topology}` again (or install the old pdkit again and `pdkit up {topology}`)."
-                ) from exc
-            now = load_record(state)
-            away = [n for n in target_record.instances() if now and n not in now.instances()]
-            at = f" at {', '.join(away)}" if away else ""
-            console.print(
-                f"[bold red]The upgrade stopped{escape(at)}[/] ({escape(reason.splitlines()[0])}): "
-                "rolling the upgraded instances back to "
-                f"{escape(display_path(source.topology_file))}"
-            )
-            stopped = progress.model_copy(update={"status": "rolling back", "reason": reason})
-            save_progress(state, stopped)
-            try:
-                _roll_back(source, console, options, stopped)
-            except DeployError as again:
-                raise DeployError(
-                    f"{reason}\nThe upgrade stopped{at}, and its rollback failed too: {again}\n"
-                    f"To fix: correct that, then `pdkit upgrade {topology} --rollback` finishes "
-                    "the rollback."
-                ) from again
-            raise DeployError(
-                f"{reason}\nThe upgrade to {display_path(target_file)} stopped{at} and was "
-                f"rolled back: every instance runs {display_path(source.topology_file)}'s "
-                "settings again and the deployment serves as before. To fix: correct the cause "
-                "above, then "
-                f"`pdkit upgrade {topology} --to {shlex.quote(str(target_file))}` again."
+            raise _stopped(
+                source,
+                console,
+                options,
+                progress,
+                exc=exc,
+                target_record=target_record,
+                same_file=same_file,
             ) from exc
         forget_progress(state)
         new = shlex.quote(str(target_file))
@@ -359,6 +334,55 @@ def upgrade(
             f"It is the deployment's topology from now on (`pdkit status {escape(new)}`, "
             f"`pdkit up {escape(new)}`).",
         )
+
+
+def _stopped(
+    source: DeployContext,
+    console: Console,
+    options: UpOptions,
+    progress: UpgradeProgress,
+    *,
+    exc: DeployError,
+    target_record: DeploymentRecord,
+    same_file: bool,
+) -> DeployError:
+    """A failed step: the upgraded instances rolled back (none for a release on the same file),
+    and the error that says why and what serves."""
+    state = source.state_dir
+    topology = shlex.quote(str(source.topology_file))
+    target = Path(progress.target)
+    reason = _reason(exc)
+    if same_file:
+        forget_progress(state)
+        return DeployError(
+            f"{reason}\nThe upgrade stopped there. Nothing to roll back to: the instances "
+            "already replaced run this pdkit's files, and the old release's are gone. To "
+            f"fix: correct the cause above, then `pdkit upgrade {topology} --to "
+            f"{topology}` again (or install the old pdkit again and `pdkit up {topology}`)."
+        )
+    now = load_record(state)
+    away = [n for n in target_record.instances() if now and n not in now.instances()]
+    at = f" at {', '.join(away)}" if away else ""
+    console.print(
+        f"[bold red]The upgrade stopped{escape(at)}[/] ({escape(reason.splitlines()[0])}): "
+        f"rolling the upgraded instances back to {escape(display_path(source.topology_file))}"
+    )
+    stopped = progress.model_copy(update={"status": "rolling back", "reason": reason})
+    save_progress(state, stopped)
+    try:
+        _roll_back(source, console, options, stopped)
+    except DeployError as again:
+        return DeployError(
+            f"{reason}\nThe upgrade stopped{at}, and its rollback failed too: {again}\n"
+            f"To fix: correct that, then `pdkit upgrade {topology} --rollback` finishes the "
+            "rollback."
+        )
+    return DeployError(
+        f"{reason}\nThe upgrade to {display_path(target)} stopped{at} and was rolled back: "
+        f"every instance runs {display_path(source.topology_file)}'s settings again and the "
+        "deployment serves as before. To fix: correct the cause above, then "
+        f"`pdkit upgrade {topology} --to {shlex.quote(str(target))}` again."
+    )
 
 
 def _reason(exc: DeployError) -> str:
