@@ -381,7 +381,7 @@ def _stopped(
         f"{reason}\nThe upgrade to {display_path(target)} stopped{at} and was rolled back: "
         f"every instance runs {display_path(source.topology_file)}'s settings again and the "
         "deployment serves as before. To fix: correct the cause above, then "
-        f"`pdkit upgrade {topology} --to {shlex.quote(str(target))}` again."
+        f"`pdkit upgrade {topology} --to {shlex.quote(display_path(target))}` again."
     )
 
 
@@ -522,6 +522,7 @@ def _roll_back(
         dataclasses.replace(options, gate=True, gate_options=gate, force=True),
         playbook_secret_env(source),
         source_record,
+        gate_with_running=True,
         hold_on_failure=True,
     )
     try:

@@ -138,6 +138,8 @@ def test_an_upgrade_whose_gate_fails_rolls_back_and_serves_as_before(running, ca
     assert "--no-gate" not in text  # the gate's advice for `pdkit up` is left out
     assert "was rolled back: every instance runs" in text
     assert "Rolled back: every instance runs" in text
+    # The old decode is gated again before it rejoins (the failed one's and its own gate).
+    assert text.count("tokens compared with the answer before the upgrade") == 2
     after = pids(topology, name)
     for kept in ("prefill-0", "prefill-1", "router"):
         assert after[kept] == before[kept]
