@@ -29,7 +29,7 @@ from kit.observe.doctor_view import (
 )
 
 
-class GateFailed(DeployError):
+class GateError(DeployError):
     """The gate failed; `findings` is what failed and why, without the advice for `pdkit up`
     (a caller that runs the gate for another command gives its own)."""
 
@@ -87,7 +87,7 @@ def transfer_gate(ctx: DeployContext, console: Console, options: DoctorOptions) 
         f"`pdkit doctor {topology}` re-runs the check alone, and `pdkit up {topology} "
         "--no-gate` deploys without it.",
     ]
-    raise GateFailed("\n".join(lines), "\n".join(findings))
+    raise GateError("\n".join(lines), "\n".join(findings))
 
 
 def run_doctor(

@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kit.deploy.changes import Changes, Step, diff
-from kit.deploy.gate import GateFailed, log_reader
+from kit.deploy.gate import GateError, log_reader
 from kit.deploy.live import LiveChange, print_changes
 from kit.deploy.state import (
     DeploymentRecord,
@@ -388,9 +388,9 @@ def _stopped(
 def _reason(exc: DeployError) -> str:
     """Why a step failed: a failed gate's findings (its advice is `pdkit up`'s, not ours)."""
     cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, GateFailed):
+    while cause is not None and not isinstance(cause, GateError):
         cause = cause.__cause__
-    return cause.findings if isinstance(cause, GateFailed) else str(exc)
+    return cause.findings if isinstance(cause, GateError) else str(exc)
 
 
 def _target_file(
