@@ -55,7 +55,8 @@ WAIT_LOG_S = 10.0
 MAX_LINE = 4096
 
 _PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+"""Linux's prctl (None elsewhere: a rank then outlives a SIGKILLed agent)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class GroupSettings:
 
 def _die_with_agent() -> None:
     """In the rank's process, before exec: SIGKILL when the agent dies."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class Rank:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from kit.ranks.group import Follower, GroupSettings, Leader
 from tests.support.ports import free_port
@@ -112,3 +115,40 @@ def test_a_stopped_leader_leaves_no_rank_running_and_the_follower_waits():
         assert not any(alive(number) for number in ranks if number is not None)
 
     run_group(body)
+
+
+def _children(number: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{number}/task/{number}/children").read_text().split()]
+
+
+def test_a_killed_follower_agent_takes_its_rank_along_and_the_group_restarts_when_it_is_back():
+    """SIGKILL of a follower's agent (`python -m kit.ranks`): its rank dies with it, the leader
+    stops rank 0, and starts the group again once a new agent for the rank joins."""
+
+    async def main() -> None:
+        port = free_port()
+        leader = Leader(settings(port, 0), SLEEP)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(leader.serve(stop))
+        argv = [sys.executable, "-m", "kit.ranks", "--leader", f"127.0.0.1:{port}"]
+        argv += ["--node-rank", "1", "--nnodes", "2", "--", *SLEEP]
+        agents = []
+        try:
+            agents.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+            await until(lambda: leader.generation == 1 and bool(_children(agents[0].pid)))
+            (rank1,) = _children(agents[0].pid)
+            rank0 = pid(leader)
+            assert rank0 is not None
+            agents[0].kill()
+            await until(lambda: not alive(rank1) and not alive(rank0))
+            assert pid(leader) is None  # no rank 0 without its group
+            agents.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+            await until(lambda: leader.generation == 2 and bool(_children(agents[1].pid)), 15)
+        finally:
+            stop.set()
+            await task
+            for agent in agents:
+                agent.terminate()
+                agent.wait(10)
+
+    asyncio.run(main())
