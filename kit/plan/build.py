@@ -58,8 +58,9 @@ def sglang_python(topology: Topology, host_name: str, topology_dir: Path) -> str
 
 def rank_group_addr(topology: Topology, p: InstancePlacement) -> str | None:
     """host:port of the rank group's leader (kit/ranks, beside node rank 0) of a multi-node
-    instance; None for an instance of one node."""
-    if p.nnodes == 1 or p.dist_init_port is None:
+    instance; None for an instance of one node, and under Slurm (an instance is one job step,
+    which Slurm ends and the job starts again as a whole)."""
+    if p.nnodes == 1 or p.dist_init_port is None or topology.launcher == "slurm":
         return None
     return host_port(
         topology.host(p.nodes[0].host).address, ports.rank_group_port(p.dist_init_port)
