@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -71,30 +70,6 @@ def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.Comp
     """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
     env = {**os.environ, **bed.ansible_env(), "COLUMNS": "200"}
     return shared_run_pdkit(*args, timeout=timeout, env=env)
-
-
-def start_bench(
-    bed: TestBed, topology: Path, out: Path, rate: float, duration: float
-) -> subprocess.Popen[str]:
-    """`pdkit bench` at `rate` requests/s for `duration` s in the background (16 tokens out,
-    records in `out`/requests.jsonl); `communicate()` waits for it."""
-    args = ["bench", str(topology), "--rate", str(rate), "--duration", str(duration)]
-    args += ["--requests", str(int(rate * duration)), "--output-len", "16", "--no-predict"]
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from kit.cli import main; main()",
-            *args,
-            "--json",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **bed.ansible_env()},
-    )
 
 
 def bench_records(out: Path) -> list[dict[str, object]]:

@@ -23,13 +23,8 @@ import pytest
 import yaml
 
 from kit.hosts.context import load_context
-from tests.support.multihost import (
-    bed_hosts,
-    bench_records,
-    require_testbed,
-    run_pdkit,
-    start_bench,
-)
+from tests.support.local_deploy import end_bench, start_bench
+from tests.support.multihost import bed_hosts, bench_records, require_testbed, run_pdkit
 from tests.support.netns import NetnsHost, TestBed
 
 
@@ -136,7 +131,9 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
     decode0 = next(
         w.url for w in plan.workers if w.instance_name == "decode-0" and w.node_rank == 0
     )
-    bench = start_bench(bed, topology, tmp_path, rate=4, duration=30)
+    # Ended 2 s after decode-0 is back (as Ctrl-C does), the duration an upper bound.
+    load = ["--rate", "4", "--duration", "60", "--requests", "240", "--output-len", "16"]
+    bench = start_bench(topology, tmp_path, *load)
     try:
         time.sleep(4)  # load on both decodes first
         (rank1,) = before["c"]
@@ -156,7 +153,7 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
         assert down_at is not None, "decode-0 never went down"
         assert healthy and restarted, (now, before)
         print(f"decode-0 without serving: {back:.1f} s after the kill")
-        output, _ = bench.communicate(timeout=120)
+        output = end_bench(bench)
     finally:
         if bench.poll() is None:
             bench.kill()
