@@ -13,6 +13,11 @@ exactly), and one fault injected after a warm-up:
     kill-only-decode  the same as kill-decode with one decode                 2P1D
     restart-only-decode  SIGTERM the only decode, start it again at once      2P1D
                     (what `pdkit restart` does to it, without the drain)
+    kill-rank       each decode a 2-node instance (TP 2 over two sim ranks, each under its
+                    rank group's agent, `python -m kit.ranks`, as `pdkit up` runs them);
+                    SIGKILL node rank 1 of decode-0: its agents restart both ranks, rank 0
+                    first, with no command (the failures column says how long decode-0's
+                    rank 0 did not answer /health)                           2P2D
 Operator actions, as `pdkit restart` and `pdkit up` make them through the router's API (the
 same `kit.deploy.routing.RouterAdmin`), without Ansible:
     replace-only-decode  the only decode out of the router (pdkit's: listed as     2P1D
@@ -49,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +79,10 @@ FAULTS = {
     "replace-only-decode": (2, 1),
     "restart-router": (2, 1),
     "upgrade": (2, 1),
+    "kill-rank": (2, 2),
 }
+RANK_GROUP_RESTART_S = "2"
+"""The agents' restart delay (the playbooks' pdkit_process_rank_group_restart_seconds)."""
 ADMIN_KEY = "bench-chaos-admin"
 """pdkit's router's admin key here (its worker API, which replace-only-decode uses)."""
 ROUTERS = ("pdkit", "smg")
@@ -105,13 +114,23 @@ class Row:
     errors: dict[str, int] = field(default_factory=dict)
     below: dict[str, float] = field(default_factory=dict)
     """Seconds each role ran below its instance count (operator rows that replace workers)."""
+    away_s: float | None = None
+    """kill-rank: seconds the killed rank's instance did not answer /health."""
 
 
 class Cluster:
     """Sim workers and one router on fixed ports from `base`."""
 
     def __init__(
-        self, prefills: int, decodes: int, router: str, base: int, log_dir: Path, *, chat: bool
+        self,
+        prefills: int,
+        decodes: int,
+        router: str,
+        base: int,
+        log_dir: Path,
+        *,
+        chat: bool,
+        ranks: bool = False,
     ) -> None:
         self.router = router
         self.chat = chat
@@ -129,11 +148,26 @@ class Cluster:
             )
             self.prefill.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
             gpu += 1
+        self.followers: list[SimProcess] = []
+        """kill-rank: node rank 1 of each decode (rank 0 is in `decode`)."""
+        self.away_s: float | None = None
         for i in range(decodes):
             argv = worker_argv(port=base + 20 + i, mode="decode", extra=["--base-gpu-id", str(gpu)])
-            self.decode.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
-            gpu += 1
-        self.workers = [*self.prefill, *self.decode]
+            if not ranks:
+                self.decode.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
+                gpu += 1
+                continue
+            dist = base + 100 + 50 * i  # the group's port: dist-init + 40, as the Plan has it
+            for rank in (0, 1):
+                extra = ["--tp", "2", "--nnodes", "2", "--node-rank", str(rank)]
+                extra += ["--dist-init-addr", f"127.0.0.1:{dist}", "--base-gpu-id", str(gpu)]
+                group = ["--leader", f"127.0.0.1:{dist + 40}", "--node-rank", str(rank)]
+                group += ["--nnodes", "2", "--restart-delay", RANK_GROUP_RESTART_S]
+                argv = worker_argv(port=base + 20 + 10 * rank + i, mode="decode", extra=extra)
+                member = SimProcess(argv, env=SIM_ENV, log_dir=log_dir, group=group)
+                (self.followers if rank else self.decode).append(member)
+                gpu += 1
+        self.workers = [*self.prefill, *self.decode, *self.followers]
         self.port = base + 90
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -333,8 +367,40 @@ async def upgrade(c: Cluster, row: Row) -> None:
             row.below[role] = row.below.get(role, 0.0) + away
 
 
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+async def kill_rank(c: Cluster) -> None:
+    """SIGKILL node rank 1 of decode-0 (the sim under its agent); back when rank 0 answers
+    /health again after its agents restarted both ranks. Sets `c.away_s`."""
+    agent = c.followers[0].proc
+    assert agent is not None
+    children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    os.kill(int(children[0]), signal.SIGKILL)
+    killed = time.monotonic()
+    rank0 = c.decode[0].url
+    away = None
+    while time.monotonic() - killed < 120:
+        healthy = await asyncio.to_thread(_healthy, rank0)
+        if away is None and not healthy:
+            away = time.monotonic()
+        elif away is not None and healthy:
+            c.away_s = time.monotonic() - away
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"decode-0 did not come back within 120 s; see {c.log_dir}")
+
+
 async def inject(fault: str, c: Cluster, stop_s: float, row: Row) -> None:
     """The fault; returns when the worker is back."""
+    if fault == "kill-rank":
+        await kill_rank(c)
+        return
     if fault == "restart-router":
         await restart_router(c)
         return
@@ -364,7 +430,10 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
     prefills, decodes = FAULTS[fault]
     log_dir = LOG_DIR / f"{fault}-{router}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    c = Cluster(prefills, decodes, router, args.port_base, log_dir, chat=args.route == "chat")
+    chat = args.route == "chat"
+    c = Cluster(
+        prefills, decodes, router, args.port_base, log_dir, chat=chat, ranks=fault == "kill-rank"
+    )
     row = Row(fault, router, f"{prefills}P{decodes}D")
     try:
         await c.start()
@@ -418,6 +487,7 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
             row.errors[r.error] = row.errors.get(r.error, 0) + 1
         row.ttft_p99 = p99([r.ttft for r in inside if r.ttft is not None])
         row.tpot_p99 = p99([r.tpot for r in inside if r.tpot is not None])
+        row.away_s = c.away_s
     finally:
         c.stop()
     return row
@@ -445,6 +515,8 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
     for r in rows:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or ""
         below = ", ".join(f"{role} {s:.1f}" for role, s in r.below.items()) or "-"
+        if r.away_s is not None:
+            why = f"decode-0 away {r.away_s:.1f} s" + (f"; {why}" if why else "")
         lines.append(
             f"| {r.fault} | {r.shape} | {r.router} | {r.sent} | {r.failed} | {r.retried} | "
             f"{r.migrated} | {r.held} | {below} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
