@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.lbbench.cpu import cpu_tree_seconds
@@ -129,7 +130,7 @@ async def _ask(conn: Connection, raw: bytes) -> tuple[int, float | None, int]:
 
 async def closed_loop(
     port: int,
-    body: bytes,
+    body: bytes | Sequence[bytes],
     concurrency: int,
     *,
     seconds: float,
@@ -143,9 +144,12 @@ async def closed_loop(
     `watch` (name: pid), and of this load generator ("loadgen"), over exactly the measured window.
 
     An answer counts as an error unless its status is 200 and, when `events` > 0, it carried
-    exactly that many SSE events (the tokens and `[DONE]`).
+    exactly that many SSE events (the tokens and `[DONE]`). A sequence of bodies is sent in
+    turn, each client taking the next (prompts that differ, as a router's caches see them).
     """
-    raw = http_request("127.0.0.1", port, body, path)
+    bodies = [body] if isinstance(body, bytes) else list(body)
+    raws = [http_request("127.0.0.1", port, b, path) for b in bodies]
+    turn = itertools.count()
     result = LoadResult()
     connections = [Connection("127.0.0.1", port) for _ in range(concurrency)]
     stop_at = time.perf_counter() + warmup + seconds
@@ -154,7 +158,7 @@ async def closed_loop(
     async def client(conn: Connection) -> None:
         while time.perf_counter() < stop_at:
             started = time.perf_counter()
-            answer = await _ask(conn, raw)
+            answer = await _ask(conn, raws[next(turn) % len(raws)])
             if measuring:
                 _record(result, started, answer, events)
 
