@@ -25,6 +25,7 @@ from benchmarks.lbbench.load import LoadResult, closed_loop
 from benchmarks.lbbench.prompt_cpu import WORDS
 from benchmarks.lbbench.targets import LOG_DIR, REPO, Target, start, stop, targets
 from tests.support.fake_worker import FakeWorkerProcess
+from tests.support.fake_worker.model import MODEL
 
 WORKLOADS = ("chat", "completions")
 TEXT_TARGETS = ("pdkit", "pdkit_tok", "smg")
@@ -57,10 +58,10 @@ def bodies(workload: str, args: argparse.Namespace) -> list[bytes]:
         body: dict[str, object]
         if workload == "chat":
             messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-            body = {"messages": messages, "max_tokens": args.tokens}
+            body = {"model": MODEL, "messages": messages, "max_tokens": args.tokens}
         else:
             prompt = f"{i} " + _words(rng, args.system_tokens * 5 // 7) + " " + user
-            body = {"prompt": prompt, "max_tokens": args.tokens}
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": args.tokens}
         body["temperature"] = 0
         out.append(json.dumps(body).encode())
     return out
