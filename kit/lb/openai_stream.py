@@ -126,8 +126,11 @@ class IdStream:
         pd: PdRequest,
         tokenizer: ModelTokenizer | None,
         context_length: int | None,
+        *,
+        bridge_chat: bool = True,
     ) -> IdStream | None:
-        """The followed stream of `pd`, or None when its stream cannot be continued exactly."""
+        """The followed stream of `pd`, or None when its stream cannot be continued exactly
+        (a chat without `bridge_chat`: its workers parse what completions would not)."""
         ids = pd.ids
         body = pd.body
         if not pd.stream or not ids or pd.merge is not Merge.NONE or pd.batch_size:
@@ -141,7 +144,7 @@ class IdStream:
                 return cls(pd, pd, ids, tokenizer)
             wire = {**body, "return_token_ids": True}
             return cls(pd, parse_request(COMPLETIONS, _dumps(wire)), ids, tokenizer)
-        if pd.path != CHAT or any(body.get(key) for key in _CHAT_ONLY):
+        if pd.path != CHAT or not bridge_chat or any(body.get(key) for key in _CHAT_ONLY):
             return None
         bridged = bridge_body(body, ids, tokenizer, context_length)
         if bridged is None:

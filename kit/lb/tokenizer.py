@@ -456,6 +456,12 @@ def router_prompts(config: LbConfig) -> RouterPrompts:
     log.log(logging.INFO if tokenizer else logging.WARNING, "%s", note)
     if tokenizer is None:
         return RouterPrompts(None, "none", None, config.context_length or None)
+    if tokenizer.chat_template and not config.chat_bridge:
+        log.info(
+            "--no-chat-bridge: chats go to the workers' own /v1/chat/completions (they parse "
+            "reasoning or tool calls that /v1/completions would not), so a chat stream cut by "
+            "a dead decode ends with an error instead of going on"
+        )
     limits = tokenizer.limits
     return RouterPrompts(
         tokenizer,

@@ -26,7 +26,7 @@ from kit.net import bare_host
 from kit.topology.args import Flag, flag_groups, flatten, normalize_flag
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, unit_name
 from kit.topology.plan_types import Command, RouterProcess, WorkerProcess
-from kit.topology.router_flags import SAME, RouterOption, router_policy
+from kit.topology.router_flags import SAME, RouterOption, router_policy, worker_chat_parsers
 from kit.topology.router_options import (
     BY_FLAG,
     DEFAULTS,
@@ -181,6 +181,20 @@ def router_problems(topology: Topology) -> list[Problem]:
         elif taken is not None:
             values[taken[0].name] = taken[1]
     if problems:
+        return problems
+    parsers = worker_chat_parsers(topology)
+    if values.get("chat_bridge") is True and parsers:
+        problems.append(
+            Problem(
+                ("router", "args"),
+                f"router.args turns the chat bridge on, but the workers run {' and '.join(parsers)}"
+                ": a chat bridged through /v1/completions comes back without its reasoning or "
+                "tool calls parsed",
+                "remove chat-bridge from router.args (pdkit gives the router --no-chat-bridge "
+                "when the workers parse chat output), or drop the parser flags from the workers' "
+                "args.",
+            )
+        )
         return problems
     where: tuple[str, ...] = ("router", "args") if topology.router.args else ("router",)
     out = []

@@ -59,6 +59,10 @@ def test_a_chat_stream_is_bridged_through_completions_with_every_sampling_field(
     assert IdStream.plan(_pd(CHAT, body, ids=[]), tokenizer, 512) is None
     unknown = parse_request(CHAT, json.dumps(body).encode())  # no ids: not followed
     assert IdStream.plan(unknown, tokenizer, 512) is None
+    # --no-chat-bridge (workers with a reasoning or tool-call parser): chat goes to chat.
+    assert IdStream.plan(_pd(CHAT, body), tokenizer, 512, bridge_chat=False) is None
+    completions = {"prompt": "hi", "stream": True}
+    assert IdStream.plan(_pd(COMPLETIONS, completions), tokenizer, 512, bridge_chat=False)
 
 
 def test_a_completions_stream_asks_for_ids_and_the_client_does_not_see_them():
