@@ -103,6 +103,6 @@ def test_workers_that_parse_chat_output_get_a_router_that_does_not_bridge_chats(
     assert "--no-chat-bridge" in args
     assert parse_args(list(args), environ={}).chat_bridge is False
     data["router"]["args"] = {"chat-bridge": True}
-    with pytest.raises(TopologyError, match="reasoning-parser.*without its reasoning") as err:
+    with pytest.raises(TopologyError, match=r"reasoning-parser.*without its reasoning") as err:
         resolve(write_topology(data, "c.yaml"))
     assert "remove chat-bridge from router.args" in str(err.value)
