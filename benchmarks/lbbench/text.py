@@ -4,7 +4,9 @@ the model's tokenizer (`--prompt-tokens model:DIR`, the tiny model's tokenizer f
 
 - `chat`: /v1/chat/completions, a long system prompt shared by every request (`--system-tokens`)
   and a short user message of its own (requests cycle through `--text-bodies` distinct ones);
-- `completions`: /v1/completions, one prompt string of the same length, each its own text.
+- `completions`: /v1/completions, one prompt string of the same length, each its own text;
+- `completions_shared`: /v1/completions, the chat's system prompt and user message as one
+  prompt string (a shared document or few-shot examples, then the question).
 Non-streaming, `--tokens` new tokens each. The fake workers publish no KV events, so cache_aware
 routes these as prefix_affinity does: what is measured is the tokenization (ids, admission,
 validation, the chat bridge through /v1/completions), not the block hashing (the in-process
@@ -27,7 +29,7 @@ from benchmarks.lbbench.targets import LOG_DIR, REPO, Target, start, stop, targe
 from tests.support.fake_worker import FakeWorkerProcess
 from tests.support.fake_worker.model import MODEL
 
-WORKLOADS = ("chat", "completions")
+WORKLOADS = ("chat", "completions", "completions_shared")
 TEXT_TARGETS = ("pdkit", "pdkit_tok", "smg")
 
 
@@ -59,6 +61,9 @@ def bodies(workload: str, args: argparse.Namespace) -> list[bytes]:
         if workload == "chat":
             messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
             body = {"model": MODEL, "messages": messages, "max_tokens": args.tokens}
+        elif workload == "completions_shared":
+            prompt = system + " " + user
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": args.tokens}
         else:
             prompt = f"{i} " + _words(rng, args.system_tokens * 5 // 7) + " " + user
             body = {"model": MODEL, "prompt": prompt, "max_tokens": args.tokens}
@@ -90,7 +95,7 @@ async def run_text(
     workload, the summed throughput phases (`cpu["router"]` the router's CPU seconds)."""
     model = tokenizer_model(LOG_DIR / "tiny-tokenizer")
     loads = {w: bodies(w, args) for w in WORKLOADS}
-    paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    paths = {w: "/v1/completions" for w in WORKLOADS} | {"chat": "/v1/chat/completions"}
     results: dict[str, dict[str, LoadResult]] = {}
     running = []
     try:
@@ -131,14 +136,15 @@ def report_text(results: dict[str, dict[str, LoadResult]], args: argparse.Namesp
     print(
         f"text workloads (non-streaming, {args.concurrency} clients, {args.tokens} tokens each): "
         f"chat = a ~{args.system_tokens}-token shared system prompt + a short user message; "
-        f"completions = one ~{args.system_tokens}-token prompt of its own"
+        f"completions = one ~{args.system_tokens}-token prompt of its own; completions_shared = "
+        "the chat's two as one prompt"
     )
-    print(f"  {'target':11} {'workload':12} {'req/s':>8} {'cpu ms/req':>10} {'errors':>6}")
+    print(f"  {'target':11} {'workload':18} {'req/s':>8} {'cpu ms/req':>10} {'errors':>6}")
     for name, modes in results.items():
         for workload, m in modes.items():
             cpu = m.cpu.get("router", 0.0)
             per = f"{cpu / m.done * 1000:10.3f}" if m.done else f"{'-':>10}"
-            print(f"  {name:11} {workload:12} {m.rate:8.0f} {per} {m.errors:6d}")
+            print(f"  {name:11} {workload:18} {m.rate:8.0f} {per} {m.errors:6d}")
     if "smg" not in results:
         return
     print("  pdkit / smg, same run (throughput x, CPU per request x; CPU < 1.0 is ahead):")
@@ -151,4 +157,4 @@ def report_text(results: dict[str, dict[str, LoadResult]], args: argparse.Namesp
                 continue
             rate = ours.rate / max(theirs.rate, 1e-9)
             cpu = (ours.cpu["router"] / ours.done) / (theirs.cpu["router"] / theirs.done)
-            print(f"    {name:10} {workload:12} throughput x{rate:.2f}, CPU per request x{cpu:.2f}")
+            print(f"    {name:10} {workload:18} throughput x{rate:.2f}, CPU per request x{cpu:.2f}")
