@@ -177,10 +177,10 @@ class IdStream:
             prompt_ids = choice.pop("prompt_token_ids", None)
             self.ids.extend(int(t) for t in new_ids)
             text = choice.get("text") or ""
-            if self.joined:
-                text = self._joined_text(text)
-                prompt_ids = None
             finish = choice.get("finish_reason")
+            if self.joined:
+                text = self._joined_text(text, final=finish is not None)
+                prompt_ids = None
             if self.joined and finish is None:
                 stop = self._straddling(text)
                 if stop is not None:
@@ -263,16 +263,18 @@ class IdStream:
         skip = self.wire.body.get("skip_special_tokens", True) is not False
         return self.tokenizer.decode([*self.prompt[-SURROUND:], *ids], skip_special_tokens=skip)
 
-    def _joined_text(self, text: str) -> str:
+    def _joined_text(self, text: str, *, final: bool = False) -> str:
         """A continuation's text delta: rebuilt from every id with the router's tokenizer
-        where there is one (exact across a character cut by the join), else the new decode's."""
+        where there is one (exact across a character cut by the join), else the new decode's.
+        The `final` chunk (its finish_reason set) gives all that is left, an incomplete
+        character as U+FFFD included: SGLang's detokenizer flushes it at the end."""
         if self.tokenizer is None:
             return text
         full = self._decode(self.ids)
         if not full.startswith(self._surround):
             return text
         full = full[len(self._surround) :]
-        if full.endswith("\ufffd"):  # a character still incomplete: held back, as SGLang does
+        if full.endswith("\ufffd") and not final:  # incomplete: held back, as SGLang does
             full = full[:-1]
         if not full.startswith(self.text):
             return text
