@@ -174,7 +174,25 @@ def router_problems(topology: Topology) -> list[Problem]:
             values[option.name] = value
     problems: list[Problem] = []
     # In the order they are rendered: a later flag wins, as on the router's command line.
+    given = {normalize_flag(k): v for k, v in topology.router.args.items()}
     for key, raw in sorted(topology.router.args.items(), key=lambda kv: normalize_flag(kv[0])):
+        name = normalize_flag(key)
+        switch = BY_FLAG.get(f"--{name}")
+        # false renders no flag: a switch on by default would stay on without a word
+        if (
+            raw is False
+            and switch is not None
+            and switch.negatable
+            and given.get(f"no-{name}") is not True
+        ):
+            problems.append(
+                Problem(
+                    ("router", "args", key),
+                    f"{key}: false leaves {switch.flag} on (it is on by default).",
+                    f"set no-{name}: true to turn it off.",
+                )
+            )
+            continue
         taken = _arg_value(normalize_flag(key), raw)
         if isinstance(taken, Problem):
             problems.append(Problem(("router", "args", key), taken.message, taken.fix))
