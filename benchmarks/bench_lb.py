@@ -163,8 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--text-bodies",
         type=int,
-        default=64,
-        help="text workloads: distinct request bodies sent in turn (default 64)",
+        default=600,
+        help="text workloads: the completions prompts sent in turn, each new to the router's "
+        "caches when they are more than its segment cache holds (1M tokens; default 600)",
     )
     args = p.parse_args(argv)
     try:

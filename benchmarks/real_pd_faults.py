@@ -2,7 +2,7 @@
 2 cores): pdkit's router in front of real SGLang 0.5.23 on this machine's CPU when workers die.
 
 `pdkit up` of a copy of topologies/local-sglang.yaml with two prefills and two decodes, the
-router's request checks off (`router.args: {validate: false}`, so that SGLang itself sees what
+router's request checks off (`router.args: {no-validate: true}`, so that SGLang itself sees what
 it would crash on), supervisord restarting what dies. Then:
 
 1. a greedy chat stream (/v1/chat/completions, `ignore_eos`, usage asked) run unbroken, then
@@ -112,7 +112,7 @@ def main() -> int:
     topology, data = write_topology(folder, name, model, sglang_python())
     data["prefill"]["count"] = 2
     data["decode"]["count"] = 2
-    data["router"]["args"] = {"validate": False}
+    data["router"]["args"] = {"no-validate": True}
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
     started = time.monotonic()
     up = run_pdkit("up", str(topology), timeout=1500)

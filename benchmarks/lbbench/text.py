@@ -21,6 +21,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.lbbench.load import LoadResult, closed_loop
@@ -49,27 +50,37 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def bodies(workload: str, args: argparse.Namespace) -> list[bytes]:
-    """`--text-bodies` distinct request bodies of the workload (words ~ 1.4 tokens each in the
-    tiny model's tokenizer)."""
+def bodies(workload: str, args: argparse.Namespace) -> Callable[[int], bytes] | list[bytes]:
+    """The workload's bodies (words ~ 1.4 tokens each in the tiny model's tokenizer): for chat
+    and completions_shared, the n-th request's, its question its own (n in it); for
+    completions, `--text-bodies` prompts of random words sent in turn (more than the router's
+    segment cache holds, so that each is new to it)."""
     rng = random.Random(7)
     system = _words(rng, args.system_tokens * 5 // 7)
-    out = []
-    for i in range(args.text_bodies):
-        user = f"question {i}: " + _words(rng, 40)
-        body: dict[str, object]
-        if workload == "chat":
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-            body = {"model": MODEL, "messages": messages, "max_tokens": args.tokens}
-        elif workload == "completions_shared":
-            prompt = system + " " + user
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": args.tokens}
-        else:
-            prompt = f"{i} " + _words(rng, args.system_tokens * 5 // 7) + " " + user
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": args.tokens}
-        body["temperature"] = 0
-        out.append(json.dumps(body).encode())
-    return out
+    question = _words(rng, 40)
+
+    def chat(n: int) -> bytes:
+        user = f"question {n}: {question}"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return _dumps({"messages": messages}, args)
+
+    def completions_shared(n: int) -> bytes:
+        return _dumps({"prompt": f"{system} question {n}: {question}"}, args)
+
+    if workload == "chat":
+        return chat
+    if workload == "completions_shared":
+        return completions_shared
+    return [
+        _dumps({"prompt": f"{i} " + _words(rng, args.system_tokens * 5 // 7)}, args)
+        for i in range(args.text_bodies)
+    ]
+
+
+def _dumps(body: dict[str, object], args: argparse.Namespace) -> bytes:
+    return json.dumps(
+        {"model": MODEL, **body, "max_tokens": args.tokens, "temperature": 0}
+    ).encode()
 
 
 def text_targets(fakes: FakeWorkerProcess, model: Path) -> list[Target]:
