@@ -251,6 +251,7 @@ class ModelTokenizer:
         self._adds_specials = len(tokenizer.encode("", add_special_tokens=True).ids) > 0
         self._segments = _SegmentCache.for_tokenizer(tokenizer)
         self._wrap = _special_wrap(tokenizer)
+        self._post_adds = _post_adds(tokenizer)  # once: it encodes twice
 
     @classmethod
     def load(cls, folder: Path) -> ModelTokenizer:
@@ -370,7 +371,7 @@ class ModelTokenizer:
         if text is None:
             return None
         add_special = not self._adds_specials
-        if self._segments is not None and not (add_special and _post_adds(self._tokenizer)):
+        if self._segments is not None and not (add_special and self._post_adds):
             ids = self._segments.encode(text)
         else:
             ids = list(self._tokenizer.encode(text, add_special_tokens=add_special).ids)
@@ -580,7 +581,9 @@ class _SegmentCache:
             self._cache.move_to_end(piece)
             return cached
         if self.cuts and len(piece) >= 2 * CUT_CHARS:
-            return self._long(piece)
+            whole = tuple(self._long(piece))
+            self._keep(piece, whole)  # the same piece again (a system prompt): one look-up
+            return whole
         ids = tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids)
         self._keep(piece, ids)
         return ids
