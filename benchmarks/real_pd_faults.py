@@ -10,9 +10,11 @@ it would crash on), supervisord restarting what dies. Then:
    continues it on the other decode (bridged through /v1/completions with its ids); the
    client's text and usage must equal the unbroken run's, with no error event;
 2. the poison request: `/generate` with an input id past the vocabulary (SGLang 0.5.23 dies
-   on it in the embedding), sent `--poison-sends` times: which servers died (their PIDs under
-   supervisord changed), and each answer's status and message. At most one server may die,
-   and the later sends must be refused by the router.
+   on it in the embedding), sent `--poison-sends` times, each once every server is back: which
+   servers died (their PIDs under supervisord changed), and each answer's status and message.
+   The first kills a prefill and waits for it (a suspect goes to no other worker); the second
+   goes to that prefill only, kills it again and is quarantined; the third is refused at once
+   as poison. At most one server may die.
 
     .venv/bin/python -m benchmarks.real_pd_faults [--kill-after 8] [--max-tokens 96]
 """
@@ -35,6 +37,7 @@ import yaml
 
 from benchmarks.real_kv_events import run_pdkit
 from kit.plan.resolve import resolve
+from kit.topology.plan_types import Plan
 from tests.support.local_deploy import pids
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
 
@@ -93,6 +96,15 @@ def healthy(url: str) -> bool:
         return False
 
 
+def wait_healthy(plan: Plan, seconds: float) -> None:
+    """Until every server answers /health (supervisord restarts what died)."""
+    deadline = time.monotonic() + seconds
+    while not all(healthy(w.url) for w in plan.workers if w.serves_http):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"a server did not come back in {seconds:g} s")
+        time.sleep(2)
+
+
 def metrics(url: str, prefix: str) -> list[str]:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
         page = answer.read().decode()
@@ -146,28 +158,23 @@ def main() -> int:
         print(f"   chat stream, decode SIGKILLed after {args.kill_after} chunks: {json.dumps(cut)}")
         print(f"   same text and usage as unbroken: {same}; error events: {len(cut['errors'])}")
         print("   " + "; ".join(metrics(url, "pdkit_lb_migrations")))
-        # Let supervisord bring the killed decode back before the poison part counts deaths.
-        deadline = time.monotonic() + 600
-        while not all(healthy(w.url) for w in plan.workers if w.serves_http):
-            if time.monotonic() > deadline:
-                print("a killed decode did not come back in 600 s")
-                return 1
-            time.sleep(2)
+        wait_healthy(plan, 600)  # the killed decode back before the poison part counts deaths
         before = pids(topology, name)
         poison = {"input_ids": [1, 2, vocab + 1000], "sampling_params": {"max_new_tokens": 2}}
         for n in range(args.poison_sends):
+            if n:  # the dead server back first: the rule sends a suspect only to it
+                wait_healthy(plan, 600)
             t0 = time.monotonic()
             status, text = post(url + "/generate", poison)
             now = pids(topology, name)
             died = [s for s in servers if before.get(s) != now.get(s)]
             print(
-                f"2. poison send {n + 1}: {status} in {time.monotonic() - t0:.1f} s: {text[:300]}"
+                f"2. poison send {n + 1}: {status} in {time.monotonic() - t0:.1f} s: {text[:400]}"
                 f" | servers whose PID changed since the first send: {died or 'none'}",
                 flush=True,
             )
-            ok &= len(died) <= 1
-            if n:
-                ok &= status >= 400 and "poison" in text
+            ok &= len(died) <= 1 and status >= 400
+        ok &= "poison" in text  # the last send: refused at once as poison
         print("   " + "; ".join(metrics(url, "pdkit_lb_poison")))
     finally:
         down = run_pdkit("down", str(topology), timeout=300)
