@@ -126,7 +126,6 @@ class IdStream:
         pd: PdRequest,
         tokenizer: ModelTokenizer | None,
         context_length: int | None,
-        *,
         bridge_chat: bool = True,
     ) -> IdStream | None:
         """The followed stream of `pd`, or None when its stream cannot be continued exactly
