@@ -19,12 +19,16 @@ same `kit.deploy.routing.RouterAdmin`), without Ansible:
                     returning, its role held; smg: removed), stopped, started, added back
     restart-router  pdkit's router: SIGUSR2 (its handover: a new image on the   2P1D
                     same socket); smg: SIGTERM, then started again
+    upgrade         `pdkit upgrade` without its gate: every worker in its order   2P1D
+                    (prefills, then the only decode) replaced as replace-only-decode
+                    replaces one, started again with a new flag (`--revision v2`)
 
 One row per (fault, router): requests sent during the fault window (from the fault to
 --tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
 timed-out stream), and for pdkit the router's own counts over the run (retried, migrated,
 held, from /metrics; after restart-router, the new image's only); TTFT and TPOT p99 over the
-window. smg has no such counters (n/a).
+window. smg has no such counters (n/a). For the operator rows that replace workers, each role's
+time below its instance count (out of the router until routed to again), in seconds.
 
 Ports come from --port-base (default 44600, the range hand-started servers use here). Logs
 go to .bench/chaos/. Subsets: --faults, --routers; --rate, --tokens, --stop-seconds.
@@ -68,6 +72,7 @@ FAULTS = {
     "restart-only-decode": (2, 1),
     "replace-only-decode": (2, 1),
     "restart-router": (2, 1),
+    "upgrade": (2, 1),
 }
 ADMIN_KEY = "bench-chaos-admin"
 """pdkit's router's admin key here (its worker API, which replace-only-decode uses)."""
@@ -98,6 +103,8 @@ class Row:
     ttft_p99: float | None = None
     tpot_p99: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    below: dict[str, float] = field(default_factory=dict)
+    """Seconds each role ran below its instance count (operator rows that replace workers)."""
 
 
 class Cluster:
@@ -131,6 +138,12 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._base = base
+
+    def bootstrap_port(self, worker: SimProcess) -> int | None:
+        """A prefill's bootstrap port (None for a decode)."""
+        if worker not in self.prefill:
+            return None
+        return self._base + 50 + self.prefill.index(worker)
 
     def router_argv(self) -> list[str]:
         workers: list[str] = []
@@ -295,27 +308,41 @@ async def restart_router(c: Cluster) -> None:
         await admin.wait_started_after(before, 60.0)
 
 
-async def replace_decode(c: Cluster) -> None:
-    """What `pdkit restart` does to the only decode (the hold, no stand-in), by the router's
-    API: out (pdkit's router: returning), stopped, started, added back, routed to."""
-    victim = c.decode[0]
+async def replace(c: Cluster, victim: SimProcess, role: str, extra: tuple[str, ...] = ()) -> float:
+    """What `pdkit restart` does to a worker (the only decode: the hold, no stand-in), by the
+    router's API: out (pdkit's router: returning), stopped, started (with `extra` flags added),
+    added back, routed to. Returns the seconds it was out of the router."""
     admin = RouterAdmin(c.router, c.url, ADMIN_KEY, 30.0)
     async with admin:
+        began = time.monotonic()
         await admin.remove(victim.url, back_within=60.0)
         await asyncio.to_thread(victim.stop, 10.0)
+        victim.argv = [*victim.argv, *extra]
         victim.start()
         await asyncio.to_thread(victim.wait_ready, 60.0)
-        await admin.add(victim.url, "decode", None)
+        await admin.add(victim.url, role, c.bootstrap_port(victim))
         await admin.wait_routed(victim.url, 60.0)
+        return time.monotonic() - began
 
 
-async def inject(fault: str, c: Cluster, stop_s: float) -> None:
+async def upgrade(c: Cluster, row: Row) -> None:
+    """`pdkit upgrade`'s order (prefills, then decodes), one at a time, each with a new flag."""
+    for role, workers in (("prefill", c.prefill), ("decode", c.decode)):
+        for victim in workers:
+            away = await replace(c, victim, role, ("--revision", "v2"))
+            row.below[role] = row.below.get(role, 0.0) + away
+
+
+async def inject(fault: str, c: Cluster, stop_s: float, row: Row) -> None:
     """The fault; returns when the worker is back."""
     if fault == "restart-router":
         await restart_router(c)
         return
     if fault == "replace-only-decode":
-        await replace_decode(c)
+        row.below["decode"] = await replace(c, c.decode[0], "decode")
+        return
+    if fault == "upgrade":
+        await upgrade(c, row)
         return
     victim = c.prefill[0] if fault in {"kill-prefill", "stop-prefill"} else c.decode[0]
     if fault.startswith("stop"):
@@ -371,7 +398,7 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
             loader = asyncio.create_task(load(stop))
             await asyncio.sleep(args.warmup)
             window.append(time.monotonic())
-            await inject(fault, c, args.stop_seconds)
+            await inject(fault, c, args.stop_seconds, row)
             await asyncio.sleep(args.tail_seconds)
             window.append(time.monotonic())
             stop.set()
@@ -411,15 +438,16 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
         f"{args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
         f"to {args.tail_seconds:g} s after the worker is back",
         "",
-        "| fault | shape | router | sent | failed | retried | migrated | held | TTFT p99 ms "
-        "| TPOT p99 ms | failures |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| fault | shape | router | sent | failed | retried | migrated | held | below count s "
+        "| TTFT p99 ms | TPOT p99 ms | failures |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or ""
+        below = ", ".join(f"{role} {s:.1f}" for role, s in r.below.items()) or "-"
         lines.append(
             f"| {r.fault} | {r.shape} | {r.router} | {r.sent} | {r.failed} | {r.retried} | "
-            f"{r.migrated} | {r.held} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
+            f"{r.migrated} | {r.held} | {below} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
         )
     return "\n".join(lines)
 
