@@ -21,7 +21,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-real-faults bench-real-kv bench-admission bench-limits bench-vip bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -32,7 +32,7 @@ help:
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-limits | bench-vip | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-real-faults | bench-real-kv | bench-admission | bench-limits | bench-vip | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -148,6 +148,16 @@ bench-chaos: $(VENV)/.stamp $(SMG_VENV)/.stamp
 # The real SGLang on the CPU behind pdkit's router, behind smg and direct: the TTFT/TPOT each adds.
 bench-real: $(VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
 	$(PY) -m benchmarks.bench_real $(BENCH_REAL_ARGS)
+
+# The real SGLang on the CPU with workers dying: a chat stream whose decode is SIGKILLed, the
+# poison request with the router's checks off (#34).
+bench-real-faults: $(VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.real_pd_faults $(BENCH_REAL_FAULTS_ARGS)
+
+# The real SGLang's prefills' cached tokens against cache_aware's predictions, on multi-turn
+# chats with shared system prompts (#34; --workload ids: /generate with input_ids).
+bench-real-kv: $(VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.real_kv_events --workload chat $(BENCH_REAL_KV_ARGS)
 
 bench-admission: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_admission
