@@ -305,7 +305,18 @@ def provision(
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
-    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
+    plan = resolve_plan(topology, state_dir, on_job=False)
+    if plan.slurm is not None:
+        if not check:
+            raise PdkitError(
+                f"{topology} says launcher: slurm: pdkit does not provision Slurm nodes (the "
+                "site does: slurm.venv or slurm.container_image). `pdkit provision "
+                f"{topology} --check` says what the nodes lack."
+            )
+        from kit.slurm.preflight import check as slurm_check  # noqa: PLC0415
+
+        raise typer.Exit(slurm_check(topology, plan, console, state_dir))
+    context = DeployContext.build(plan, topology, state_dir)
     if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
         raise PdkitError(
             "--check only reads the hosts: leave out --dry-run, --transfer-test, "

@@ -40,6 +40,7 @@ from kit.deploy.steps import (
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
+from kit.hosts.hostcheck import exit_code
 from kit.hosts.inventory import (
     CONTROL_ROUTER_ADMIN_KEY_ENV,
     CONTROL_ROUTER_KEY_ENV,
@@ -48,13 +49,16 @@ from kit.hosts.inventory import (
 )
 from kit.plan.resolve import resolve_on_nodes
 from kit.slurm import jobs
-from kit.slurm.script import batch_script, nodes_file, output_file
+from kit.slurm.preflight import check_nodes, preflight_report
+from kit.slurm.script import HOLD_ENV, batch_script, go_file, nodes_file, output_file
 from kit.topology.plan_types import Plan
 from kit.topology.slurm_schema import Slurm
 
 START_TIMEOUT_S = 300.0
 """Seconds the job may wait in the queue and resolve its nodes before `pdkit up` gives up."""
 POLL_S = 0.5
+HOLD_S = 600
+"""Seconds the job waits for `pdkit up`'s host checks before it gives up (HOLD_ENV)."""
 RECORD = "job.json"
 STEP_ENDED = re.compile(r"^pdkit: step (\S+) ended \((status \d+)\)", re.M)
 
@@ -141,9 +145,12 @@ def up(
             f"[bold]Slurm[/]: deployment {plan.name} runs as job {record.job_id} on "
             f"{state.nodes} ({state.elapsed} of {state.time_limit}); checking that it serves."
         )
+        on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
     else:
-        record = _submit(plan, console, env=_job_env(placeholder_ctx), options=options)
-    on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        env = _job_env(placeholder_ctx) | {HOLD_ENV: str(HOLD_S)}
+        record = _submit(plan, console, env=env, options=options)
+        on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        _preflight(topology, on_nodes, record, console)
     ctx = DeployContext.build(on_nodes, topology, state_base)
     timeout = options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {timeout:.0f} s)")
@@ -208,6 +215,41 @@ def _submit(plan: Plan, console: Console, *, env: dict[str, str], options: UpOpt
     nodes = ", ".join(f"{h} = {record.nodes[h]} ({record.addresses[h]})" for h in hosts)
     console.print(f"[bold]Slurm[/]: job {job_id} runs on {nodes}")
     return record
+
+
+def _preflight(topology: Path, plan: Plan, record: JobRecord, console: Console) -> None:
+    """The host checks of `pdkit provision --check` as steps on every node of the job
+    (kit/slurm/preflight.py), while the job waits; the go file when every item is ok, else the
+    job is cancelled and `DeployError` says what to fix."""
+    slurm = _slurm(plan)
+    started = time.monotonic()
+    try:
+        items = check_nodes(plan, record.job_id, record.nodes)
+    except BaseException:
+        jobs.cancel(record.job_id)
+        _forget_job(plan)
+        raise
+    if exit_code(items) != 0:
+        jobs.cancel(record.job_id)
+        _forget_job(plan)
+        failed = sorted({i.host for i in items if i.verdict != "ok"})
+        raise DeployError(
+            "\n".join(
+                [
+                    f"The host checks failed on {', '.join(failed)} (those of `pdkit provision "
+                    f"--check`, run as steps of job {record.job_id}); the job was cancelled and "
+                    "nothing was started.",
+                    *preflight_report(plan, items),
+                    f"To fix: the items above, then `pdkit up {topology}` again; `pdkit "
+                    f"provision {topology} --check` runs the same checks.",
+                ]
+            )
+        )
+    Path(go_file(slurm, record.job_id)).write_text("go\n")
+    console.print(
+        f"[bold]Preflight[/]: {len(items)} host check(s) on {len(record.nodes)} node(s), run "
+        f"as job steps: all ok ({time.monotonic() - started:.1f} s); starting the processes"
+    )
 
 
 def _ended_report(job_id: str, output: str, state: jobs.JobState | None) -> str:

@@ -25,6 +25,9 @@ from kit.topology.plan_types import Command, Plan
 from kit.topology.slurm_schema import PLACEHOLDER_PREFIX, Slurm
 
 RESTART_DELAY_S = 2
+HOLD_ENV = "PDKIT_HOLD_S"
+"""Set in the job's environment by `pdkit up`: the job waits up to this many seconds for the
+go file (`go_file`) before it starts any process. A script submitted by hand does not wait."""
 _PLACEHOLDER = re.compile(re.escape(PLACEHOLDER_PREFIX) + r"(\d+)\.(\d+)(?!\d)")
 
 
@@ -44,6 +47,12 @@ def job_name(plan: Plan) -> str:
 def nodes_file(slurm: Slurm, job_id: str) -> str:
     """Where the job writes the nodes it got (name and address per line)."""
     return str(PurePosixPath(slurm.root, f"job-{job_id}.nodes"))
+
+
+def go_file(slurm: Slurm, job_id: str) -> str:
+    """What `pdkit up` writes once the host checks passed on every node: the job's processes
+    start then (`HOLD_ENV`)."""
+    return str(PurePosixPath(slurm.root, f"job-{job_id}.go"))
 
 
 def output_file(slurm: Slurm, job_id: str = "%j") -> str:
@@ -101,16 +110,19 @@ def _preflight(plan: Plan, slurm: Slurm, container: str) -> list[str]:
     """A step on every node before any process starts: the Python environment the workers
     use (pdkit, and SGLang for engine sglang) and, with GPUs, that Slurm gave the node its
     GPUs. A node that fails ends the job, its reason in the job's output."""
-    modules = ["kit"] + (["sglang"] if plan.engine == "sglang" else [])
+    pythons = [("python", "kit")]
+    if plan.engine == "sglang":
+        pythons.append((next((w.python for w in plan.workers if w.python), "python"), "sglang"))
     lines = [
         "# 2b. Preflight on every node: the workers' Python environment and the node's GPUs.",
         "pdkit_preflight() {",
         '  local where="pdkit: preflight on $SLURMD_NODENAME"',
     ]
-    for module in modules:
+    for python, module in pythons:
+        word = shlex.quote(python)
         lines.append(
-            f'  python -c "import {module}" 2>/dev/null || {{ echo "$where: $(command -v python '
-            f'|| echo no python) cannot import {module}"; return 1; }}'
+            f'  {word} -c "import {module}" 2>/dev/null || {{ echo "$where: $(command -v {word} '
+            f'|| echo no {word}) cannot import {module}"; return 1; }}'
         )
     if slurm.gpus_per_node:
         lines += [
@@ -192,9 +204,22 @@ def batch_script(plan: Plan) -> str:
     out += ["", *_preflight(plan, slurm, container)]
     nodes_path = shlex.quote(nodes_file(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
     pairs = " ".join(f'"${{{node_var(i)}}} ${{{address_var(i)}}}"' for i in range(len(plan.hosts)))
+    go_path = shlex.quote(go_file(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
     out += [
         f"mkdir -p {shlex.quote(slurm.root)}",
         f"printf '%s\\n' {pairs} > {nodes_path}",
+        "",
+        f"# 2c. Under `pdkit up` ({HOLD_ENV} set): it runs the host checks of `pdkit provision "
+        "--check`",
+        "#     as steps on every node now, and writes the go file when they pass (else it "
+        "cancels the job).",
+        f'if [ -n "${{{HOLD_ENV}:-}}" ]; then',
+        f"  for (( i = 0; i < {HOLD_ENV} * 5; i++ )); do",
+        f"    [ -e {go_path} ] && break; sleep 0.2",
+        "  done",
+        f'  [ -e {go_path} ] || {{ echo "pdkit: no go from pdkit up within ${HOLD_ENV} s; '
+        'nothing was started"; exit 1; }',
+        "fi",
         "",
         "# 3. One step per instance (a task per node rank), started again when it ends.",
         "pdkit_keep() {  # NAME NODES NODELIST FUNCTION",

@@ -64,6 +64,7 @@ def topology(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) ->
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     up = pdkit(cluster, "up", str(path))
     assert up.returncode == 0, up.stdout + up.stderr
+    (folder / "up.out").write_text(up.stdout)
     yield path
     pdkit(cluster, "down", str(path))
 
@@ -87,6 +88,40 @@ def test_up_serves_chat_through_the_router_and_squeue_shows_the_job(cluster, top
         max_tokens=8,
     )
     assert reply.choices[0].message.content
+
+
+def test_the_host_checks_ran_as_job_steps_before_any_process(cluster, topology):
+    up = (topology.parent / "up.out").read_text()
+    assert "Preflight: " in up and "node(s), run as job steps: all ok" in up
+    assert up.index("Preflight: ") < up.index("Workers: waiting")
+    check = pdkit(cluster, "provision", str(topology), "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"Checking on the nodes of job {job_id(topology)}" in check.stdout
+    assert "node2  reachable ports" in check.stdout
+    assert f"Checked {NAME}: every node has what it needs." in check.stdout
+
+
+def test_a_second_deployment_on_the_same_ports_is_refused_by_the_host_checks(
+    cluster, topology, tmp_path
+):
+    data = yaml.safe_load(topology.read_text())
+    data["name"] = f"{NAME}-b"
+    data["slurm"]["root"] = str(tmp_path / "shared")
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(data, sort_keys=False))
+    up = pdkit(cluster, "up", str(other))
+    assert up.returncode == 1, up.stdout + up.stderr
+    text = up.stdout + up.stderr
+    assert "The host checks failed on node0, node1, node2" in text
+    assert "the job was cancelled and nothing was started" in text
+    assert "30000 (prefill-0 HTTP) held by pid" in text
+    assert f"Checked {NAME}-b: some items need fixing on the nodes (FAIL above)." in text
+    assert not (tmp_path / "shared" / "job.json").exists()
+    deadline = time.monotonic() + 30
+    while f"pdkit-{NAME}-b" in slurm(cluster, "squeue", "-h", "-o", "%j"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert f"pdkit-{NAME} " in slurm(cluster, "squeue", "-h", "-o", "%j ")
 
 
 def test_up_again_keeps_the_running_job(cluster, topology):
