@@ -21,7 +21,7 @@ from kit.cli.options import (
     pair_timeout,
     reference_url,
 )
-from kit.errors import PdkitError
+from kit.errors import PdkitError, TopologyError
 
 
 @app.command(
@@ -83,7 +83,15 @@ def up(
     from kit.deploy import up as deploy_up  # noqa: PLC0415
     from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
-    plan = resolve_plan(topology, state_dir, on_job=False)
+    try:
+        plan = resolve_plan(topology, state_dir, on_job=False)
+    except TopologyError as exc:
+        from kit.slurm.scale import no_room  # noqa: PLC0415
+
+        said = no_room(topology, exc)
+        if said is exc:
+            raise
+        raise said from exc
     options = UpOptions(
         worker_timeout=timeout,
         router_timeout=router_timeout,

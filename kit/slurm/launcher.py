@@ -24,8 +24,9 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -48,9 +49,16 @@ from kit.hosts.inventory import (
     ROUTER_KEY_ENV,
 )
 from kit.plan.resolve import resolve_on_nodes
-from kit.slurm import jobs
+from kit.slurm import jobs, scale
 from kit.slurm.preflight import check_nodes, preflight_report
-from kit.slurm.script import HOLD_ENV, batch_script, go_file, nodes_file, output_file
+from kit.slurm.script import (
+    HOLD_ENV,
+    batch_script,
+    go_file,
+    nodes_file,
+    output_file,
+    sbatch_options,
+)
 from kit.topology.plan_types import Plan
 from kit.topology.slurm_schema import Slurm
 
@@ -73,6 +81,10 @@ class JobRecord:
     addresses: dict[str, str]
     script: str
     output: str
+    steps: dict[str, list[list[Any]]] = field(default_factory=dict)
+    """Each worker instance's step as the job runs it (kit/slurm/scale.py)."""
+    allocation: list[str] = field(default_factory=list)
+    """The sbatch options the job was submitted with."""
 
 
 def _slurm(plan: Plan) -> Slurm:
@@ -146,6 +158,30 @@ def up(
             f"{state.nodes} ({state.elapsed} of {state.time_limit}); checking that it serves."
         )
         on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        added, removed = scale.changes(plan, record.steps, record.allocation, record.job_id)
+        if added or removed:
+            console.print(
+                f"[bold]Slurm[/]: job {record.job_id} changes live: "
+                + "; ".join(
+                    part
+                    for part in (
+                        added and f"adding {', '.join(added)}",
+                        removed and f"removing {', '.join(removed)}",
+                    )
+                    if part
+                )
+            )
+            scale.scale(
+                DeployContext.build(on_nodes, topology, state_base),
+                console,
+                options,
+                job_id=record.job_id,
+                nodes=[record.nodes[h.name] for h in plan.hosts],
+                added=added,
+                removed=removed,
+            )
+            record = scale.updated(record, plan)
+            _save_job(plan, record)
     else:
         env = _job_env(placeholder_ctx) | {HOLD_ENV: str(HOLD_S)}
         record = _submit(plan, console, env=env, options=options)
@@ -210,6 +246,8 @@ def _submit(plan: Plan, console: Console, *, env: dict[str, str], options: UpOpt
         addresses={host: pair[1] for host, pair in zip(hosts, pairs, strict=True)},
         script=str(script),
         output=output,
+        steps=scale.recorded_steps(plan),
+        allocation=sbatch_options(plan, slurm),
     )
     _save_job(plan, record)
     nodes = ", ".join(f"{h} = {record.nodes[h]} ({record.addresses[h]})" for h in hosts)

@@ -55,6 +55,11 @@ def go_file(slurm: Slurm, job_id: str) -> str:
     return str(PurePosixPath(slurm.root, f"job-{job_id}.go"))
 
 
+def steps_dir(slurm: Slurm, job_id: str) -> str:
+    """The folder through which `pdkit up` adds and removes steps of the running job."""
+    return str(PurePosixPath(slurm.root, f"job-{job_id}.steps"))
+
+
 def output_file(slurm: Slurm, job_id: str = "%j") -> str:
     """The batch script's own output (sbatch --output)."""
     return str(PurePosixPath(slurm.root, f"job-{job_id}.out"))
@@ -165,6 +170,27 @@ def _rank_body(log_path: str, line: str) -> str:
     return f"mkdir -p {folder} && {line} >>{log} 2>&1"
 
 
+def instance_steps(plan: Plan) -> dict[str, list[tuple[int, str]]]:
+    """Each worker instance's step: (node index, what that node rank runs) per rank. Pure."""
+    host_index = {host.name: i for i, host in enumerate(plan.hosts)}
+    instances: dict[str, list[tuple[int, str]]] = {}
+    for worker in sorted(plan.workers, key=lambda w: (w.instance_name, w.node_rank)):
+        body = _rank_body(
+            worker.log_path, launch_line(worker.command, worker.env, worker.python or "python")
+        )
+        instances.setdefault(worker.instance_name, []).append((host_index[worker.host], body))
+    return instances
+
+
+def added_step(ranks: list[tuple[int, str]], nodes: list[str]) -> str:
+    """An instance added to the running job (`NAME.sh`): the rank body of the node the task
+    runs on, `nodes` the allocation's node names in the topology's order."""
+    lines = ['case "$SLURMD_NODENAME" in']
+    for index, body in ranks:
+        lines += [f"  {shlex.quote(nodes[index])})", f"    {body} ;;"]
+    return "\n".join([*lines, "esac", ""])
+
+
 def batch_script(plan: Plan) -> str:
     """The deployment as a Slurm batch script (`pdkit render --launcher slurm`)."""
     slurm = plan.slurm
@@ -203,6 +229,7 @@ def batch_script(plan: Plan) -> str:
         out.append(f'export {address_var(i)}="$(pdkit_address "${{{node_var(i)}}}")"')
     out += ["", *_preflight(plan, slurm, container)]
     nodes_path = shlex.quote(nodes_file(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
+    steps_path = shlex.quote(steps_dir(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
     pairs = " ".join(f'"${{{node_var(i)}}} ${{{address_var(i)}}}"' for i in range(len(plan.hosts)))
     go_path = shlex.quote(go_file(slurm, "JOBID")).replace("JOBID", '"$SLURM_JOB_ID"')
     out += [
@@ -222,25 +249,43 @@ def batch_script(plan: Plan) -> str:
         "fi",
         "",
         "# 3. One step per instance (a task per node rank), started again when it ends.",
-        "pdkit_keep() {  # NAME NODES NODELIST FUNCTION",
-        "  while true; do",
+        f"PDKIT_STEPS={steps_path}  # what `pdkit up` adds or removes while the job runs",
+        'mkdir -p "$PDKIT_STEPS"',
+        "pdkit_keep() {  # NAME NODES NODELIST FUNCTION, until pdkit removes NAME",
+        '  while [ ! -e "$PDKIT_STEPS/$1.removed" ]; do',
         f'    srun --overlap{container} --job-name="$1" --nodes="$2" --ntasks="$2" '
         '--ntasks-per-node=1 --nodelist="$3" bash -c "$4"',
-        f'    echo "pdkit: step $1 ended (status $?); starting it again in {RESTART_DELAY_S} s"',
+        "    local status=$?",
+        '    [ -e "$PDKIT_STEPS/$1.removed" ] && break',
+        '    echo "pdkit: step $1 ended (status $status); starting it again in '
+        f'{RESTART_DELAY_S} s"',
         f"    sleep {RESTART_DELAY_S}",
         "  done",
         "}",
     ]
-    instances: dict[str, list[tuple[int, str]]] = {}
-    for worker in sorted(plan.workers, key=lambda w: (w.instance_name, w.node_rank)):
-        body = _rank_body(
-            worker.log_path, launch_line(worker.command, worker.env, worker.python or "python")
-        )
-        instances.setdefault(worker.instance_name, []).append((host_index[worker.host], body))
-    for name, ranks in instances.items():
+    for name, ranks in instance_steps(plan).items():
         out += ["", *_step(name, [n for n, _ in ranks], [b for _, b in ranks])]
     router = plan.router
     router_body = _rank_body(router.log_path, launch_line(router.command, router.env))
     out += ["", *_step(router.name, [host_index[router.host]], [router_body])]
-    out += ["", "# 4. Serve until scancel or the time limit.", "wait", ""]
+    out += [
+        "",
+        "# 4. Serve until scancel or the time limit. An instance `pdkit up` adds live (a changed",
+        "#    count) arrives as NAME.sh (its node ranks) and NAME.nodes (COUNT NODELIST), then",
+        "#    NAME.add; it runs as a step kept like the others until pdkit removes it.",
+        "pdkit_added() {  # NAME",
+        "  local count nodelist",
+        '  read -r count nodelist <"$PDKIT_STEPS/$1.nodes"',
+        '  pdkit_keep "$1" "$count" "$nodelist" "bash $PDKIT_STEPS/$1.sh"',
+        "}",
+        "while true; do",
+        '  for pdkit_add in "$PDKIT_STEPS"/*.add; do',
+        '    [ -e "$pdkit_add" ] || continue',
+        '    rm -f "$pdkit_add"',
+        '    pdkit_added "$(basename "$pdkit_add" .add)" &',
+        "  done",
+        "  sleep 1",
+        "done",
+        "",
+    ]
     return "\n".join(out)

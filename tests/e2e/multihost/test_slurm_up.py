@@ -188,6 +188,41 @@ def test_a_restart_under_load_fails_no_request(cluster, topology, tmp_path):
     assert len(records) >= 20 and [r for r in records if not r["ok"]] == []
 
 
+def test_a_changed_count_adds_and_removes_steps_within_the_allocation(cluster, topology):
+    job = job_id(topology)
+    original = topology.read_text()
+
+    def up_with(prefills: int):
+        data = yaml.safe_load(original)
+        data["prefill"]["count"] = prefills
+        topology.write_text(yaml.safe_dump(data, sort_keys=False))
+        return pdkit(cluster, "up", str(topology))
+
+    def step_names() -> list[str]:
+        return slurm(cluster, "squeue", "-h", "-s", "-j", job, "-o", "%j").split()
+
+    try:
+        fewer = up_with(1)
+        assert fewer.returncode == 0, fewer.stdout + fewer.stderr
+        assert f"job {job} changes live: removing prefill-1" in fewer.stdout
+        assert "prefill-1" not in step_names()
+        more = up_with(2)
+        assert more.returncode == 0, more.stdout + more.stderr
+        assert f"job {job} changes live: adding prefill-1" in more.stdout
+        assert "prefill-1: routed to" in more.stdout and "2 of 2 pair(s) moved KV" in more.stdout
+        assert "prefill-1" in step_names()
+        too_many = up_with(3)
+        assert too_many.returncode == 1
+        assert "that allocation has no room for these instances" in too_many.stderr
+        assert f"{job} pdkit-{NAME} RUNNING" in slurm(cluster, "squeue", "-h", "-o", "%i %j %T")
+    finally:
+        topology.write_text(original)
+    client = OpenAI(base_url=f"{router_url(topology)}/v1", api_key="none", timeout=30)
+    for _ in range(4):  # both prefills serve
+        reply = client.completions.create(model="llama-3.1-8b", prompt="Hi", max_tokens=4)
+        assert reply.choices[0].text
+
+
 def test_down_leaves_no_job_step_or_process(cluster, topology):
     job = job_id(topology)
     down = pdkit(cluster, "down", str(topology))
