@@ -58,8 +58,11 @@ def changes(
     plan: Plan, running: dict[str, list[list[Any]]], allocation: list[str], job_id: str
 ) -> tuple[list[str], list[str]]:
     """(added, removed) instances between what job `job_id` runs and the Plan; `DeployError`
-    for what a running job cannot change (its allocation, a staying instance's command)."""
+    for what a running job cannot change (its allocation, a staying instance's command).
+    A record without steps (written by an older pdkit) changes nothing."""
     assert plan.slurm is not None
+    if not running:
+        return [], []
     if allocation and allocation != sbatch_options(plan, plan.slurm):
         raise DeployError(
             f"slurm: differs from what job {job_id} was submitted with "

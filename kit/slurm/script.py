@@ -170,13 +170,20 @@ def _rank_body(log_path: str, line: str) -> str:
     return f"mkdir -p {folder} && {line} >>{log} 2>&1"
 
 
+def _with_identity(plan: Plan, process: str, env: dict[str, str]) -> dict[str, str]:
+    """The process's env with the deployment and process names, as supervisord and systemd
+    give them on a host: the host checks tell this deployment's listeners from others'."""
+    return {**env, "PDKIT_DEPLOYMENT": plan.name, "PDKIT_PROCESS": process}
+
+
 def instance_steps(plan: Plan) -> dict[str, list[tuple[int, str]]]:
     """Each worker instance's step: (node index, what that node rank runs) per rank. Pure."""
     host_index = {host.name: i for i, host in enumerate(plan.hosts)}
     instances: dict[str, list[tuple[int, str]]] = {}
     for worker in sorted(plan.workers, key=lambda w: (w.instance_name, w.node_rank)):
+        env = _with_identity(plan, worker.name, worker.env)
         body = _rank_body(
-            worker.log_path, launch_line(worker.command, worker.env, worker.python or "python")
+            worker.log_path, launch_line(worker.command, env, worker.python or "python")
         )
         instances.setdefault(worker.instance_name, []).append((host_index[worker.host], body))
     return instances
@@ -266,7 +273,8 @@ def batch_script(plan: Plan) -> str:
     for name, ranks in instance_steps(plan).items():
         out += ["", *_step(name, [n for n, _ in ranks], [b for _, b in ranks])]
     router = plan.router
-    router_body = _rank_body(router.log_path, launch_line(router.command, router.env))
+    router_env = _with_identity(plan, router.name, router.env)
+    router_body = _rank_body(router.log_path, launch_line(router.command, router_env))
     out += ["", *_step(router.name, [host_index[router.host]], [router_body])]
     out += [
         "",
