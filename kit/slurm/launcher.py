@@ -1,13 +1,16 @@
 """`pdkit up`, `down` and the job's part of `status` for a `launcher: slurm` topology.
 
 up:
-1. A job recorded for the deployment that Slurm still runs is kept: pdkit checks that it
-   serves (the same gates) and changes nothing.
+1. A job recorded for the deployment that Slurm still runs is kept: instances the topology
+   added or removed since become steps added to or removed from it (kit/slurm/scale.py), and
+   pdkit checks that it serves (the same gates).
 2. Otherwise the batch script (kit/slurm/script.py, what `pdkit render` prints) is written
    under `slurm.root` and submitted with sbatch, the router's keys in its environment.
 3. pdkit waits for the job to run and for the nodes file the job writes (each node's name and
    address, resolved on the node), records the job (`<root>/job.json`) and resolves the Plan
-   on those nodes (kit.plan.resolve.resolve_on_nodes).
+   on those nodes (kit.plan.resolve.resolve_on_nodes). The job waits while pdkit runs the host
+   checks of `pdkit provision --check` as steps on every node (kit/slurm/preflight.py): all ok,
+   pdkit writes the go file and the job starts the processes; else it cancels the job.
 4. From there it is kit/deploy's rollout end as with Ansible: every worker's /health, the
    router's /readiness, the KV transfer gate, what serves and how to reach it.
 down: scancel of the job (Slurm ends every step and process with it), then waits until squeue

@@ -10,7 +10,9 @@ What the script does, in order, once Slurm runs it on the allocation's first nod
    replaced by that node's resolved address. A step that ends while the job runs is started
    again after 2 s (what supervisord does on a host); a multi-node instance lives and dies as
    one step. Then the router, a step on its node.
-4. Waits: the job lasts until `scancel` (pdkit down) or its time limit.
+4. Waits: the job lasts until `scancel` (pdkit down) or its time limit, starting the steps
+   `pdkit up` adds while it runs (a changed instance count, kit/slurm/scale.py).
+Between 2 and 3, under `pdkit up`, it waits for pdkit's host checks on every node (`go_file`).
 
 Rendering is pure: the same Plan gives the same script, byte for byte.
 """
