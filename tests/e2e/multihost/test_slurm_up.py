@@ -122,6 +122,15 @@ def test_a_second_deployment_on_the_same_ports_is_refused_by_the_host_checks(
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert f"pdkit-{NAME} " in slurm(cluster, "squeue", "-h", "-o", "%j ")
+    # Without a job of its own, --check takes an allocation for the check and releases it.
+    check = pdkit(cluster, "provision", str(other), "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "an allocation of 3 node(s) for the check" in check.stdout
+    assert "30000 (prefill-0 HTTP) held by pid" in check.stdout
+    deadline = time.monotonic() + 30
+    while f"pdkit-{NAME}-b-check" in slurm(cluster, "squeue", "-h", "-o", "%j"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 def test_up_again_keeps_the_running_job(cluster, topology):

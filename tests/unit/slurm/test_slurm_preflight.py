@@ -8,7 +8,7 @@ from kit.hosts.hostcheck import CheckItem
 from kit.hosts.reach import routes
 from kit.plan.resolve import resolve
 from kit.slurm.preflight import environment_lines, node_hosts, slurm_fix, step_command
-from tests.conftest import REPO
+from tests.conftest import REPO, run_pdkit
 
 TOPOLOGY = REPO / "topologies" / "local-slurm.yaml"
 
@@ -57,3 +57,10 @@ def test_the_environment_is_named_and_a_missing_venv_said():
     assert f"slurm.venv {plan.slurm.venv}" in line and "NOT present on this machine" in line
     image = plan.slurm.model_copy(update={"container_image": "sglang.sqsh", "venv": None})
     assert "the image sglang.sqsh" in environment_lines(image)[0]
+
+
+def test_provisioning_slurm_nodes_is_refused_and_check_named():
+    done = run_pdkit("provision", str(TOPOLOGY))
+    assert done.returncode == 1
+    assert "pdkit does not provision Slurm nodes" in done.stderr
+    assert f"`pdkit provision {TOPOLOGY} --check` says what the nodes lack" in done.stderr
