@@ -9,9 +9,12 @@ Plan, and kit/perf's model of the same instances predicts the goodput next to th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +78,9 @@ class BenchReport:
     started_at: float = field(default_factory=time.time)
     deployment: dict[str, Any] | None = None
     """What was measured (`deployment_json`), when bench had the topology."""
+    stopped_early: bool = False
+    """Ctrl-C (or SIGTERM) ended the run before its points did: the last point is what was
+    sent until then."""
 
     def to_json(self) -> dict[str, Any]:
         opts = self.options
@@ -97,6 +103,7 @@ class BenchReport:
             },
             "slo": opts.slo.model_dump(),
             "points": [p.to_json() for p in self.points],
+            "stopped_early": self.stopped_early,
         }
         if self.deployment is not None:
             out["deployment"] = self.deployment
@@ -144,7 +151,11 @@ async def _measure(
     report: BenchReport,
     console: Console,
     rate: float | None,
+    *,
+    stop: asyncio.Event,
 ) -> PointSummary:
+    if stop.is_set():
+        raise _Stopped
     index = len(report.points)
     label = f"{rate:g} req/s" if rate is not None else f"{options.load.concurrency} users"
     with PointLine(console, label) as line:
@@ -157,6 +168,7 @@ async def _measure(
             on_progress=line.update,
             is_good=lambda r: r.meets(options.slo),
             watch=options.watch,
+            stop=stop,
         )
     summary = summarize(point, options.slo)
     report.points.append(summary)
@@ -166,20 +178,50 @@ async def _measure(
     return summary
 
 
+class _Stopped(Exception):
+    """The run was stopped (Ctrl-C) before a point began."""
+
+
+def _stop_on_signal(stop: asyncio.Event) -> None:
+    """The first Ctrl-C (or SIGTERM) sets `stop`: no request is sent after it, those in flight
+    finish and the results are written; a second Ctrl-C aborts at once."""
+    loop = asyncio.get_running_loop()
+
+    def first() -> None:
+        stop.set()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)  # SIGINT's default again: the next one aborts
+        print(
+            "pdkit bench: stopping: no new requests; the ones in flight finish and the results "
+            "are written (Ctrl-C again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, first)
+
+
 async def _run(target: Target, options: BenchOptions, console: Console) -> BenchReport:
     report = BenchReport(target, options)
+    stop = asyncio.Event()
+    _stop_on_signal(stop)
     async with Client(target, options.load.timeout_s) as client:
-        if options.search is not None:
-            report.search = await search_goodput(
-                lambda rate: _measure(client, options, report, console, rate),
-                options.slo,
-                options.search,
-            )
-        elif options.load.concurrency is not None:
-            await _measure(client, options, report, console, None)
-        else:
-            for rate in options.rates:
-                await _measure(client, options, report, console, rate)
+        try:
+            if options.search is not None:
+                report.search = await search_goodput(
+                    lambda rate: _measure(client, options, report, console, rate, stop=stop),
+                    options.slo,
+                    options.search,
+                )
+            elif options.load.concurrency is not None:
+                await _measure(client, options, report, console, None, stop=stop)
+            else:
+                for rate in options.rates:
+                    await _measure(client, options, report, console, rate, stop=stop)
+        except _Stopped:
+            pass
+    report.stopped_early = stop.is_set()
     return report
 
 
@@ -294,6 +336,12 @@ def _print(report: BenchReport, console: Console) -> None:
             )
     elif report.prediction_error:
         console.print(f"no prediction: {report.prediction_error}", markup=False)
+    if report.stopped_early:
+        console.print(
+            "stopped early (Ctrl-C): the last point holds the requests sent until then",
+            style="yellow",
+            highlight=False,
+        )
     if options.out is not None:
         console.print(f"Results in {options.out}/ (requests.jsonl, summary.json, *.png)")
 

@@ -10,6 +10,7 @@ are marked, and the metrics leave them out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import time
@@ -96,11 +97,13 @@ async def run_point(
     on_progress: Callable[[Progress], None] | None = None,
     is_good: Callable[[RequestRecord], bool] = lambda r: r.ok,
     watch: dict[str, int] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> PointResult:
     """Serve `spec` at `rate` (requests/s; None with `load.concurrency`) and record every
     request. Prompts are built before the clock starts, so building them costs no send time.
     `watch` names processes of the deployment on this machine (name -> pid) whose CPU use is
-    reported with the point."""
+    reported with the point. Once `stop` is set no request is sent; those in flight finish and
+    the point is what was sent."""
     requests = spec.requests(rate if load.concurrency is None else None)
     model = client.target.model
     bodies = [
@@ -146,7 +149,11 @@ async def run_point(
         elif not record.ok:
             progress.failed += 1
 
+    stopped = stop or asyncio.Event()
+
     def in_time() -> bool:
+        if stopped.is_set():
+            return False
         return load.duration_s is None or loop.time() - start < load.duration_s
 
     async def open_loop() -> list[RequestRecord]:
@@ -154,7 +161,8 @@ async def run_point(
         for record, body in zip(records, bodies, strict=True):
             delay = start + record.scheduled_s - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopped.wait(), delay)
             if not in_time():
                 break
             tasks.append(asyncio.create_task(one(record, body)))

@@ -135,3 +135,29 @@ def test_a_hung_decode_ends_the_run_in_its_timeout_and_is_named(cluster, tmp_pat
     # stream had begun before the stop, else by asking the router where it went.
     assert all(r["decode"] == cluster.decode.url for r in hung)
     assert any(r["status"] == 0 for r in hung)  # at least one got no answer at all
+
+
+def test_ctrl_c_stops_sending_lets_the_requests_in_flight_finish_and_writes_the_results(
+    cluster, tmp_path
+):
+    out = tmp_path / "stopped"
+    argv = ["bench", "--url", cluster.url, "--model", MODEL, "--rates", "4,8"]
+    argv += ["--requests", "400", "--warmup", "0", "--json", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kit.cli import main; main()", *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_a_request(cluster.decode.url)  # the first point is under way (100 s of sends)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout + stderr
+    assert "stopping: no new requests" in stderr
+    summary = json.loads(stdout)
+    assert summary["stopped_early"] is True
+    (point,) = summary["points"]  # the second rate never began
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert 0 < len(records) == point["requests"] < 400
+    assert all(r["ok"] for r in records), [r for r in records if not r["ok"]][:3]

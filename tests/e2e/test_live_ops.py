@@ -20,6 +20,7 @@ from kit.deploy.services import supervisor_processes
 from tests.support.local_deploy import (
     BENCH_S,
     bench_under_load,
+    end_bench,
     layout,
     pdkit,
     pids,
@@ -64,7 +65,7 @@ def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):
             down = pdkit("up", str(topology))
             assert down.returncode == 0, down.stdout + down.stderr
             ops_s = time.monotonic() - started
-            output, _ = bench.communicate(timeout=BENCH_S + 120)
+            output = end_bench(bench)
         finally:
             if bench.poll() is None:
                 bench.kill()

@@ -11,7 +11,7 @@ import time
 
 import yaml
 
-from tests.support.local_deploy import BENCH_RATE, BENCH_S, bench_under_load, pdkit, pids
+from tests.support.local_deploy import BENCH_RATE, BENCH_S, bench_under_load, end_bench, pdkit, pids
 
 
 def _deploy(deployment_, gpus: int, hold: float | None = None):
@@ -34,7 +34,7 @@ def _restart_under_load(topology, out):
         time.sleep(3.0)  # the load runs before the restart begins
         restart = pdkit("restart", str(topology), "decode")
         ops_s = time.monotonic() - started
-        output, _ = bench.communicate(timeout=200)
+        output = end_bench(bench)
     finally:
         if bench.poll() is None:
             bench.kill()

@@ -7,8 +7,10 @@ tests/e2e/conftest.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -119,6 +121,17 @@ def start_bench(topology: Path, out: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def end_bench(bench: subprocess.Popen[str], tail_s: float = 2.0, timeout: float = 120) -> str:
+    """Let `bench` send `tail_s` more seconds, then stop it as Ctrl-C does (no new request; the
+    ones in flight finish; results written): its output. Tests end their load once the live
+    operation it covers has, rather than waiting out the bench's duration."""
+    time.sleep(tail_s)
+    if bench.poll() is None:
+        bench.send_signal(signal.SIGINT)
+    output, _ = bench.communicate(timeout=timeout)
+    return output
 
 
 def bench_under_load(topology: Path, out: Path) -> subprocess.Popen[str]:
