@@ -150,7 +150,7 @@ def up(
     record = load_job(plan)
     state = jobs.job_state(record.job_id) if record is not None else None
     placeholder_ctx = DeployContext.build(plan, topology, state_base)
-    if record is not None and state is not None and not record.addresses:
+    if record is not None and state is not None and not record.addresses and not options.diff_only:
         # An earlier `pdkit up` stopped before the job named its nodes: start afresh.
         console.print(f"[bold]Slurm[/]: cancelling job {record.job_id}, never seen serving")
         jobs.cancel(record.job_id)
@@ -158,22 +158,26 @@ def up(
     if record is not None and state is not None and state.state == "RUNNING":
         console.print(
             f"[bold]Slurm[/]: deployment {plan.name} runs as job {record.job_id} on "
-            f"{state.nodes} ({state.elapsed} of {state.time_limit}); checking that it serves."
+            f"{state.nodes} ({state.elapsed} of {state.time_limit})"
+            + ("." if options.diff_only else "; checking that it serves.")
         )
         on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
         added, removed = scale.changes(plan, record.steps, record.allocation, record.job_id)
-        if added or removed:
-            console.print(
-                f"[bold]Slurm[/]: job {record.job_id} changes live: "
-                + "; ".join(
-                    part
-                    for part in (
-                        added and f"adding {', '.join(added)}",
-                        removed and f"removing {', '.join(removed)}",
-                    )
-                    if part
-                )
+        what = "; ".join(
+            part
+            for part in (
+                added and f"adding {', '.join(added)}",
+                removed and f"removing {', '.join(removed)}",
             )
+            if part
+        )
+        if options.diff_only:
+            console.print(
+                f"Job {record.job_id}: {what or 'no change'}. Nothing was changed (--diff)."
+            )
+            return
+        if added or removed:
+            console.print(f"[bold]Slurm[/]: job {record.job_id} changes live: {what}")
             scale.scale(
                 DeployContext.build(on_nodes, topology, state_base),
                 console,
@@ -185,6 +189,13 @@ def up(
             )
             record = scale.updated(record, plan)
             _save_job(plan, record)
+    elif options.diff_only:
+        console.print(
+            f"No job of {plan.name} runs: `pdkit up` submits one ({slurm.nodes} node(s) x "
+            f"{slurm.gpus_per_node} GPU(s)); `pdkit render` prints its script. Nothing was "
+            "changed (--diff)."
+        )
+        return
     else:
         env = _job_env(placeholder_ctx) | {HOLD_ENV: str(HOLD_S)}
         record = _submit(plan, console, env=env, options=options)

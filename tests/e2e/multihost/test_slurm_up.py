@@ -201,16 +201,20 @@ def test_a_changed_count_adds_and_removes_steps_within_the_allocation(cluster, t
     job = job_id(topology)
     original = topology.read_text()
 
-    def up_with(prefills: int):
+    def up_with(prefills: int, *flags: str):
         data = yaml.safe_load(original)
         data["prefill"]["count"] = prefills
         topology.write_text(yaml.safe_dump(data, sort_keys=False))
-        return pdkit(cluster, "up", str(topology))
+        return pdkit(cluster, "up", str(topology), *flags)
 
     def step_names() -> list[str]:
         return slurm(cluster, "squeue", "-h", "-s", "-j", job, "-o", "%j").split()
 
     try:
+        diff = up_with(1, "--diff")
+        assert diff.returncode == 0, diff.stdout + diff.stderr
+        assert f"Job {job}: removing prefill-1. Nothing was changed (--diff)." in diff.stdout
+        assert "prefill-1" in step_names()
         fewer = up_with(1)
         assert fewer.returncode == 0, fewer.stdout + fewer.stderr
         assert f"job {job} changes live: removing prefill-1" in fewer.stdout
