@@ -9,7 +9,8 @@ removed from its job, within the allocation it holds.
    (`pdkit down`, `pdkit up`). A topology whose instances do not fit the allocation fails its
    placement; `no_room` says so in the allocation's words.
 2. Each removed instance leaves the router first (drained), then `<steps>/NAME.removed` tells
-   the job not to start it again, and its step is cancelled.
+   the job not to start it again, and its step is cancelled. The router's launch with the new
+   worker list goes to `<steps>/router.sh`, which its step runs the next time it starts.
 3. Each added instance is written for the job's loop (`<steps>/NAME.sh`, `NAME.nodes`, then
    `NAME.add`), which starts it as a step on its nodes and keeps it; pdkit waits for its /health
    and gives it to the router, until the router routes to it.
@@ -42,7 +43,13 @@ from kit.deploy.wait import worker_targets
 from kit.errors import DeployError, PdkitError
 from kit.hosts.context import DeployContext
 from kit.slurm import jobs
-from kit.slurm.script import added_step, instance_steps, sbatch_options, steps_dir
+from kit.slurm.script import (
+    added_step,
+    instance_steps,
+    router_step,
+    sbatch_options,
+    steps_dir,
+)
 from kit.topology.plan_types import Plan
 
 STEP_TIMEOUT_S = 30.0
@@ -123,6 +130,8 @@ def scale(
         _wait_steps(job_id, name, present=False)
         console.print(f"[bold]{name}[/]: removed (its step of job {job_id} ended)")
 
+    # The router's step, when it starts again (a restart, a crash), starts with the new list.
+    (folder / f"{router.name}.sh").write_text(added_step(router_step(plan), nodes))
     ranks = instance_steps(plan)
     for name in added:
         (folder / f"{name}.removed").unlink(missing_ok=True)

@@ -152,11 +152,16 @@ def _function_name(process: str) -> str:
     return "pdkit_" + re.sub(r"[^A-Za-z0-9]", "_", process)
 
 
-def _step(name: str, nodes: list[int], ranks: list[str]) -> list[str]:
+def _step(name: str, nodes: list[int], ranks: list[str], *, replaceable: bool = False) -> list[str]:
     """A bash function running the launch line of the node it runs on, exported to the step,
-    and the restart loop that starts it as one step over `nodes`."""
+    and the restart loop that starts it as one step over `nodes`. `replaceable`: a newer
+    launch that `pdkit up` wrote (`$PDKIT_STEPS/NAME.sh`) runs instead, when there is one."""
     function = _function_name(name)
-    lines = [f"{function}() {{", '  case "$SLURMD_NODENAME" in']
+    lines = [f"{function}() {{"]
+    if replaceable:
+        script = f'"$PDKIT_STEPS/{name}.sh"'
+        lines.append(f"  [ -e {script} ] && exec bash {script}")
+    lines.append('  case "$SLURMD_NODENAME" in')
     for node, body in zip(nodes, ranks, strict=True):
         lines.append(f'    "${{{node_var(node)}}}")')
         lines.append(f"      {body} ;;")
@@ -191,6 +196,14 @@ def instance_steps(plan: Plan) -> dict[str, list[tuple[int, str]]]:
     return instances
 
 
+def router_step(plan: Plan) -> list[tuple[int, str]]:
+    """The router's step, as `instance_steps` gives an instance's: its node and launch. Pure."""
+    router = plan.router
+    index = [h.name for h in plan.hosts].index(router.host)
+    env = _with_identity(plan, router.name, router.env)
+    return [(index, _rank_body(router.log_path, launch_line(router.command, env)))]
+
+
 def added_step(ranks: list[tuple[int, str]], nodes: list[str]) -> str:
     """An instance added to the running job (`NAME.sh`): the rank body of the node the task
     runs on, `nodes` the allocation's node names in the topology's order."""
@@ -205,7 +218,6 @@ def batch_script(plan: Plan) -> str:
     slurm = plan.slurm
     if slurm is None:
         raise ValueError("batch_script needs a Plan with launcher: slurm")
-    host_index = {host.name: i for i, host in enumerate(plan.hosts)}
     out = [
         "#!/bin/bash",
         f"# pdkit deployment '{plan.name}' as one Slurm job: engine {plan.engine}, SGLang "
@@ -258,7 +270,7 @@ def batch_script(plan: Plan) -> str:
         "fi",
         "",
         "# 3. One step per instance (a task per node rank), started again when it ends.",
-        f"PDKIT_STEPS={steps_path}  # what `pdkit up` adds or removes while the job runs",
+        f"export PDKIT_STEPS={steps_path}  # what `pdkit up` changes while the job runs",
         'mkdir -p "$PDKIT_STEPS"',
         "pdkit_keep() {  # NAME NODES NODELIST FUNCTION, until pdkit removes NAME",
         '  while [ ! -e "$PDKIT_STEPS/$1.removed" ]; do',
@@ -274,10 +286,8 @@ def batch_script(plan: Plan) -> str:
     ]
     for name, ranks in instance_steps(plan).items():
         out += ["", *_step(name, [n for n, _ in ranks], [b for _, b in ranks])]
-    router = plan.router
-    router_env = _with_identity(plan, router.name, router.env)
-    router_body = _rank_body(router.log_path, launch_line(router.command, router_env))
-    out += ["", *_step(router.name, [host_index[router.host]], [router_body])]
+    ((router_node, router_body),) = router_step(plan)
+    out += ["", *_step(plan.router.name, [router_node], [router_body], replaceable=True)]
     out += [
         "",
         "# 4. Serve until scancel or the time limit. An instance `pdkit up` adds live (a changed",

@@ -219,6 +219,11 @@ def test_a_changed_count_adds_and_removes_steps_within_the_allocation(cluster, t
         assert fewer.returncode == 0, fewer.stdout + fewer.stderr
         assert f"job {job} changes live: removing prefill-1" in fewer.stdout
         assert "prefill-1" not in step_names()
+        # The router's step starts again with the list of the last change.
+        restart = pdkit(cluster, "restart", str(topology), "router")
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        status = pdkit(cluster, "status", str(topology))
+        assert "prefill 1/1 healthy" in status.stdout, status.stdout
         more = up_with(2)
         assert more.returncode == 0, more.stdout + more.stderr
         assert f"job {job} changes live: adding prefill-1" in more.stdout
