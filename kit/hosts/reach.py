@@ -46,8 +46,8 @@ LISTEN_START_S = 30.0
 WHY = {
     DECODE_HOSTS: "the decode fetches the prefill's parallel info there; without it every "
     "request of the pair fails (`Could not fetch prefill parallel info from bootstrap_addr`)",
-    INSTANCE_NODES: "the instance's nodes meet there (torch.distributed); without it the other "
-    "ranks hang at start-up until --dist-timeout",
+    INSTANCE_NODES: "the instance's nodes meet there (torch.distributed, and pdkit's rank group "
+    "agents); without it the other ranks hang at start-up until --dist-timeout, or never start",
 }
 
 
