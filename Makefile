@@ -21,7 +21,7 @@ export PDKIT_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 export PDKIT_SMG := $(abspath $(SMG_VENV))/bin/smg
 export PDKIT_SGLANG_ROUTER_PYTHON := $(abspath $(ROUTER_VENV))/bin/python
 
-.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down bench-lb bench-chaos bench-real bench-admission bench-limits bench-vip bench-vip-deployed bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
+.PHONY: help os-packages venv test test-unit check lint typecheck catalog sglang-version up down slurm-up slurm-down slurm-real bench-lb bench-chaos bench-real bench-real-faults bench-real-kv bench-admission bench-limits bench-vip bench-vip-deployed bench-sim bench-status bench-bench bench-goodput bench-size bench-routing bench-kvpool bench-autoscale clean
 
 help:
 	@echo "make up          bring up topologies/local.yaml (sim engine, 2 prefill + 1 decode + router)"
@@ -29,10 +29,11 @@ help:
 	@echo "make up-sglang   bring up topologies/local-sglang.yaml (the real SGLang on the CPU, 1 prefill + 1 decode + router)"
 	@echo "make down-sglang stop it"
 	@echo "make slurm-up    start a real 3-node Slurm here (namespaces, fake GPUs); make slurm-down stops it"
+	@echo "make slurm-real  the real SGLang on the CPU up through that Slurm, one request, down"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
-	@echo "make bench-lb | bench-chaos | bench-real | bench-admission | bench-limits | bench-vip | bench-vip-deployed | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
+	@echo "make bench-lb | bench-chaos | bench-real | bench-real-faults | bench-real-kv | bench-admission | bench-limits | bench-vip | bench-vip-deployed | bench-sim | bench-status | bench-bench | bench-goodput | bench-size | bench-routing | bench-kvpool | bench-autoscale"
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -149,6 +150,16 @@ bench-chaos: $(VENV)/.stamp $(SMG_VENV)/.stamp
 bench-real: $(VENV)/.stamp $(SMG_VENV)/.stamp sglang-cpu
 	$(PY) -m benchmarks.bench_real $(BENCH_REAL_ARGS)
 
+# The real SGLang on the CPU with workers dying: a chat stream whose decode is SIGKILLed, the
+# poison request with the router's checks off (#34).
+bench-real-faults: $(VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.real_pd_faults $(BENCH_REAL_FAULTS_ARGS)
+
+# The real SGLang's prefills' cached tokens against cache_aware's predictions, on multi-turn
+# chats with shared system prompts (#34; --workload ids: /generate with input_ids).
+bench-real-kv: $(VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.real_kv_events --workload chat $(BENCH_REAL_KV_ARGS)
+
 bench-admission: $(VENV)/.stamp
 	$(PY) -m benchmarks.bench_admission
 
@@ -222,3 +233,16 @@ up-sglang: $(VENV)/.stamp sglang-cpu $(TINY_MODEL)/config.json
 
 down-sglang: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local-sglang.yaml
+
+# The real SGLang 0.5.23 on the CPU through Slurm (not in the suite: its start takes minutes):
+# topologies/local-slurm-sglang.yaml up on the local cluster, one chat request through the
+# router, its status, then down (nothing left in squeue).
+SLURM_REAL := topologies/local-slurm-sglang.yaml
+slurm-real: $(VENV)/.stamp sglang-cpu $(TINY_MODEL)/config.json slurm-up
+	export SLURM_CONF=/tmp/pdkit-slurm/slurm.conf; \
+	$(VENV)/bin/pdkit up $(SLURM_REAL) --timeout 900 && \
+	node0=$$($(VENV)/bin/python -c 'import json; print(json.load(open(".pdkit/local-slurm-sglang/job.json"))["addresses"]["node0"])') && \
+	curl -sS --max-time 120 http://$$node0:8001/v1/chat/completions -H 'Content-Type: application/json' \
+		-d '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}' && echo && \
+	$(VENV)/bin/pdkit status $(SLURM_REAL); rc=$$?; \
+	$(VENV)/bin/pdkit down $(SLURM_REAL); squeue; exit $$rc

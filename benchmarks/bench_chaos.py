@@ -13,18 +13,27 @@ exactly), and one fault injected after a warm-up:
     kill-only-decode  the same as kill-decode with one decode                 2P1D
     restart-only-decode  SIGTERM the only decode, start it again at once      2P1D
                     (what `pdkit restart` does to it, without the drain)
+    kill-rank       each decode a 2-node instance (TP 2 over two sim ranks, each under its
+                    rank group's agent, `python -m kit.ranks`, as `pdkit up` runs them);
+                    SIGKILL node rank 1 of decode-0: its agents restart both ranks, rank 0
+                    first, with no command (the failures column says how long decode-0's
+                    rank 0 did not answer /health)                           2P2D
 Operator actions, as `pdkit restart` and `pdkit up` make them through the router's API (the
 same `kit.deploy.routing.RouterAdmin`), without Ansible:
     replace-only-decode  the only decode out of the router (pdkit's: listed as     2P1D
                     returning, its role held; smg: removed), stopped, started, added back
     restart-router  pdkit's router: SIGUSR2 (its handover: a new image on the   2P1D
                     same socket); smg: SIGTERM, then started again
+    upgrade         `pdkit upgrade` without its gate: every worker in its order   2P1D
+                    (prefills, then the only decode) replaced as replace-only-decode
+                    replaces one, started again with a new flag (`--revision v2`)
 
 One row per (fault, router): requests sent during the fault window (from the fault to
 --tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
 timed-out stream), and for pdkit the router's own counts over the run (retried, migrated,
 held, from /metrics; after restart-router, the new image's only); TTFT and TPOT p99 over the
-window. smg has no such counters (n/a).
+window. smg has no such counters (n/a). For the operator rows that replace workers, each role's
+time below its instance count (out of the router until routed to again), in seconds.
 
 Ports come from --port-base (default 44600, the range hand-started servers use here). Logs
 go to .bench/chaos/. Subsets: --faults, --routers; --rate, --tokens, --stop-seconds.
@@ -45,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +78,11 @@ FAULTS = {
     "restart-only-decode": (2, 1),
     "replace-only-decode": (2, 1),
     "restart-router": (2, 1),
+    "upgrade": (2, 1),
+    "kill-rank": (2, 2),
 }
+RANK_GROUP_RESTART_S = "2"
+"""The agents' restart delay (the playbooks' pdkit_process_rank_group_restart_seconds)."""
 ADMIN_KEY = "bench-chaos-admin"
 """pdkit's router's admin key here (its worker API, which replace-only-decode uses)."""
 ROUTERS = ("pdkit", "smg")
@@ -98,13 +112,25 @@ class Row:
     ttft_p99: float | None = None
     tpot_p99: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    below: dict[str, float] = field(default_factory=dict)
+    """Seconds each role ran below its instance count (operator rows that replace workers)."""
+    away_s: float | None = None
+    """kill-rank: seconds the killed rank's instance did not answer /health."""
 
 
 class Cluster:
     """Sim workers and one router on fixed ports from `base`."""
 
     def __init__(
-        self, prefills: int, decodes: int, router: str, base: int, log_dir: Path, *, chat: bool
+        self,
+        prefills: int,
+        decodes: int,
+        router: str,
+        base: int,
+        log_dir: Path,
+        *,
+        chat: bool,
+        ranks: bool = False,
     ) -> None:
         self.router = router
         self.chat = chat
@@ -122,15 +148,36 @@ class Cluster:
             )
             self.prefill.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
             gpu += 1
+        self.followers: list[SimProcess] = []
+        """kill-rank: node rank 1 of each decode (rank 0 is in `decode`)."""
+        self.away_s: float | None = None
         for i in range(decodes):
             argv = worker_argv(port=base + 20 + i, mode="decode", extra=["--base-gpu-id", str(gpu)])
-            self.decode.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
-            gpu += 1
-        self.workers = [*self.prefill, *self.decode]
+            if not ranks:
+                self.decode.append(SimProcess(argv, env=SIM_ENV, log_dir=log_dir))
+                gpu += 1
+                continue
+            dist = base + 100 + 50 * i  # the group's port: dist-init + 40, as the Plan has it
+            for rank in (0, 1):
+                extra = ["--tp", "2", "--nnodes", "2", "--node-rank", str(rank)]
+                extra += ["--dist-init-addr", f"127.0.0.1:{dist}", "--base-gpu-id", str(gpu)]
+                group = ["--leader", f"127.0.0.1:{dist + 40}", "--node-rank", str(rank)]
+                group += ["--nnodes", "2", "--restart-delay", RANK_GROUP_RESTART_S]
+                argv = worker_argv(port=base + 20 + 10 * rank + i, mode="decode", extra=extra)
+                member = SimProcess(argv, env=SIM_ENV, log_dir=log_dir, group=group)
+                (self.followers if rank else self.decode).append(member)
+                gpu += 1
+        self.workers = [*self.prefill, *self.decode, *self.followers]
         self.port = base + 90
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._base = base
+
+    def bootstrap_port(self, worker: SimProcess) -> int | None:
+        """A prefill's bootstrap port (None for a decode)."""
+        if worker not in self.prefill:
+            return None
+        return self._base + 50 + self.prefill.index(worker)
 
     def router_argv(self) -> list[str]:
         workers: list[str] = []
@@ -295,27 +342,73 @@ async def restart_router(c: Cluster) -> None:
         await admin.wait_started_after(before, 60.0)
 
 
-async def replace_decode(c: Cluster) -> None:
-    """What `pdkit restart` does to the only decode (the hold, no stand-in), by the router's
-    API: out (pdkit's router: returning), stopped, started, added back, routed to."""
-    victim = c.decode[0]
+async def replace(c: Cluster, victim: SimProcess, role: str, extra: tuple[str, ...] = ()) -> float:
+    """What `pdkit restart` does to a worker (the only decode: the hold, no stand-in), by the
+    router's API: out (pdkit's router: returning), stopped, started (with `extra` flags added),
+    added back, routed to. Returns the seconds it was out of the router."""
     admin = RouterAdmin(c.router, c.url, ADMIN_KEY, 30.0)
     async with admin:
+        began = time.monotonic()
         await admin.remove(victim.url, back_within=60.0)
         await asyncio.to_thread(victim.stop, 10.0)
+        victim.argv = [*victim.argv, *extra]
         victim.start()
         await asyncio.to_thread(victim.wait_ready, 60.0)
-        await admin.add(victim.url, "decode", None)
+        await admin.add(victim.url, role, c.bootstrap_port(victim))
         await admin.wait_routed(victim.url, 60.0)
+        return time.monotonic() - began
 
 
-async def inject(fault: str, c: Cluster, stop_s: float) -> None:
+async def upgrade(c: Cluster, row: Row) -> None:
+    """`pdkit upgrade`'s order (prefills, then decodes), one at a time, each with a new flag."""
+    for role, workers in (("prefill", c.prefill), ("decode", c.decode)):
+        for victim in workers:
+            away = await replace(c, victim, role, ("--revision", "v2"))
+            row.below[role] = row.below.get(role, 0.0) + away
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+async def kill_rank(c: Cluster) -> None:
+    """SIGKILL node rank 1 of decode-0 (the sim under its agent); back when rank 0 answers
+    /health again after its agents restarted both ranks. Sets `c.away_s`."""
+    agent = c.followers[0].proc
+    assert agent is not None
+    children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    os.kill(int(children[0]), signal.SIGKILL)
+    killed = time.monotonic()
+    rank0 = c.decode[0].url
+    away = None
+    while time.monotonic() - killed < 120:
+        healthy = await asyncio.to_thread(_healthy, rank0)
+        if away is None and not healthy:
+            away = time.monotonic()
+        elif away is not None and healthy:
+            c.away_s = time.monotonic() - away
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"decode-0 did not come back within 120 s; see {c.log_dir}")
+
+
+async def inject(fault: str, c: Cluster, stop_s: float, row: Row) -> None:
     """The fault; returns when the worker is back."""
+    if fault == "kill-rank":
+        await kill_rank(c)
+        return
     if fault == "restart-router":
         await restart_router(c)
         return
     if fault == "replace-only-decode":
-        await replace_decode(c)
+        row.below["decode"] = await replace(c, c.decode[0], "decode")
+        return
+    if fault == "upgrade":
+        await upgrade(c, row)
         return
     victim = c.prefill[0] if fault in {"kill-prefill", "stop-prefill"} else c.decode[0]
     if fault.startswith("stop"):
@@ -337,7 +430,10 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
     prefills, decodes = FAULTS[fault]
     log_dir = LOG_DIR / f"{fault}-{router}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    c = Cluster(prefills, decodes, router, args.port_base, log_dir, chat=args.route == "chat")
+    chat = args.route == "chat"
+    c = Cluster(
+        prefills, decodes, router, args.port_base, log_dir, chat=chat, ranks=fault == "kill-rank"
+    )
     row = Row(fault, router, f"{prefills}P{decodes}D")
     try:
         await c.start()
@@ -371,7 +467,7 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
             loader = asyncio.create_task(load(stop))
             await asyncio.sleep(args.warmup)
             window.append(time.monotonic())
-            await inject(fault, c, args.stop_seconds)
+            await inject(fault, c, args.stop_seconds, row)
             await asyncio.sleep(args.tail_seconds)
             window.append(time.monotonic())
             stop.set()
@@ -391,6 +487,7 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
             row.errors[r.error] = row.errors.get(r.error, 0) + 1
         row.ttft_p99 = p99([r.ttft for r in inside if r.ttft is not None])
         row.tpot_p99 = p99([r.tpot for r in inside if r.tpot is not None])
+        row.away_s = c.away_s
     finally:
         c.stop()
     return row
@@ -411,15 +508,18 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
         f"{args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
         f"to {args.tail_seconds:g} s after the worker is back",
         "",
-        "| fault | shape | router | sent | failed | retried | migrated | held | TTFT p99 ms "
-        "| TPOT p99 ms | failures |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| fault | shape | router | sent | failed | retried | migrated | held | below count s "
+        "| TTFT p99 ms | TPOT p99 ms | failures |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or ""
+        below = ", ".join(f"{role} {s:.1f}" for role, s in r.below.items()) or "-"
+        if r.away_s is not None:
+            why = f"decode-0 away {r.away_s:.1f} s" + (f"; {why}" if why else "")
         lines.append(
             f"| {r.fault} | {r.shape} | {r.router} | {r.sent} | {r.failed} | {r.retried} | "
-            f"{r.migrated} | {r.held} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
+            f"{r.migrated} | {r.held} | {below} | {ms(r.ttft_p99)} | {ms(r.tpot_p99)} | {why} |"
         )
     return "\n".join(lines)
 

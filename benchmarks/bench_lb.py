@@ -29,7 +29,13 @@ go to .bench/lb/NAME.log. The report ends with the fake workers' headroom: the r
 of them serves, direct and routed (both legs), against the fastest router's rate, and any PD
 protocol problem they saw.
 
-Modules: `benchmarks.lbbench` (cpu, load, targets, measure, report); this file runs them.
+Then the text workloads (`benchmarks.lbbench.text`): OpenAI chat with a long shared system prompt
+and completions, through pdkit with the model's tokenizer, pdkit without one and smg, the
+router's CPU per request side by side (`--no-text` skips them); and, in this process, the
+router's CPU for a 4,000-token prompt's ids and block hashes (`benchmarks.lbbench.prompt_cpu`).
+
+Modules: `benchmarks.lbbench` (cpu, load, targets, measure, report, text, prompt_cpu); this file
+runs them.
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ import os
 from collections.abc import Sequence
 
 from benchmarks.lbbench.cpu import pin
+from benchmarks.lbbench.load import LoadResult
 from benchmarks.lbbench.measure import Measured, measure_round, request_body
+from benchmarks.lbbench.prompt_cpu import lines, measure
 from benchmarks.lbbench.report import report
 from benchmarks.lbbench.targets import LOG_DIR, NAMES, Target, start, stop, targets
+from benchmarks.lbbench.text import report_text, run_text, tokenizer_model
 from tests.support.fake_worker import FakeWorkerProcess
 
 
@@ -62,6 +71,7 @@ async def run(args: argparse.Namespace) -> int:
     running: list[Target] = []
     policies: dict[str, str] = {}
     results: dict[str, dict[bool, Measured]] = {}
+    text: dict[str, dict[str, LoadResult]] = {}
     try:
         for target in targets(args.targets, fakes):
             policies[target.name] = target.policies
@@ -81,11 +91,20 @@ async def run(args: argparse.Namespace) -> int:
                     into = results[target.name][stream]
                     await measure_round(target, body, args, stream, into, fake_pid=fakes.pid)
             print(f"round {round_no}/{args.rounds} done", flush=True)
+        for target in running:
+            await stop(target)
+        running = []
+        if not args.no_text:
+            text = await run_text(args, fakes, router_cpu, loadgen_cpu)
     finally:
         for target in running:
             await stop(target)
         summary = fakes.stop()
     report(results, notes, policies, args, pinned=pinned, fakes=summary)
+    if text:
+        report_text(text, args)
+    print()
+    print("\n".join(lines(measure(tokenizer_model(LOG_DIR / "tiny-tokenizer")))))
     return 0
 
 
@@ -133,6 +152,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=6, help="interleaved rounds over the targets (default 6)"
     )
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    p.add_argument("--no-text", action="store_true", help="skip the text workloads")
+    p.add_argument(
+        "--system-tokens",
+        type=int,
+        default=4000,
+        help="text workloads: tokens of the shared system prompt (chat) and of each completions "
+        "prompt (default 4000)",
+    )
+    p.add_argument(
+        "--text-bodies",
+        type=int,
+        default=600,
+        help="text workloads: the completions prompts sent in turn, each new to the router's "
+        "caches when they are more than its segment cache holds (1M tokens; default 600)",
+    )
     args = p.parse_args(argv)
     try:
         import uvloop  # noqa: PLC0415 - optional speed-up for the load generator

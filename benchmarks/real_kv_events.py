@@ -9,7 +9,15 @@ count (the `cached_tokens` of its meta_info, which the router reads from the pre
 the router's /metrics give its totals. One raw batch a prefill published is saved for the wire
 format's oracle (tests/oracles/sglang_kv_events.json).
 
+`--workload chat`: multi-turn chats instead (/v1/chat/completions, non-streaming): `--groups`
+system prompts of `--prefix-tokens` tokens, each shared by `--questions` conversations of
+`--turns` turns, every turn repeating the history with the model's previous answer. The router
+tokenizes them with the model's chat template (the Plan gives it `--prompt-tokens model:PATH`);
+the prefills run `--enable-cache-report` so that their chat answers carry `cached_tokens`. Each
+answer's `usage.prompt_tokens` is compared with the router's own count (`ModelTokenizer`).
+
     .venv/bin/python -m benchmarks.real_kv_events [--groups 6] [--questions 5] [--oracle PATH]
+        [--workload ids|chat] [--turns 3]
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from pathlib import Path
 import yaml
 import zmq
 
+from benchmarks.lbbench.prompt_cpu import WORDS
+from kit.lb.tokenizer import ModelTokenizer
 from tests.support.ports import free_ports
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
 
@@ -68,12 +78,59 @@ def capture(port: int, out: list[list[bytes]], stop: threading.Event) -> None:
     sub.close(linger=0)
 
 
+def chat_rows(url: str, model: Path, args: argparse.Namespace, rng: random.Random) -> list[dict]:
+    """The chat workload (see the module docstring): one row per request."""
+    tokenizer = ModelTokenizer.load(model)
+    words = WORDS
+    systems = [
+        f"system {g}: " + " ".join(rng.choice(words) for _ in range(args.prefix_tokens * 5 // 7))
+        for g in range(args.groups)
+    ]
+    chats = {
+        (g, q): [{"role": "system", "content": systems[g]}]
+        for g in range(args.groups)
+        for q in range(args.questions)
+    }
+    rows = []
+    for turn in range(args.turns):
+        order = list(chats)
+        rng.shuffle(order)
+        for g, q in order:
+            messages = chats[(g, q)]
+            question = f"turn {turn} question {q}: " + " ".join(rng.sample(words, 6))
+            messages.append({"role": "user", "content": question})
+            body = {"messages": messages, "max_tokens": 4, "temperature": 0}
+            status, headers, answer = post(url + "/v1/chat/completions", body)
+            usage = answer.get("usage") or {}
+            ids = tokenizer.chat_ids(body) or []
+            rows.append(
+                {
+                    "group": g,
+                    "question": q,
+                    "turn": turn,
+                    "status": status,
+                    "prefill": headers.get("X-PDKit-Prefill"),
+                    "predicted": headers.get("X-PDKit-Cached-Predicted"),
+                    "actual_prefill": headers.get("X-PDKit-Cached-Actual"),
+                    "prompt_tokens": len(ids),
+                    "usage_prompt_tokens": usage.get("prompt_tokens"),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+            reply = answer.get("choices", [{}])[0].get("message", {}).get("content") or ""
+            messages.append({"role": "assistant", "content": reply})
+            time.sleep(0.3)  # the events of this answer reach the router before the next
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--prefix-tokens", type=int, default=160)
     parser.add_argument("--oracle", type=Path, default=None)
+    parser.add_argument("--workload", choices=("ids", "chat"), default="ids")
+    parser.add_argument("--turns", type=int, default=3, help="chat: turns per conversation")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pdkit-real-kv-"))
     model = tiny_model(folder / "tiny-llama")
@@ -83,6 +140,8 @@ def main() -> int:
     (kv_port,) = free_ports(1)  # and kv_port + 1, for the second prefill
     data["prefill"] |= {"count": 2, "kv_events": {"port": kv_port}}
     data["router"]["prefill_policy"] = "cache_aware"
+    if args.workload == "chat":  # chat's usage carries cached_tokens only with it
+        data["prefill"].setdefault("args", {})["enable-cache-report"] = True
     topology.write_text(yaml.safe_dump(data, sort_keys=False))
     started = time.monotonic()
     up = run_pdkit("up", str(topology), timeout=1500)
@@ -100,11 +159,15 @@ def main() -> int:
     rows = []
     try:
         time.sleep(2)
+        if args.workload == "chat":
+            rows = chat_rows(url, model, args, rng)
         prefixes = [
             [rng.randrange(10, vocab) for _ in range(args.prefix_tokens)]
             for _ in range(args.groups)
         ]
         order = [(g, q) for q in range(args.questions) for g in range(args.groups)]
+        if args.workload == "chat":
+            order = []  # done above
         for g, q in order:
             ids = prefixes[g] + [rng.randrange(10, vocab) for _ in range(12)]
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
@@ -141,6 +204,12 @@ def main() -> int:
         f"requests {len(rows)}, with a prediction and the prefill's count {len(compared)}, "
         f"agreed {len(agreed)} ({len(agreed) / max(len(compared), 1):.1%})"
     )
+    counted = [r for r in rows if r.get("usage_prompt_tokens") is not None]
+    if counted:
+        same = [r for r in counted if r["usage_prompt_tokens"] == r["prompt_tokens"]]
+        print(
+            f"prompt tokens: the router's count equals SGLang's usage on {len(same)}/{len(counted)}"
+        )
     if args.oracle is not None and frames:
         sample = next((f for f in frames if len(f[2]) < 4000), frames[0])
         args.oracle.write_text(

@@ -5,6 +5,7 @@
     ├── RenderError            a Plan cannot be turned into commands
     │   └── UnsupportedVersion (kit/sglang/catalog.py) no flag catalog for that SGLang version
     ├── DeployError            Ansible or a readiness gate failed; says what is still running
+    │   └── GateError          (kit/deploy/gate.py) the KV transfer gate failed; its findings apart
     ├── ProbeError             a worker or router could not be asked for its state
     ├── SecretError            (kit/secrets.py) a key asked for is missing, unreadable or empty
     ├── LbError                (kit/lb/errors.py) the load balancer cannot start or run

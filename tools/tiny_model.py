@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """A tiny random Llama with a locally trained tokenizer, for running the real SGLang on a CPU.
 
-    python tools/tiny_model.py --out DIR [--seed 0]
+    python tools/tiny_model.py --out DIR [--seed 0] [--tokenizer-only]
 
 Writes a Hugging Face model folder that SGLang loads with `--model-path DIR`: config.json,
 generation_config.json, model.safetensors (bf16), tokenizer.json (byte-level BPE trained here on
 a fixed corpus), tokenizer_config.json (with a chat template) and special_tokens_map.json.
 Nothing is downloaded. The same seed gives byte-identical files.
 
-Needs only numpy and tokenizers (both in the SGLang venv); the safetensors file is written by
+Needs only numpy and tokenizers (both in the SGLang venv; --tokenizer-only, for a router's
+tokenizer in a benchmark, needs no numpy and writes no weights); the safetensors file is written by
 hand (an 8-byte header length, a JSON header, the raw tensors) so neither torch nor the
 safetensors package is needed.
 """
@@ -19,9 +20,12 @@ import argparse
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The shape of the spike's model (about 420k parameters): small enough that the forward pass
 # costs nothing beside SGLang's own overhead, big enough to exercise GQA (4 heads / 2 KV heads).
@@ -76,6 +80,8 @@ def train_tokenizer():
 
 def weights(seed: int, vocab: int) -> dict[str, np.ndarray]:
     """Llama weights under Hugging Face names, as float32; N(0, 0.02) like transformers' init."""
+    import numpy as np  # noqa: PLC0415 - --tokenizer-only runs without numpy
+
     rng = np.random.Generator(np.random.PCG64(seed))
     head_dim = HIDDEN // HEADS
 
@@ -101,6 +107,8 @@ def weights(seed: int, vocab: int) -> dict[str, np.ndarray]:
 
 def to_bf16_bytes(array: np.ndarray) -> bytes:
     """float32 -> bfloat16 (round to nearest even), little-endian bytes."""
+    import numpy as np  # noqa: PLC0415 - --tokenizer-only runs without numpy
+
     bits = np.ascontiguousarray(array, dtype="<f4").view("<u4")
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return rounded.astype("<u2").tobytes()
@@ -133,7 +141,7 @@ def write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def build(out: Path, seed: int) -> None:
+def build(out: Path, seed: int, *, tokenizer_only: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
     vocab = tokenizer.get_vocab_size()
@@ -187,6 +195,9 @@ def build(out: Path, seed: int) -> None:
         out / "generation_config.json",
         {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]},
     )
+    if tokenizer_only:
+        print(f"tiny model's tokenizer in {out}: vocab {vocab} (no weights)")
+        return
     tensors = weights(seed, vocab)
     write_safetensors(out / "model.safetensors", tensors)
     params = sum(a.size for a in tensors.values())
@@ -197,8 +208,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--tokenizer-only",
+        action="store_true",
+        help="the tokenizer and config files without the weights (no numpy needed: a router's "
+        "tokenizer for benchmarks)",
+    )
     args = ap.parse_args()
-    build(args.out, args.seed)
+    build(args.out, args.seed, tokenizer_only=args.tokenizer_only)
 
 
 if __name__ == "__main__":

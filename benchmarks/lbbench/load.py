@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.lbbench.cpu import cpu_tree_seconds
@@ -129,7 +130,7 @@ async def _ask(conn: Connection, raw: bytes) -> tuple[int, float | None, int]:
 
 async def closed_loop(
     port: int,
-    body: bytes,
+    body: bytes | Sequence[bytes] | Callable[[int], bytes],
     concurrency: int,
     *,
     seconds: float,
@@ -143,9 +144,26 @@ async def closed_loop(
     `watch` (name: pid), and of this load generator ("loadgen"), over exactly the measured window.
 
     An answer counts as an error unless its status is 200 and, when `events` > 0, it carried
-    exactly that many SSE events (the tokens and `[DONE]`).
+    exactly that many SSE events (the tokens and `[DONE]`). A sequence of bodies is sent in
+    turn, each client taking the next (prompts that differ, as a router's caches see them); a
+    function gives the n-th request's body (each its own).
     """
-    raw = http_request("127.0.0.1", port, body, path)
+    turn = itertools.count()
+    if callable(body):
+        make = body
+
+        def next_raw() -> bytes:
+            return http_request("127.0.0.1", port, make(next(turn)), path)
+
+    else:
+        raws = [
+            http_request("127.0.0.1", port, b, path)
+            for b in ([body] if isinstance(body, bytes) else body)
+        ]
+
+        def next_raw() -> bytes:
+            return raws[next(turn) % len(raws)]
+
     result = LoadResult()
     connections = [Connection("127.0.0.1", port) for _ in range(concurrency)]
     stop_at = time.perf_counter() + warmup + seconds
@@ -154,7 +172,7 @@ async def closed_loop(
     async def client(conn: Connection) -> None:
         while time.perf_counter() < stop_at:
             started = time.perf_counter()
-            answer = await _ask(conn, raw)
+            answer = await _ask(conn, next_raw())
             if measuring:
                 _record(result, started, answer, events)
 

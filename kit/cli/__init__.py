@@ -4,15 +4,26 @@ shows it).
 
 Modules: `app` (the typer app, consoles, `main`), `options` (every option more than one command
 takes, declared once), and one per command group: `topology` (validate, render, schema), `lb`,
-`deploy` (up, restart, down, logs, provision, discover), `observe` (health, status, doctor,
-dashboard, trace), `bench`, `size`, `autoscale`. The library each command calls is imported
+`deploy` (up, restart, down, logs, provision, discover), `upgrade`, `observe` (health, status,
+doctor, dashboard, trace), `bench`, `size`, `autoscale`. The library each command calls is imported
 inside it, so that `pdkit --help` stays fast.
 """
 
-from kit.cli import autoscale, bench, deploy, lb, observe, size, topology
+from kit.cli import autoscale, bench, deploy, lb, observe, size, topology, upgrade
 from kit.cli.app import app, main, order_commands
 
-__all__ = ["app", "autoscale", "bench", "deploy", "lb", "main", "observe", "size", "topology"]
+__all__ = [
+    "app",
+    "autoscale",
+    "bench",
+    "deploy",
+    "lb",
+    "main",
+    "observe",
+    "size",
+    "topology",
+    "upgrade",
+]
 
 order_commands(
     (
@@ -24,6 +35,7 @@ order_commands(
         "status",
         "up",
         "restart",
+        "upgrade",
         "doctor",
         "down",
         "logs",

@@ -21,7 +21,7 @@ from kit.cli.options import (
     pair_timeout,
     reference_url,
 )
-from kit.errors import PdkitError
+from kit.errors import PdkitError, TopologyError
 
 
 @app.command(
@@ -83,7 +83,15 @@ def up(
     from kit.deploy import up as deploy_up  # noqa: PLC0415
     from kit.observe.doctor import DEFAULT_TIMEOUT_S, DoctorOptions  # noqa: PLC0415
 
-    plan = resolve_plan(topology, state_dir, on_job=False)
+    try:
+        plan = resolve_plan(topology, state_dir, on_job=False)
+    except TopologyError as exc:
+        from kit.slurm.scale import no_room  # noqa: PLC0415
+
+        said = no_room(topology, exc)
+        if said is exc:
+            raise
+        raise said from exc
     options = UpOptions(
         worker_timeout=timeout,
         router_timeout=router_timeout,
@@ -305,7 +313,18 @@ def provision(
 
     if index and wheelhouse is not None:
         raise PdkitError("--index and --wheelhouse exclude each other: choose one source.")
-    context = DeployContext.build(resolve_plan(topology, state_dir), topology, state_dir)
+    plan = resolve_plan(topology, state_dir, on_job=False)
+    if plan.slurm is not None:
+        if not check:
+            raise PdkitError(
+                f"{topology} says launcher: slurm: pdkit does not provision Slurm nodes (the "
+                "site does: slurm.venv or slurm.container_image). `pdkit provision "
+                f"{topology} --check` says what the nodes lack."
+            )
+        from kit.slurm.preflight import check as slurm_check  # noqa: PLC0415
+
+        raise typer.Exit(slurm_check(topology, plan, console, state_dir))
+    context = DeployContext.build(plan, topology, state_dir)
     if check and (dry_run or transfer_test or compile_deep_gemm or wheelhouse is not None):
         raise PdkitError(
             "--check only reads the hosts: leave out --dry-run, --transfer-test, "

@@ -2,7 +2,7 @@
 What acts on the hosts themselves (the context, inventory, Ansible runs, logs, provisioning,
 host checks, probes) is `kit.hosts`, below this package.
 
-Imports run one way: rollout -> live -> steps -> (gate, wait, view, ...) -> kit.hosts.
+Imports run one way: rollout, upgrade -> live -> steps -> (gate, wait, view, ...) -> kit.hosts.
 
 wait      readiness polling from the control machine; readiness: the pure verdicts
 services  supervisord's own view of local hosts (XML-RPC over its unix socket)
@@ -11,6 +11,8 @@ steps     what up, restart and provision share: options, timeouts, a playbook ru
           readiness wait as shown, the failure report, the end of a rollout
 live      the steps of `changes` applied to a running deployment; routing: the router's worker API
 rollout   `pdkit up` / `pdkit restart` / `pdkit down`; view: rich presentation of readiness
+upgrade   `pdkit upgrade`: live's path to another topology's settings, each instance gated on
+          its tokens, rolled back at the first failure, its progress kept for --resume
 state     what runs, recorded per deployment; changes: record -> topology as steps (pure);
           surge: the stand-ins of a live change
 trace     `pdkit trace`

@@ -30,6 +30,15 @@ from kit.observe.doctor_view import (
 from kit.observe.run import ProbeOptions, replica_checks
 
 
+class GateError(DeployError):
+    """The gate failed; `findings` is what failed and why, without the advice for `pdkit up`
+    (a caller that runs the gate for another command gives its own)."""
+
+    def __init__(self, message: str, findings: str) -> None:
+        super().__init__(message)
+        self.findings = findings
+
+
 def log_reader(ctx: DeployContext, lines: int = LOG_LINES) -> LogReader:
     """process name -> the last `lines` lines of its log on its host."""
     return lambda process: tail(ctx.log_file(process), lines)
@@ -43,7 +52,13 @@ def transfer_gate(ctx: DeployContext, console: Console, options: DoctorOptions) 
     console.print(
         f"[bold]Gate[/]: one PD request per prefill x decode pair ({pairs} pair(s), "
         f"timeout {options.timeout_s:g} s each), tokens compared with "
-        + (f"the reference {options.reference_url}" if options.reference_url else "each other")
+        + (
+            f"the reference {options.reference_url}"
+            if options.reference_url
+            else options.expected_source
+            if options.expected is not None
+            else "each other"
+        )
     )
     matrix = check(plan, options, log_reader(ctx))
     console.print(matrix_table(matrix))
@@ -61,16 +76,19 @@ def transfer_gate(ctx: DeployContext, console: Console, options: DoctorOptions) 
         what.append(f"{len(wrong)} gave wrong tokens ({', '.join(p.name for p in wrong)})")
     if matrix.reference_error:
         what.append("the reference gave no answer")
-    lines = [
+    findings = [
         f"The KV transfer gate failed: of {len(matrix.pairs)} prefill x decode pair(s), "
         f"{'; '.join(what)}.",
         *failure_lines(matrix),
+    ]
+    lines = [
+        *findings,
         "The workers and the router are running, but requests routed to these pairs fail.",
         f"To fix: correct the cause above, then `pdkit up {topology}` again; "
         f"`pdkit doctor {topology}` re-runs the check alone, and `pdkit up {topology} "
         "--no-gate` deploys without it.",
     ]
-    raise DeployError("\n".join(lines))
+    raise GateError("\n".join(lines), "\n".join(findings))
 
 
 def run_doctor(

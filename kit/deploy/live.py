@@ -108,6 +108,14 @@ class LiveChange:
     mode: Mode = "up"
     surge_plans: dict[str, Plan | str] = dataclasses.field(default_factory=dict)
     """By role: the Plan with one more instance of it (a surge's stand-in), or why none."""
+    gate_with_running: bool = False
+    """The gate pairs a joining instance with every running instance of the other role, not
+    only those already on the topology's settings (`pdkit upgrade`: an old decode serves the
+    new prefill meanwhile, so that pair must work)."""
+    hold_on_failure: bool = False
+    """A replacement at the same URL that fails to join stays listed as returning, so that its
+    role's requests are still held (`pdkit upgrade`: its rollback brings the old one back
+    there); False: it is taken out for good."""
 
     @property
     def worker_timeout(self) -> float:
@@ -350,7 +358,7 @@ class LiveChange:
             asyncio.run(self._join(joining))
             phases["readmit"] = time.monotonic() - joined
         except (DeployError, KeyboardInterrupt):
-            if returning:  # not coming back: the router stops holding for them
+            if returning and not self.hold_on_failure:  # not coming back: no more holding
                 asyncio.run(self._take_out(returning, set(), 0.0))
             raise
         save_windows(self.ctx.state_dir, {s.instance: phases for s in joining})
@@ -394,7 +402,11 @@ class LiveChange:
         """The transfer gate for the joining instances: each against every instance of the
         other role that already runs with the topology's settings, and the other joining ones."""
         before, after = record.instances(), self.target.instances()
-        serving = {name for name, procs in before.items() if procs == after.get(name)}
+        serving = {
+            name
+            for name, procs in before.items()
+            if procs == after.get(name) or (self.gate_with_running and name in after)
+        }
         candidates = serving | {s.instance for s in joining}
         for role in ("prefill", "decode"):
             mine = {s.instance for s in joining if s.role == role}

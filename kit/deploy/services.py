@@ -74,13 +74,18 @@ def service_info(raw: Mapping[str, Any]) -> ServiceInfo:
     )
 
 
+def supervisor_proxy(socket_path: str, timeout: float = RPC_TIMEOUT_S) -> xmlrpc.client.ServerProxy:
+    """supervisord's XML-RPC interface on its unix socket `socket_path`."""
+    return xmlrpc.client.ServerProxy(
+        "http://localhost", transport=_UnixTransport(socket_path, timeout)
+    )
+
+
 def supervisor_processes(
     socket_path: str, timeout: float = RPC_TIMEOUT_S
 ) -> dict[str, ServiceInfo] | None:
     """Every process supervisord at `socket_path` knows, by name; None when it does not run."""
-    proxy = xmlrpc.client.ServerProxy(
-        "http://localhost", transport=_UnixTransport(socket_path, timeout)
-    )
+    proxy = supervisor_proxy(socket_path, timeout)
     try:
         infos: list[Mapping[str, Any]] = proxy.supervisor.getAllProcessInfo()  # type: ignore[assignment]
     except (OSError, xmlrpc.client.Error, http.client.HTTPException):

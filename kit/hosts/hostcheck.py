@@ -651,16 +651,23 @@ def check_hosts(
     (work / "check.json").write_text(
         json.dumps({h: collector.facts[h][FACT] for h in collector.facts}, indent=2) + "\n"
     )
-    for line in table(items):
+    for line in report(ctx.plan.name, items):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for item in items:
-        if item.verdict != "ok":
-            console.print(f"  {item.host}: {item.item}: {item.fix}.", markup=False, highlight=False)
-    code = exit_code(items)
-    verdict = {
-        0: "every host has what it needs",
-        1: "some items need fixing by hand (FAIL above)",
-        2: "pdkit provision installs what is missing",
-    }[code]
-    console.print(f"Checked {ctx.plan.name}: {verdict}.", markup=False)
-    return code
+    return exit_code(items)
+
+
+VERDICTS = {
+    0: "every host has what it needs",
+    1: "some items need fixing by hand (FAIL above)",
+    2: "pdkit provision installs what is missing",
+}
+
+
+def report(
+    name: str, items: Sequence[CheckItem], verdicts: Mapping[int, str] = VERDICTS
+) -> list[str]:
+    """What `pdkit provision --check` prints: the table, each item's fix, and the verdict
+    (`verdicts` by exit code)."""
+    lines = table(items)
+    lines += [f"  {i.host}: {i.item}: {i.fix}." for i in items if i.verdict != "ok"]
+    return [*lines, f"Checked {name}: {verdicts[exit_code(items)]}."]

@@ -136,16 +136,29 @@ def worker_record(
         "stage": "workers",
         # Node rank 0 stops first: ranks >= 1 ignore SIGTERM and exit after rank 0 does.
         "node_rank": worker.node_rank,
-        # A rank of a multi-node instance never starts alone at boot: it cannot join a torch
-        # group whose other ranks run already or have not started; `pdkit up` starts the
-        # instance's ranks together (it finds them not running).
-        "start_at_boot": worker.nnodes == 1,
+        # A rank of a multi-node instance runs under its group's agent (kit/ranks): the ranks
+        # start together, rank 0 first, and all restart when one fails; none starts alone.
+        "rank_group": rank_group_args(worker),
         "python": worker.python,
         "env": dict(sorted(env.items())),
         "secret_env": {},
         "url": worker.url if worker.serves_http else None,
         "input_files": [list(pair) for pair in worker.input_files],
     }
+
+
+def rank_group_args(worker: WorkerProcess) -> list[str] | None:
+    """`python -m kit.ranks` flags of a rank of a multi-node instance (None: one node)."""
+    if worker.rank_group_addr is None:
+        return None
+    return [
+        "--leader",
+        worker.rank_group_addr,
+        "--node-rank",
+        str(worker.node_rank),
+        "--nnodes",
+        str(worker.nnodes),
+    ]
 
 
 def router_record(router: RouterProcess, deployment: str, layout: HostLayout) -> dict[str, Any]:

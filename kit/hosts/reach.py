@@ -27,7 +27,7 @@ import json
 import select
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +46,8 @@ LISTEN_START_S = 30.0
 WHY = {
     DECODE_HOSTS: "the decode fetches the prefill's parallel info there; without it every "
     "request of the pair fails (`Could not fetch prefill parallel info from bootstrap_addr`)",
-    INSTANCE_NODES: "the instance's nodes meet there (torch.distributed); without it the other "
-    "ranks hang at start-up until --dist-timeout",
+    INSTANCE_NODES: "the instance's nodes meet there (torch.distributed, and pdkit's rank group "
+    "agents); without it the other ranks hang at start-up until --dist-timeout, or never start",
 }
 
 
@@ -92,7 +92,9 @@ def routes(plan: Plan) -> list[Route]:
     for worker in plan.workers:
         by_instance.setdefault(worker.instance_name, []).append(worker.host)
     decode_hosts = list(dict.fromkeys(w.host for w in plan.workers if w.role == "decode"))
-    local = {h.name for h in plan.hosts if h.connection == "local"}
+    # Local hosts share this machine's network; a Slurm plan's stand-in hosts (connection
+    # local too) are nodes of their own.
+    local = {h.name for h in plan.hosts if h.connection == "local" and plan.slurm is None}
     out = []
     for worker in plan.workers:
         for use in worker.ports:
@@ -120,15 +122,26 @@ def routes(plan: Plan) -> list[Route]:
     return out
 
 
-def _argv(host: DeployHost, spec: Mapping[str, Any]) -> list[str]:
-    """The probe with `spec`, sent on stdin to the host's Python (any Python 3: stdlib only)."""
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-    command = [host.python if host.local else "python3", "-", encoded]
+HostCommand = Callable[[DeployHost, list[str]], list[str]]
+"""How to run an argv on a host: `on_host` (itself on a local host, over SSH on another), or a
+launcher's own way in (a Slurm job step on the node)."""
+
+
+def on_host(host: DeployHost, command: list[str]) -> list[str]:
+    """`command` run on `host`: as it is on a local host, over SSH on a remote one."""
     return command if host.local else ssh_argv(host, command)
 
 
+def probe_argv(host: DeployHost, spec: Mapping[str, Any], run_on: HostCommand) -> list[str]:
+    """The probe with `spec`, sent on stdin to the host's Python (any Python 3: stdlib only)."""
+    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    return run_on(host, [host.python if host.local else "python3", "-", encoded])
+
+
 class _Listener:
-    def __init__(self, host: DeployHost, todo: Sequence[Route], serve_s: float) -> None:
+    def __init__(
+        self, host: DeployHost, todo: Sequence[Route], serve_s: float, run_on: HostCommand
+    ) -> None:
         counts: dict[tuple[str, int], int] = {}
         for route in todo:
             counts[route.bind, route.port] = counts.get((route.bind, route.port), 0) + 1
@@ -137,7 +150,7 @@ class _Listener:
             "serve_s": serve_s,
             "ports": [{"bind": b, "port": p, "expect": n} for (b, p), n in counts.items()],
         }
-        self.proc = start_host_script(_argv(host, spec), PROBE_ROLE, PROBE)
+        self.proc = start_host_script(probe_argv(host, spec, run_on), PROBE_ROLE, PROBE)
 
     def ready(self, timeout: float) -> dict[tuple[str, int], str]:
         """(bind, port) -> listening, in use, or why it could not bind; {} when it never
@@ -179,7 +192,9 @@ class _Listener:
             self.proc.wait()
 
 
-def _connect(host: DeployHost, todo: Sequence[Route], timeout_s: float) -> list[Reach]:
+def _connect(
+    host: DeployHost, todo: Sequence[Route], timeout_s: float, run_on: HostCommand
+) -> list[Reach]:
     spec = {
         "mode": "connect",
         "timeout_s": timeout_s,
@@ -187,7 +202,7 @@ def _connect(host: DeployHost, todo: Sequence[Route], timeout_s: float) -> list[
     }
     try:
         done = subprocess.run(
-            _argv(host, spec),
+            probe_argv(host, spec, run_on),
             input=host_script(PROBE_ROLE, PROBE),
             capture_output=True,
             text=True,
@@ -213,8 +228,10 @@ def check_reach(
     hosts: Mapping[str, DeployHost],
     *,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    run_on: HostCommand = on_host,
 ) -> list[Reach]:
-    """Try every route of `routes(plan)` (see the module doc); [] when there is none."""
+    """Try every route of `routes(plan)` (see the module doc), each probe started on its host
+    by `run_on`; [] when there is none."""
     todo = routes(plan)
     if not todo:
         return []
@@ -222,7 +239,7 @@ def check_reach(
     sources = list(dict.fromkeys(r.source for r in todo))
     serve_s = LISTEN_START_S + 2 * connect_timeout_s + 10
     listeners = {
-        t: _Listener(hosts[t], [r for r in todo if r.target == t], serve_s) for t in targets
+        t: _Listener(hosts[t], [r for r in todo if r.target == t], serve_s, run_on) for t in targets
     }
     try:
         states = {t: listener.ready(LISTEN_START_S) for t, listener in listeners.items()}
@@ -244,6 +261,7 @@ def check_reach(
                     hosts[source],
                     [r for r in runnable if r.source == source],
                     connect_timeout_s,
+                    run_on,
                 )
                 for source in sources
                 if any(r.source == source for r in runnable)

@@ -37,10 +37,12 @@ A worker whose index is not live (no events, a gap being rebuilt, restarted, sil
 candidate with nothing cached and its rank left to chance; with no live index at all, or no
 token ids for the prompt, the choice is `prefix_affinity`'s.
 
-Token ids: a `/generate` body's `input_ids`; for text, only in front of emulated workers (the
-sim's tokenizer, `kit.byte_tokenizer`, with the vocabulary their `/server_info` reports, or
-`--prompt-tokens sim:VOCAB`). The router holds no model tokenizer, so text prompts in front of
-real SGLang route by `prefix_affinity`.
+Token ids: a `/generate` body's `input_ids` or a completions prompt of ids; for text, the served
+model's tokenizer (`--prompt-tokens model:PATH`, `kit.lb.tokenizer`), or in front of emulated
+workers the sim's (`kit.byte_tokenizer`, with the vocabulary their `/server_info` reports, or
+`--prompt-tokens sim:VOCAB`). Without either, text prompts route by `prefix_affinity`. The
+prompt's block hashes come from the index's `BlockHasher`, which keeps those of recurring
+chunks (a shared system prompt or document is not hashed again per request).
 """
 
 from __future__ import annotations

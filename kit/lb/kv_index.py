@@ -50,7 +50,7 @@ import zmq.asyncio
 from yarl import URL
 
 from kit.kvevents import wire
-from kit.kvevents.blocks import block_hashes
+from kit.kvevents.blocks import BlockHasher
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +249,9 @@ class KvIndex:
         # was moved since is pushed again and its old entry skipped.
         self._deadlines: list[tuple[float, int, Pending]] = []
         self._tie = itertools.count()
+        # Prompts share prefixes (system prompts, documents, earlier turns): their chunks'
+        # hashes are kept rather than recomputed per request.
+        self.block_hashes = BlockHasher()
 
     def add(self, url: str, block_size: int, dp_size: int) -> WorkerCache:
         cache = WorkerCache(url, block_size, [RankCache() for _ in range(dp_size)])
@@ -310,7 +313,7 @@ class KvIndex:
         memo = {} if memo is None else memo
         hashes = memo.get(cache.block_size)
         if hashes is None:
-            hashes = memo[cache.block_size] = block_hashes(prompt, cache.block_size, usable)
+            hashes = memo[cache.block_size] = self.block_hashes(prompt, cache.block_size, usable)
         return [r.cached_blocks(hashes, pending=pending) * cache.block_size for r in cache.ranks]
 
     def expect(

@@ -74,7 +74,8 @@ def refusal(pd: PdRequest, followed: bool = False) -> str | None:
             return None
         return (
             "the router does not follow this stream's token ids (no prompt ids: text without "
-            "the model's tokenizer; or n > 1, logprobs, echo, tools, a response format)"
+            "the model's tokenizer; or n > 1, logprobs, echo, tools, a response format; or a "
+            "chat with --no-chat-bridge, the workers parsing reasoning or tool calls)"
         )
     body = pd.body
     if pd.batch_size is not None:

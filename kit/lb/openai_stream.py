@@ -126,8 +126,10 @@ class IdStream:
         pd: PdRequest,
         tokenizer: ModelTokenizer | None,
         context_length: int | None,
+        bridge_chat: bool = True,
     ) -> IdStream | None:
-        """The followed stream of `pd`, or None when its stream cannot be continued exactly."""
+        """The followed stream of `pd`, or None when its stream cannot be continued exactly
+        (a chat without `bridge_chat`: its workers parse what completions would not)."""
         ids = pd.ids
         body = pd.body
         if not pd.stream or not ids or pd.merge is not Merge.NONE or pd.batch_size:
@@ -141,7 +143,7 @@ class IdStream:
                 return cls(pd, pd, ids, tokenizer)
             wire = {**body, "return_token_ids": True}
             return cls(pd, parse_request(COMPLETIONS, _dumps(wire)), ids, tokenizer)
-        if pd.path != CHAT or any(body.get(key) for key in _CHAT_ONLY):
+        if pd.path != CHAT or not bridge_chat or any(body.get(key) for key in _CHAT_ONLY):
             return None
         bridged = bridge_body(body, ids, tokenizer, context_length)
         if bridged is None:
@@ -174,10 +176,10 @@ class IdStream:
             prompt_ids = choice.pop("prompt_token_ids", None)
             self.ids.extend(int(t) for t in new_ids)
             text = choice.get("text") or ""
-            if self.joined:
-                text = self._joined_text(text)
-                prompt_ids = None
             finish = choice.get("finish_reason")
+            if self.joined:
+                text = self._joined_text(text, final=finish is not None)
+                prompt_ids = None
             if self.joined and finish is None:
                 stop = self._straddling(text)
                 if stop is not None:
@@ -260,16 +262,18 @@ class IdStream:
         skip = self.wire.body.get("skip_special_tokens", True) is not False
         return self.tokenizer.decode([*self.prompt[-SURROUND:], *ids], skip_special_tokens=skip)
 
-    def _joined_text(self, text: str) -> str:
+    def _joined_text(self, text: str, *, final: bool = False) -> str:
         """A continuation's text delta: rebuilt from every id with the router's tokenizer
-        where there is one (exact across a character cut by the join), else the new decode's."""
+        where there is one (exact across a character cut by the join), else the new decode's.
+        The `final` chunk (its finish_reason set) gives all that is left, an incomplete
+        character as U+FFFD included: SGLang's detokenizer flushes it at the end."""
         if self.tokenizer is None:
             return text
         full = self._decode(self.ids)
         if not full.startswith(self._surround):
             return text
         full = full[len(self._surround) :]
-        if full.endswith("\ufffd"):  # a character still incomplete: held back, as SGLang does
+        if full.endswith("\ufffd") and not final:  # incomplete: held back, as SGLang does
             full = full[:-1]
         if not full.startswith(self.text):
             return text

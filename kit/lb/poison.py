@@ -108,7 +108,7 @@ class PoisonGuard:
             left = max(0.0, record.refused_until_s - self._clock())
             raise ApiError(
                 502,
-                f"request refused: {record.deaths} prefill workers died while serving this same "
+                f"request refused: a prefill died {record.deaths} times while serving this same "
                 f"request (a poison request, fingerprint {key}); pdkit's router refuses it for "
                 f"{left:.0f} s more. Check it against the model (ids in the vocabulary, "
                 "lengths, sampling parameters) and the workers' logs",
@@ -162,7 +162,7 @@ class PoisonGuard:
         self.refused_total += 1
         return ApiError(
             502,
-            f"request refused: {DEATHS_TO_REFUSE} prefill workers died while serving this "
+            f"request refused: a prefill died {DEATHS_TO_REFUSE} times while serving this "
             f"request (a poison request, fingerprint {key}); pdkit's router refuses it for "
             f"{self.quarantine_s:.0f} s. Check it against the model (ids in the vocabulary, "
             "lengths, sampling parameters) and the workers' logs",

@@ -543,7 +543,8 @@ class LoadBalancer:
                 if self.config.migrate and stream and path != GENERATE:
                     if pd.ids is None:  # ids a client sent count without a tokenizer too
                         pd.ids = prompt_ids(pd, None)
-                    ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length)
+                    bridge = self.config.chat_bridge
+                    ex.follow = IdStream.plan(pd, self.tokenizer, self.context_length, bridge)
                 response = await dispatcher.dispatch(ex)
             except ApiError as error:
                 cause = error.cause

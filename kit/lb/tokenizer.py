@@ -21,6 +21,11 @@ package and jinja2, following what SGLang 0.5.23 runs (transformers 5 under it):
    variables) with ``add_generation_prompt=True``; the text encoded without special tokens when
    the tokenizer adds some to an empty string.
 
+4. Encoding goes through a cache of pieces (`_SegmentCache`): the text is cut at added tokens
+   and, for the pre-tokenizers where that provably changes no id, before a space that follows
+   a letter about every `CUT_CHARS` characters; a piece seen before (a system prompt, a shared
+   document, earlier turns) is not encoded again.
+
 Requests outside what is reproduced here get no ids (`None`: the router routes them as it does
 without a tokenizer): tools, assistant tool calls, ``input_ids`` given with messages, messages
 with fields other than role, content and name, content parts other than text, and batches.
@@ -28,6 +33,7 @@ with fields other than role, content and name, content parts other than text, an
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -75,6 +81,23 @@ _TEXT_PART_TYPES = ("text", "input_text")
 
 SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
+
+CUT_CHARS = 512
+"""The segment cache cuts a long text about this often (characters), where a cut cannot change
+an id (`_cut_points`), so that a long shared prefix of plain text (a document, few-shot
+examples) is encoded once."""
+
+# Pre-tokenizer regexes for which a cut before a space that follows a letter is a pre-token
+# boundary (no alternative matches a letter then a space, none looks behind): GPT-2's (the
+# ByteLevel pre-tokenizer's own), Llama 3's and Qwen 2's (a Split before a ByteLevel).
+_CUTTABLE_SPLITS = frozenset(
+    {
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+        r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    }
+)
 
 
 # model_config.get_default_sampling_params: the generation_config.json keys SGLang 0.5.23's chat
@@ -227,6 +250,8 @@ class ModelTokenizer:
         # chat without special tokens (the template wrote them).
         self._adds_specials = len(tokenizer.encode("", add_special_tokens=True).ids) > 0
         self._segments = _SegmentCache.for_tokenizer(tokenizer)
+        self._wrap = _special_wrap(tokenizer)
+        self._post_adds = _post_adds(tokenizer)  # once: it encodes twice
 
     @classmethod
     def load(cls, folder: Path) -> ModelTokenizer:
@@ -289,6 +314,9 @@ class ModelTokenizer:
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a /generate ``text`` or a /v1/completions ``prompt`` string."""
+        if self._segments is not None and self._wrap is not None:
+            head, tail = self._wrap
+            return [*head, *self._segments.encode(text), *tail]
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -343,7 +371,7 @@ class ModelTokenizer:
         if text is None:
             return None
         add_special = not self._adds_specials
-        if self._segments is not None and not (add_special and _post_adds(self._tokenizer)):
+        if self._segments is not None and not (add_special and self._post_adds):
             ids = self._segments.encode(text)
         else:
             ids = list(self._tokenizer.encode(text, add_special_tokens=add_special).ids)
@@ -392,7 +420,7 @@ class ModelTokenizer:
         if path == "/generate":
             ids = body.get("input_ids")
             if ids is not None:
-                return [int(i) for i in ids] if _is_id_list(ids) else None
+                return list(ids) if _is_id_list(ids) else None
             text = body.get("text")
             return self.encode_text(text) if isinstance(text, str) else None
         if path == "/v1/completions":
@@ -400,7 +428,7 @@ class ModelTokenizer:
             if isinstance(prompt, str):
                 return self.encode_text(prompt)
             if isinstance(prompt, list) and _is_id_list(prompt):
-                return [int(i) for i in prompt]
+                return list(prompt)
             if isinstance(prompt, list) and len(prompt) == 1:
                 only = prompt[0]
                 if isinstance(only, str):
@@ -456,6 +484,12 @@ def router_prompts(config: LbConfig) -> RouterPrompts:
     log.log(logging.INFO if tokenizer else logging.WARNING, "%s", note)
     if tokenizer is None:
         return RouterPrompts(None, "none", None, config.context_length or None)
+    if tokenizer.chat_template and not config.chat_bridge:
+        log.info(
+            "--no-chat-bridge: chats go to the workers' own /v1/chat/completions (they parse "
+            "reasoning or tool calls that /v1/completions would not), so a chat stream cut by "
+            "a dead decode ends with an error instead of going on"
+        )
     limits = tokenizer.limits
     return RouterPrompts(
         tokenizer,
@@ -473,11 +507,8 @@ def _part_text(part: object) -> str | None:
 
 
 def _is_id_list(value: object) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-    )
+    # `type(i) is int`: a bool is not an id (and JSON gives no other int subclass).
+    return isinstance(value, list) and bool(value) and all(type(i) is int for i in value)
 
 
 def _post_processor(
@@ -517,6 +548,7 @@ class _SegmentCache:
         self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cached_tokens = 0
+        self.cuts = _cuttable(tokenizer)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> _SegmentCache | None:
@@ -543,15 +575,116 @@ class _SegmentCache:
             ids += self._piece(text[start:])
         return ids
 
-    def _piece(self, piece: str) -> tuple[int, ...]:
+    def _piece(self, piece: str) -> Sequence[int]:
         cached = self._cache.get(piece)
         if cached is not None:
             self._cache.move_to_end(piece)
             return cached
+        if self.cuts and len(piece) >= 2 * CUT_CHARS:
+            whole = tuple(self._long(piece))
+            self._keep(piece, whole)  # the same piece again (a system prompt): one look-up
+            return whole
         ids = tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids)
+        self._keep(piece, ids)
+        return ids
+
+    def _long(self, piece: str) -> list[int]:
+        """A long piece, span by span between its cut points: the spans seen before from the
+        cache; from the first one not seen, the rest encoded at once and its spans kept (a cut
+        is a pre-token boundary: no token straddles it)."""
+        bounds = _cut_points(piece)
+        ids: list[int] = []
+        for i in range(len(bounds) - 1):
+            span = piece[bounds[i] : bounds[i + 1]]
+            cached = self._cache.get(span)
+            if cached is not None:
+                self._cache.move_to_end(span)
+                ids += cached
+                continue
+            start = bounds[i]
+            encoding = self._tokenizer.encode(piece[start:], add_special_tokens=False)
+            rest = encoding.ids
+            ids += rest
+            first = 0
+            for lo, hi in itertools.pairwise(bounds[i:]):
+                # the token of the space that opens the next span is that span's first
+                last = len(rest) if hi == len(piece) else encoding.char_to_token(hi - start)
+                if last is None or last <= first:
+                    break
+                span = piece[lo:hi]
+                if span not in self._cache:
+                    self._keep(span, tuple(rest[first:last]))
+                first = last
+            break
+        return ids
+
+    def _keep(self, piece: str, ids: tuple[int, ...]) -> None:
         self._cache[piece] = ids
         self._cached_tokens += len(ids)
         while self._cached_tokens > SEGMENT_CACHE_TOKENS and self._cache:
             _, dropped = self._cache.popitem(last=False)
             self._cached_tokens -= len(dropped)
-        return ids
+
+
+def _cut_points(text: str) -> list[int]:
+    """0, the cuts, len(text): a cut at the first space at least `CUT_CHARS` after the last
+    cut whose previous character is a letter. Decided by the text before the cut and the cut
+    itself, so that texts sharing a prefix share its cuts."""
+    bounds = [0]
+    at = CUT_CHARS
+    while True:
+        cut = text.find(" ", at)
+        while cut > 0 and not text[cut - 1].isalpha():
+            cut = text.find(" ", cut + 1)
+        if cut <= 0:
+            break
+        bounds.append(cut)
+        at = cut + CUT_CHARS
+    bounds.append(len(text))
+    return bounds
+
+
+def _cuttable(tokenizer: Tokenizer) -> bool:
+    """Whether a cut of `_cut_points` is a pre-token boundary for this tokenizer: no
+    normalizer, and a ByteLevel pre-tokenizer with GPT-2's regex, or a known Split regex
+    (`_CUTTABLE_SPLITS`) before a ByteLevel without its own."""
+    try:
+        spec = json.loads(tokenizer.to_str())
+    except ValueError:
+        return False
+    if spec.get("normalizer") is not None:
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        return pre.get("use_regex", True) is True
+    if pre.get("type") != "Sequence":
+        return False
+    steps = pre.get("pretokenizers") or []
+    if len(steps) != 2:
+        return False
+    split, byte_level = steps
+    return (
+        split.get("type") == "Split"
+        and (split.get("pattern") or {}).get("Regex") in _CUTTABLE_SPLITS
+        and split.get("behavior") == "Isolated"
+        and split.get("invert") is False
+        and byte_level.get("type") == "ByteLevel"
+        and byte_level.get("use_regex") is False
+    )
+
+
+def _special_wrap(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids the post-processor puts before and after a text's own (a BOS, an EOS), when
+    they are the same for every text (found on two texts), else None."""
+    found = []
+    for probe in ("a", "hello world"):
+        full = tokenizer.encode(probe, add_special_tokens=True).ids
+        bare = tokenizer.encode(probe, add_special_tokens=False).ids
+        at = next(
+            (i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare),
+            None,
+        )
+        if at is None or not bare:
+            return None
+        found.append((tuple(full[:at]), tuple(full[at + len(bare) :])))
+    return found[0] if found[0] == found[1] else None

@@ -124,6 +124,10 @@ class DoctorOptions:
     reference_url: str | None = None
     """A colocated server of the same model (`--disaggregation-mode null`): every pair's tokens
     must equal its answer to the same request. None: the pairs must agree with each other."""
+    expected: Answer | None = None
+    """Without `reference_url`: the answer every pair must give, known beforehand (`pdkit
+    upgrade`: the deployment's own before it started), named `expected_source` in messages."""
+    expected_source: str = "the expected answer"
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -499,7 +503,7 @@ async def run_matrix(plan: Plan, options: DoctorOptions) -> Matrix:
             results=results,
             options=options,
         )
-        reference, reference_error = None, ""
+        reference, reference_error = options.expected, ""
         if options.reference_url:
             reference, reference_error = await _reference(prober, options)
     pairs = tuple(results[i, j] for i in range(len(prefills)) for j in range(len(decodes)))
@@ -513,7 +517,8 @@ async def run_matrix(plan: Plan, options: DoctorOptions) -> Matrix:
         reference_url=options.reference_url,
         reference_error=reference_error,
     )
-    return judge_tokens(matrix, reference)
+    source = "the reference" if options.reference_url else options.expected_source
+    return judge_tokens(matrix, reference, source)
 
 
 async def _reference(prober: Prober, options: DoctorOptions) -> tuple[Answer | None, str]:
@@ -535,12 +540,12 @@ async def _reference(prober: Prober, options: DoctorOptions) -> tuple[Answer | N
     )
 
 
-def judge_tokens(matrix: Matrix, reference: Answer | None) -> Matrix:
+def judge_tokens(matrix: Matrix, reference: Answer | None, source: str = "the reference") -> Matrix:
     """The matrix with every pair whose tokens differ from the expected ones (the reference's,
     else the majority's) turned `wrong`, named with what it gave against what was expected;
     a worker all of whose pairs are wrong is named as the likely cause."""
     answers = {p.name: p.answer for p in matrix.pairs if p.ok and p.answer is not None}
-    want = expected(answers, reference)
+    want = expected(answers, reference, source)
     bad = disagreements(answers, want)
     already = {p.name for p in matrix.pairs if p.state == "wrong"}
     culprits = suspects(set(bad) | already, {p.name: (p.prefill, p.decode) for p in matrix.pairs})

@@ -194,7 +194,7 @@ def token_line(matrix: Matrix) -> str:
     if want.answer is None:
         return f"tokens: the pairs disagree and none has a majority ({want.source})"
     where = f" {matrix.reference_url}" if matrix.reference_url else ""
-    if want.compared == 1 and not matrix.reference_url:
+    if want.compared == 1 and want.source.startswith("the majority"):
         return f"tokens: {want.answer.show()} (one pair: no other answer to compare with)"
     return (
         f"tokens: {want.agree} of {want.compared} pair(s) agree with {want.source}{where}: "

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from kit.net import bare_host
+from kit.net import bare_host, host_port
 from kit.plan.kvpool import build_kv_pool
 from kit.plan.launch import worker_launch
 from kit.plan.monitoring import build_monitoring
@@ -21,9 +21,10 @@ from kit.plan.router import build_router
 from kit.plan.vip import build_router_vip
 from kit.sglang import hicache, render
 from kit.sglang.dialects import dialect
+from kit.topology import ports
 from kit.topology.layout import HostLayout, host_root, process_name, unit_name
 from kit.topology.listeners import process_ports
-from kit.topology.place import Placement
+from kit.topology.place import InstancePlacement, Placement
 from kit.topology.plan_types import HostPlan, ModelPlan, Plan, WorkerProcess
 from kit.topology.schema import RoleSpec, Topology
 from kit.topology.slurm_schema import Slurm
@@ -53,6 +54,17 @@ def sglang_python(topology: Topology, host_name: str, topology_dir: Path) -> str
     if topology.engine != "sglang" or python is None:
         return None
     return host_root(python, topology_dir)
+
+
+def rank_group_addr(topology: Topology, p: InstancePlacement) -> str | None:
+    """host:port of the rank group's leader (kit/ranks, beside node rank 0) of a multi-node
+    instance; None for an instance of one node, and under Slurm (an instance is one job step,
+    which Slurm ends and the job starts again as a whole)."""
+    if p.nnodes == 1 or p.dist_init_port is None or topology.launcher == "slurm":
+        return None
+    return host_port(
+        topology.host(p.nodes[0].host).address, ports.rank_group_port(p.dist_init_port)
+    )
 
 
 def build_workers(
@@ -95,6 +107,7 @@ def build_workers(
                     bootstrap_port=p.bootstrap_port,
                     ports=process_ports(topology, p, node),
                     dist_init_addr=render.dist_init_addr(topology, p),
+                    rank_group_addr=rank_group_addr(topology, p),
                     nccl_port=p.nccl_port,
                     rdma_devices=nics.devices if nics else (),
                     gpu_nics=nics.per_gpu if nics else {},

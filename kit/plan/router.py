@@ -26,7 +26,7 @@ from kit.net import bare_host
 from kit.topology.args import Flag, flag_groups, flatten, normalize_flag
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, unit_name
 from kit.topology.plan_types import Command, RouterProcess, WorkerProcess
-from kit.topology.router_flags import SAME, RouterOption, router_policy
+from kit.topology.router_flags import SAME, RouterOption, router_policy, worker_chat_parsers
 from kit.topology.router_options import (
     BY_FLAG,
     DEFAULTS,
@@ -174,13 +174,45 @@ def router_problems(topology: Topology) -> list[Problem]:
             values[option.name] = value
     problems: list[Problem] = []
     # In the order they are rendered: a later flag wins, as on the router's command line.
+    given = {normalize_flag(k): v for k, v in topology.router.args.items()}
     for key, raw in sorted(topology.router.args.items(), key=lambda kv: normalize_flag(kv[0])):
+        name = normalize_flag(key)
+        switch = BY_FLAG.get(f"--{name}")
+        # false renders no flag: a switch on by default would stay on without a word
+        if (
+            raw is False
+            and switch is not None
+            and switch.negatable
+            and given.get(f"no-{name}") is not True
+        ):
+            problems.append(
+                Problem(
+                    ("router", "args", key),
+                    f"{key}: false leaves {switch.flag} on (it is on by default).",
+                    f"set no-{name}: true to turn it off.",
+                )
+            )
+            continue
         taken = _arg_value(normalize_flag(key), raw)
         if isinstance(taken, Problem):
             problems.append(Problem(("router", "args", key), taken.message, taken.fix))
         elif taken is not None:
             values[taken[0].name] = taken[1]
     if problems:
+        return problems
+    parsers = worker_chat_parsers(topology)
+    if values.get("chat_bridge") is True and parsers:
+        problems.append(
+            Problem(
+                ("router", "args"),
+                f"router.args turns the chat bridge on, but the workers run {' and '.join(parsers)}"
+                ": a chat bridged through /v1/completions comes back without its reasoning or "
+                "tool calls parsed",
+                "remove chat-bridge from router.args (pdkit gives the router --no-chat-bridge "
+                "when the workers parse chat output), or drop the parser flags from the workers' "
+                "args.",
+            )
+        )
         return problems
     where: tuple[str, ...] = ("router", "args") if topology.router.args else ("router",)
     out = []

@@ -35,6 +35,8 @@ def _worker_comment(w: WorkerProcess) -> str:
         parts.append(f"nccl :{w.nccl_port}")
     if w.nnodes > 1:
         parts.append(f"node {w.node_rank} of {w.nnodes}, dist-init {w.dist_init_addr}")
+    if w.rank_group_addr is not None:
+        parts.append(f"under its rank group's agent (kit.ranks, leader {w.rank_group_addr})")
     return f"# {w.name} ({w.role}): {', '.join(parts)}"
 
 

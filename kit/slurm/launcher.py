@@ -1,13 +1,16 @@
 """`pdkit up`, `down` and the job's part of `status` for a `launcher: slurm` topology.
 
 up:
-1. A job recorded for the deployment that Slurm still runs is kept: pdkit checks that it
-   serves (the same gates) and changes nothing.
+1. A job recorded for the deployment that Slurm still runs is kept: instances the topology
+   added or removed since become steps added to or removed from it (kit/slurm/scale.py), and
+   pdkit checks that it serves (the same gates).
 2. Otherwise the batch script (kit/slurm/script.py, what `pdkit render` prints) is written
    under `slurm.root` and submitted with sbatch, the router's keys in its environment.
 3. pdkit waits for the job to run and for the nodes file the job writes (each node's name and
    address, resolved on the node), records the job (`<root>/job.json`) and resolves the Plan
-   on those nodes (kit.plan.resolve.resolve_on_nodes).
+   on those nodes (kit.plan.resolve.resolve_on_nodes). The job waits while pdkit runs the host
+   checks of `pdkit provision --check` as steps on every node (kit/slurm/preflight.py): all ok,
+   pdkit writes the go file and the job starts the processes; else it cancels the job.
 4. From there it is kit/deploy's rollout end as with Ansible: every worker's /health, the
    router's /readiness, the KV transfer gate, what serves and how to reach it.
 down: scancel of the job (Slurm ends every step and process with it), then waits until squeue
@@ -24,8 +27,9 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -40,6 +44,7 @@ from kit.deploy.steps import (
 from kit.deploy.wait import worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
+from kit.hosts.hostcheck import exit_code
 from kit.hosts.inventory import (
     CONTROL_ROUTER_ADMIN_KEY_ENV,
     CONTROL_ROUTER_KEY_ENV,
@@ -47,14 +52,24 @@ from kit.hosts.inventory import (
     ROUTER_KEY_ENV,
 )
 from kit.plan.resolve import resolve_on_nodes
-from kit.slurm import jobs
-from kit.slurm.script import batch_script, nodes_file, output_file
+from kit.slurm import jobs, scale
+from kit.slurm.preflight import check_nodes, preflight_report
+from kit.slurm.script import (
+    HOLD_ENV,
+    batch_script,
+    go_file,
+    nodes_file,
+    output_file,
+    sbatch_options,
+)
 from kit.topology.plan_types import Plan
 from kit.topology.slurm_schema import Slurm
 
 START_TIMEOUT_S = 300.0
 """Seconds the job may wait in the queue and resolve its nodes before `pdkit up` gives up."""
 POLL_S = 0.5
+HOLD_S = 600
+"""Seconds the job waits for `pdkit up`'s host checks before it gives up (HOLD_ENV)."""
 RECORD = "job.json"
 STEP_ENDED = re.compile(r"^pdkit: step (\S+) ended \((status \d+)\)", re.M)
 
@@ -69,6 +84,10 @@ class JobRecord:
     addresses: dict[str, str]
     script: str
     output: str
+    steps: dict[str, list[list[Any]]] = field(default_factory=dict)
+    """Each worker instance's step as the job runs it (kit/slurm/scale.py)."""
+    allocation: list[str] = field(default_factory=list)
+    """The sbatch options the job was submitted with."""
 
 
 def _slurm(plan: Plan) -> Slurm:
@@ -131,7 +150,7 @@ def up(
     record = load_job(plan)
     state = jobs.job_state(record.job_id) if record is not None else None
     placeholder_ctx = DeployContext.build(plan, topology, state_base)
-    if record is not None and state is not None and not record.addresses:
+    if record is not None and state is not None and not record.addresses and not options.diff_only:
         # An earlier `pdkit up` stopped before the job named its nodes: start afresh.
         console.print(f"[bold]Slurm[/]: cancelling job {record.job_id}, never seen serving")
         jobs.cancel(record.job_id)
@@ -139,11 +158,49 @@ def up(
     if record is not None and state is not None and state.state == "RUNNING":
         console.print(
             f"[bold]Slurm[/]: deployment {plan.name} runs as job {record.job_id} on "
-            f"{state.nodes} ({state.elapsed} of {state.time_limit}); checking that it serves."
+            f"{state.nodes} ({state.elapsed} of {state.time_limit})"
+            + ("." if options.diff_only else "; checking that it serves.")
         )
+        on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        added, removed = scale.changes(plan, record.steps, record.allocation, record.job_id)
+        what = "; ".join(
+            part
+            for part in (
+                added and f"adding {', '.join(added)}",
+                removed and f"removing {', '.join(removed)}",
+            )
+            if part
+        )
+        if options.diff_only:
+            console.print(
+                f"Job {record.job_id}: {what or 'no change'}. Nothing was changed (--diff)."
+            )
+            return
+        if added or removed:
+            console.print(f"[bold]Slurm[/]: job {record.job_id} changes live: {what}")
+            scale.scale(
+                DeployContext.build(on_nodes, topology, state_base),
+                console,
+                options,
+                job_id=record.job_id,
+                nodes=[record.nodes[h.name] for h in plan.hosts],
+                added=added,
+                removed=removed,
+            )
+            record = scale.updated(record, plan)
+            _save_job(plan, record)
+    elif options.diff_only:
+        console.print(
+            f"No job of {plan.name} runs: `pdkit up` submits one ({slurm.nodes} node(s) x "
+            f"{slurm.gpus_per_node} GPU(s)); `pdkit render` prints its script. Nothing was "
+            "changed (--diff)."
+        )
+        return
     else:
-        record = _submit(plan, console, env=_job_env(placeholder_ctx), options=options)
-    on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        env = _job_env(placeholder_ctx) | {HOLD_ENV: str(HOLD_S)}
+        record = _submit(plan, console, env=env, options=options)
+        on_nodes = resolve_on_nodes(topology, record.addresses, state_base)
+        _preflight(topology, on_nodes, record, console)
     ctx = DeployContext.build(on_nodes, topology, state_base)
     timeout = options.worker_timeout or plan.readiness_timeout_s or WORKER_TIMEOUT_S[plan.engine]
     console.print(f"[bold]Workers[/]: waiting for /health (timeout {timeout:.0f} s)")
@@ -203,11 +260,48 @@ def _submit(plan: Plan, console: Console, *, env: dict[str, str], options: UpOpt
         addresses={host: pair[1] for host, pair in zip(hosts, pairs, strict=True)},
         script=str(script),
         output=output,
+        steps=scale.recorded_steps(plan),
+        allocation=sbatch_options(plan, slurm),
     )
     _save_job(plan, record)
     nodes = ", ".join(f"{h} = {record.nodes[h]} ({record.addresses[h]})" for h in hosts)
     console.print(f"[bold]Slurm[/]: job {job_id} runs on {nodes}")
     return record
+
+
+def _preflight(topology: Path, plan: Plan, record: JobRecord, console: Console) -> None:
+    """The host checks of `pdkit provision --check` as steps on every node of the job
+    (kit/slurm/preflight.py), while the job waits; the go file when every item is ok, else the
+    job is cancelled and `DeployError` says what to fix."""
+    slurm = _slurm(plan)
+    started = time.monotonic()
+    try:
+        items = check_nodes(plan, record.job_id, record.nodes)
+    except BaseException:
+        jobs.cancel(record.job_id)
+        _forget_job(plan)
+        raise
+    if exit_code(items) != 0:
+        jobs.cancel(record.job_id)
+        _forget_job(plan)
+        failed = sorted({i.host for i in items if i.verdict != "ok"})
+        raise DeployError(
+            "\n".join(
+                [
+                    f"The host checks failed on {', '.join(failed)} (those of `pdkit provision "
+                    f"--check`, run as steps of job {record.job_id}); the job was cancelled and "
+                    "nothing was started.",
+                    *preflight_report(plan, items),
+                    f"To fix: the items above, then `pdkit up {topology}` again; `pdkit "
+                    f"provision {topology} --check` runs the same checks.",
+                ]
+            )
+        )
+    Path(go_file(slurm, record.job_id)).write_text("go\n")
+    console.print(
+        f"[bold]Preflight[/]: {len(items)} host check(s) on {len(record.nodes)} node(s), run "
+        f"as job steps: all ok ({time.monotonic() - started:.1f} s); starting the processes"
+    )
 
 
 def _ended_report(job_id: str, output: str, state: jobs.JobState | None) -> str:

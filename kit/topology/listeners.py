@@ -54,6 +54,9 @@ def process_ports(topology: Topology, p: InstancePlacement, node: Node) -> tuple
         if block:
             what = "dist-init and DP attention's ZMQ" if attention_dp else "dist-init"
             used.append(PortUse(first=block[0], last=block[-1], what=what, reached_by=reach))
+        if p.nnodes > 1 and p.dist_init_port is not None and topology.launcher != "slurm":
+            group = ports.rank_group_port(p.dist_init_port)
+            used.append(PortUse(first=group, last=group, what="rank group", reached_by=reach))
         if attention_dp:
             handshake = ports.dp_handshake_port(p.http_port, p.dist_init_port)
             used.append(

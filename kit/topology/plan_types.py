@@ -142,6 +142,12 @@ class WorkerProcess(Frozen):
     dist_init_addr: str | None = Field(
         description="host:port of rank 0: multi-node or DP-attention instances only."
     )
+    rank_group_addr: str | None = Field(
+        None,
+        description="host:port of the instance's rank group leader (pdkit's agent beside node "
+        "rank 0, kit/ranks): multi-node instances only. Every rank runs under its agent, which "
+        "stops and starts all ranks together when one fails.",
+    )
     nccl_port: int | None = Field(
         None, description="--nccl-port (torch.distributed's port), planned with the others."
     )

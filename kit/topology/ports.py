@@ -34,6 +34,9 @@ MOONCAKE_RPC = range(15000, 17001)
 ZMQ_TCP_PORT_DELTA = 233
 ZMQ_DERIVED_PORTS = 7
 DP_HANDSHAKE_PORT_DELTA = 13
+# pdkit's rank group (kit/ranks): the agent beside node rank 0 of a multi-node instance listens
+# here for the other ranks' agents; inside the instance's dist-init stride, past SGLang's block.
+RANK_GROUP_PORT_DELTA = 40
 
 
 def dist_init_ports(http_port: int, dist_init_port: int | None, attention_dp: bool) -> range:
@@ -50,3 +53,8 @@ def dist_init_ports(http_port: int, dist_init_port: int | None, attention_dp: bo
 def dp_handshake_port(http_port: int, dist_init_port: int | None) -> int:
     """The DP controller's handshake port (DP attention): dist-init port + 13, else --port + 13."""
     return (dist_init_port if dist_init_port is not None else http_port) + DP_HANDSHAKE_PORT_DELTA
+
+
+def rank_group_port(dist_init_port: int) -> int:
+    """The port the rank group's leader (beside node rank 0) listens on: dist-init port + 40."""
+    return dist_init_port + RANK_GROUP_PORT_DELTA

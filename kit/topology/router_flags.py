@@ -40,6 +40,23 @@ def model_tokenizer(topology: Topology) -> str | None:
     return f"model:{path}" if topology.engine == "sglang" and path.startswith("/") else None
 
 
+CHAT_PARSER_FLAGS = ("reasoning-parser", "tool-call-parser")
+"""SGLang flags whose parsing only /v1/chat/completions does (reasoning_content, tool_calls):
+a chat stream bridged through /v1/completions would come back without it."""
+
+
+def worker_chat_parsers(topology: Topology) -> tuple[str, ...]:
+    """The chat parser flags (`CHAT_PARSER_FLAGS`) any worker is given."""
+    roles = (topology.defaults.args, topology.prefill.args, topology.decode.args)
+    found = {normalize_flag(key) for args in roles for key in args}
+    return tuple(f"--{flag}" for flag in CHAT_PARSER_FLAGS if flag in found)
+
+
+def chat_bridge(topology: Topology) -> bool | None:
+    """--no-chat-bridge when the workers parse chat output (`worker_chat_parsers`), else None."""
+    return False if worker_chat_parsers(topology) else None
+
+
 def worker_context_length(topology: Topology) -> int | None:
     """The prefills' ``--context-length`` (role args, then the shared ones), else None: the
     router then takes the model's own from its config.json."""

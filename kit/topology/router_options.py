@@ -34,6 +34,7 @@ from kit.topology.router_flags import (
     RouterOption,
     Smg,
     backoff_max,
+    chat_bridge,
     faults,
     handoff_at_least,
     model_tokenizer,
@@ -399,6 +400,18 @@ class RouterOptions:
         "or refuse: token ids outside the vocabulary, a prompt past the context, prompt + "
         "max_tokens past it (default on; off only to test what the workers do)",
         group="routing",
+    )
+    # A chat stream followed through /v1/completions (kit.lb.openai_stream), unless the
+    # workers parse chat output that completions does not (the Plan turns it off then).
+    chat_bridge: bool = option(
+        True,
+        "follow a streamed chat's token ids by sending it to the workers as /v1/completions "
+        "with the router's chat template, so that a stream cut by a dead decode goes on "
+        "exactly; off, chats go to the workers' own /v1/chat/completions (needed when they run "
+        "--reasoning-parser or --tool-call-parser: completions does not parse reasoning or "
+        "tool calls; the Plan turns it off then) and a cut chat stream ends with an error",
+        group="routing",
+        plan=chat_bridge,
     )
     context_length: int = option(
         0,

@@ -13,7 +13,7 @@ the addresses of the nodes it got.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -91,6 +91,17 @@ class Slurm(Strict):
         description="The nodes' interface that carries their address (e.g. eth0, ib0): "
         "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME of multi-node instances, which need it.",
     )
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="What the workers compute on, as a host's `device`: `cpu` for nodes "
+        "without GPUs (set gpus_per_node: 0), e.g. the real SGLang on the CPU on a test cluster.",
+    )
+    sglang_python: str | None = Field(
+        None,
+        description="Interpreter of engine sglang's workers on the nodes, as a host's "
+        "`sglang_python`, when SGLang lives in a venv of its own beside `venv` (which holds "
+        "pdkit for the router). Relative: from the topology's folder.",
+    )
 
     @model_validator(mode="after")
     def _nodelist_covers_nodes(self) -> Slurm:
@@ -144,7 +155,8 @@ def stand_in_hosts(data: Any) -> Any:
         }
         if raw.get("gpu_type") is not None:
             host["gpu_type"] = raw["gpu_type"]
-        if raw.get("network_interface") is not None:
-            host["network_interface"] = raw["network_interface"]
+        for key in ("network_interface", "device", "sglang_python"):
+            if raw.get(key) is not None:
+                host[key] = raw[key]
         hosts.append(host)
     return {**data, "hosts": hosts}

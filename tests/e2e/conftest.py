@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from kit.deploy.services import supervisor_processes
-from tests.support.local_deploy import layout, pdkit, write_topology
+from tests.support.local_deploy import layout, shut_down, write_topology
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[tuple[Path, str, dict]]:
     """(topology, name, data): a fresh copy of local.yaml under tmp_path, not yet up; a test
-    changes `data`, writes it to `topology` and runs `pdkit up`. Brought down at the end if
-    anything of it still runs."""
+    changes `data`, writes it to `topology` and runs `pdkit up`. Shut down at the end (its
+    supervisord and every process of it) if anything of it still runs."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     topology, data = write_topology(tmp_path, name)
     yield topology, name, data
     if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
-        pdkit("down", str(topology))
+        shut_down(topology, name)

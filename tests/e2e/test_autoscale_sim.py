@@ -13,7 +13,7 @@ import uuid
 
 import yaml
 
-from tests.support.local_deploy import pdkit, start_bench, write_topology
+from tests.support.local_deploy import pdkit, shut_down, start_bench, write_topology
 
 
 def bench(topology, out, seconds: float) -> subprocess.Popen[str]:
@@ -68,12 +68,12 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
         ]
         assert all(r["ok"] for r in records), [r for r in records if not r["ok"]][:5]
         urls = {f"decode-{i}": f"http://127.0.0.1:{data['decode']['port'] + i}" for i in range(3)}
-        for name in moved:  # each served as a prefill
-            assert any(r["prefill"] == urls[name] for r in records), name
+        for switched in moved:  # each served as a prefill
+            assert any(r["prefill"] == urls[switched] for r in records), switched
         status = pdkit("status", str(topology), "--json", timeout=60)
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)["autoscale"]
         assert (shown["action"], shown["target"], shown["dry_run"]) == ("move", "3P1D", False)
-        assert all(shown["roles"][name] == "prefill" for name in moved), shown["roles"]
+        assert all(shown["roles"][s] == "prefill" for s in moved), shown["roles"]
     finally:
-        pdkit("down", str(topology), timeout=120)
+        shut_down(topology, name)

@@ -24,6 +24,7 @@ from tests.support.local_deploy import (
     layout,
     pdkit,
     pids,
+    shut_down,
     write_topology,
 )
 
@@ -104,4 +105,4 @@ def test_scale_up_restart_and_scale_down_under_load_fail_no_request(tmp_path):
         assert ops_s > 20 and max(r["sent_s"] for r in records) > min(ops_s, BENCH_S) - 10
     finally:
         if supervisor_processes(layout(topology, name).supervisord_socket) is not None:
-            pdkit("down", str(topology))
+            shut_down(topology, name)

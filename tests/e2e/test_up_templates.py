@@ -172,3 +172,40 @@ def test_pdkit_router_settings_change_its_env_file_not_its_unit(tmp_path, write_
     assert "PDKIT_LB_RELAUNCH=/opt/pdkit/prod/bin/router.sh\n" in after[env]["content"]
     script = after["/opt/pdkit/prod/bin/router.sh"]["content"]
     assert "trap '' USR2\nexec /opt/pdkit/venv/bin/python -m kit.lb" in script
+
+
+def test_a_rank_of_a_multi_node_instance_runs_under_its_group_agent(tmp_path, write_topology):
+    """Each rank's launch script execs pdkit's rank group agent, which runs the worker's own
+    command as its child; the unit wants and follows the NVIDIA daemons (harmless if absent)."""
+    topology = write_topology(
+        {
+            "name": "prod",
+            "engine": "sim",
+            "model": {"path": "m"},
+            "hosts": [
+                {"name": "a", "address": "10.0.0.1", "gpus": 1},
+                {"name": "b", "address": "10.0.0.2", "gpus": 1},
+                {"name": "c", "address": "10.0.0.3", "gpus": 1},
+            ],
+            "prefill": {"hosts": ["c"]},
+            "decode": {"tp": 2, "hosts": ["a", "b"]},
+            "transfer": {"backend": "mooncake_tcp"},
+            "router": {"host": "c"},
+        }
+    )
+    plan = resolve(topology)
+    inventory = build_inventory(plan, deploy_hosts(plan, "/unused"))
+    files = render_files(tmp_path, inventory, "b", "workers")
+    script = files["/opt/pdkit/prod/bin/decode-0-node1.sh"]["content"]
+    agent = (
+        "exec /opt/pdkit/venv/bin/python -m kit.ranks --leader 10.0.0.1:5540 --node-rank 1 "
+        "--nnodes 2 --restart-delay 2 --stop-timeout 50 -- /opt/pdkit/venv/bin/python -m kit.sim"
+    )
+    assert agent in script
+    checked = subprocess.run(["bash", "-n"], input=script, text=True, check=False)
+    assert checked.returncode == 0
+    unit = files["/etc/systemd/system/pdkit-prod-decode-0-node1.service"]["content"]
+    assert "Wants=nvidia-persistenced.service nvidia-fabricmanager.service\n" in unit
+    (tmp_path / "c").mkdir()
+    single = render_files(tmp_path / "c", inventory, "c", "workers")
+    assert "kit.ranks" not in single["/opt/pdkit/prod/bin/prefill-0.sh"]["content"]

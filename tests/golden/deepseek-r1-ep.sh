@@ -1,7 +1,7 @@
 # pdkit plan 'deepseek-r1-ep': engine sglang, SGLang 0.5.23, model deepseek-ai/DeepSeek-R1, transfer mooncake
 
 ## host prefill-0 (10.0.2.10)
-# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 0 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node0 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 0 of 4, dist-init 10.0.2.10:5000, under its rank group's agent (kit.ranks, leader 10.0.2.10:5040)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.10 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.10,10.0.2.11,10.0.2.12,10.0.2.13 SGLANG_ZMQ_SOURCE_IP=10.0.2.10 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -48,7 +48,7 @@ python -m kit.lb \
   --request-timeout 200000
 
 ## host prefill-1 (10.0.2.11)
-# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 1 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 1 of 4, dist-init 10.0.2.10:5000, under its rank group's agent (kit.ranks, leader 10.0.2.10:5040)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.11 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.10,10.0.2.11,10.0.2.12,10.0.2.13 SGLANG_ZMQ_SOURCE_IP=10.0.2.11 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -85,7 +85,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host prefill-2 (10.0.2.12)
-# prefill-0-node2 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 2 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node2 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 2 of 4, dist-init 10.0.2.10:5000, under its rank group's agent (kit.ranks, leader 10.0.2.10:5040)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.12 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.10,10.0.2.11,10.0.2.12,10.0.2.13 SGLANG_ZMQ_SOURCE_IP=10.0.2.12 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -122,7 +122,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host prefill-3 (10.0.2.13)
-# prefill-0-node3 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 3 of 4, dist-init 10.0.2.10:5000
+# prefill-0-node3 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 3 of 4, dist-init 10.0.2.10:5000, under its rank group's agent (kit.ranks, leader 10.0.2.10:5040)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.13 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.10,10.0.2.11,10.0.2.12,10.0.2.13 SGLANG_ZMQ_SOURCE_IP=10.0.2.13 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -159,7 +159,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-0 (10.0.2.20)
-# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 0 of 9, dist-init 10.0.2.20:5500
+# decode-0-node0 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 0 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.20 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.20 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -191,7 +191,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-1 (10.0.2.21)
-# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 1 of 9, dist-init 10.0.2.20:5500
+# decode-0-node1 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 1 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.21 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.21 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -223,7 +223,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-2 (10.0.2.22)
-# decode-0-node2 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 2 of 9, dist-init 10.0.2.20:5500
+# decode-0-node2 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 2 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.22 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.22 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -255,7 +255,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-3 (10.0.2.23)
-# decode-0-node3 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 3 of 9, dist-init 10.0.2.20:5500
+# decode-0-node3 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 3 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.23 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.23 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -287,7 +287,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-4 (10.0.2.24)
-# decode-0-node4 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 4 of 9, dist-init 10.0.2.20:5500
+# decode-0-node4 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 4 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.24 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.24 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -319,7 +319,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-5 (10.0.2.25)
-# decode-0-node5 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 5 of 9, dist-init 10.0.2.20:5500
+# decode-0-node5 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 5 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.25 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.25 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -351,7 +351,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-6 (10.0.2.26)
-# decode-0-node6 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 6 of 9, dist-init 10.0.2.20:5500
+# decode-0-node6 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 6 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.26 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.26 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -383,7 +383,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-7 (10.0.2.27)
-# decode-0-node7 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 7 of 9, dist-init 10.0.2.20:5500
+# decode-0-node7 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 7 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.27 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.27 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \
@@ -415,7 +415,7 @@ GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,
   --watchdog-timeout 3600
 
 ## host decode-8 (10.0.2.28)
-# decode-0-node8 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 8 of 9, dist-init 10.0.2.20:5500
+# decode-0-node8 (decode): GPUs 0,1,2,3,4,5,6,7, HTTP :30100, nccl :30600, node 8 of 9, dist-init 10.0.2.20:5500, under its rank group's agent (kit.ranks, leader 10.0.2.20:5540)
 GLOO_SOCKET_IFNAME=bond0 MC_GID_INDEX=3 NCCL_IB_GID_INDEX=3 NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 NCCL_SOCKET_IFNAME=bond0 NVSHMEM_HCA_LIST=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1 NVSHMEM_IB_GID_INDEX=3 SGLANG_DG_CACHE_DIR=/var/cache/pdkit/deep_gemm SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=5 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=60 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000 SGLANG_HOST_IP=10.0.2.28 SGLANG_ZMQ_ALLOWED_PEERS=10.0.2.20,10.0.2.21,10.0.2.22,10.0.2.23,10.0.2.24,10.0.2.25,10.0.2.26,10.0.2.27,10.0.2.28 SGLANG_ZMQ_SOURCE_IP=10.0.2.28 TORCH_DISTRIBUTED_DEFAULT_TIMEOUT=3600 python -m sglang.launch_server \
   --model-path deepseek-ai/DeepSeek-R1 \
   --trust-remote-code \

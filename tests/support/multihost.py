@@ -4,6 +4,7 @@ hosts, a sim topology over the bed, and `pdkit` run with SSH pointed at the bed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_pdkit as shared_run_pdkit
-from tests.support.netns import TestBed, unavailable_reason
+from tests.support.netns import NetnsHost, TestBed, unavailable_reason
 
 HOST_REQUIREMENTS = ["sglang-pdkit[sim]", "supervisor"]
 """What a sim host's venv needs: pdkit with the non-CUDA Mooncake build, and supervisord."""
@@ -28,6 +29,23 @@ def require_testbed() -> None:
     pytest.skip(reason)
 
 
+def bed_hosts(bed: TestBed, hosts: list[NetnsHost] | None = None) -> list[dict[str, object]]:
+    """The topology's `hosts:` for the bed's hosts (default its first three): one H100 each,
+    reached over SSH as root, supervisord, each host its own root."""
+    return [
+        {
+            "name": host.name,
+            "address": host.address,
+            "ssh": {"user": "root", "port": host.ssh_port, "key": str(bed.ssh_key)},
+            "gpus": 1,
+            "gpu_type": "H100-SXM",
+            "service_manager": "supervisord",
+            "root": str(host.root),
+        }
+        for host in (bed.hosts[:3] if hosts is None else hosts)
+    ]
+
+
 def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
     """A sim topology over the bed: prefill on a, decode on b, router on c, KV over Mooncake
     TCP between the namespaces, supervisord on every host, each host its own root."""
@@ -36,18 +54,7 @@ def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
         "name": name,
         "engine": "sim",
         "model": {"path": "meta-llama/Llama-3.1-8B-Instruct", "served_name": "llama-3.1-8b"},
-        "hosts": [
-            {
-                "name": host.name,
-                "address": host.address,
-                "ssh": {"user": "root", "port": host.ssh_port, "key": str(bed.ssh_key)},
-                "gpus": 1,
-                "gpu_type": "H100-SXM",
-                "service_manager": "supervisord",
-                "root": str(host.root),
-            }
-            for host in (a, b, c)
-        ],
+        "hosts": bed_hosts(bed),
         "prefill": {"count": 1, "hosts": [a.name]},
         "decode": {"count": 1, "hosts": [b.name]},
         "defaults": {"args": {"page-size": 16}},
@@ -63,3 +70,8 @@ def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.Comp
     """`pdkit ARGS` as a user runs it, with SSH pointed at the bed's known_hosts."""
     env = {**os.environ, **bed.ansible_env(), "COLUMNS": "200"}
     return shared_run_pdkit(*args, timeout=timeout, env=env)
+
+
+def bench_records(out: Path) -> list[dict[str, object]]:
+    """The per-request records `start_bench` wrote."""
+    return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]

@@ -58,8 +58,11 @@ class SimProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         log_dir: str | Path | None = None,
+        group: Sequence[str] = (),
     ) -> None:
         self.argv = list(argv)
+        self.group = list(group)
+        """`python -m kit.ranks` flags: run the worker under its rank group's agent."""
         self.env = {**os.environ, **(env or {})}
         self.host = host
         self.port = port if port is not None else int(self._flag("--port", "30000"))
@@ -79,7 +82,7 @@ class SimProcess:
     def start(self) -> SimProcess:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kit.sim", *self.argv],
+            [*self._agent(), sys.executable, "-m", "kit.sim", *self.argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -88,6 +91,9 @@ class SimProcess:
         log.close()
         _LIVE.add(self.proc)
         return self
+
+    def _agent(self) -> list[str]:
+        return [sys.executable, "-m", "kit.ranks", *self.group, "--"] if self.group else []
 
     def log(self) -> str:
         try:

@@ -3,14 +3,16 @@ publishes them (no network: a PUB socket bound on loopback is read back in-proce
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import time
 
 import msgspec
 import zmq
 
 from kit.kvevents import wire
-from kit.kvevents.blocks import block_hashes
+from kit.kvevents.blocks import BlockHasher, block_hashes
 from kit.kvevents.publisher import Publisher, offset_endpoint
 from kit.sim.prefix_cache import PrefixCache
 from tests.conftest import REPO
@@ -27,6 +29,36 @@ def test_block_hashes_are_sglangs_chained_sha256_of_each_whole_page():
     assert block_hashes(list(range(5, 13)), 4, limit=1) == SGLANG_HASHES[:1]
     # Chained: the same page after another prefix hashes differently.
     assert block_hashes([9, 10, 11, 12], 4) != SGLANG_HASHES[1:]
+
+
+def _sha_per_page(ids: list[int], size: int) -> list[int]:
+    """The definition, one page at a time: what `block_hashes` must equal."""
+    out, prior = [], b""
+    for i in range(len(ids) // size):
+        page = b"".join(t.to_bytes(4, "little") for t in ids[i * size : (i + 1) * size])
+        prior = hashlib.sha256(prior + page).digest()
+        out.append(int.from_bytes(prior[:8], "big", signed=True))
+    return out
+
+
+def test_the_block_hasher_remembers_shared_prefixes_and_gives_the_same_hashes():
+    hasher = BlockHasher(chunk_tokens=8)
+    assert hasher(list(range(5, 13)), 4) == SGLANG_HASHES
+    rng = random.Random(3)
+    shared = [rng.randrange(1 << 32) for _ in range(40)]
+    for size in (1, 3, 4, 16):
+        for tail in (0, 5, 11):
+            ids = shared + [rng.randrange(1 << 32) for _ in range(tail)]
+            want = _sha_per_page(ids, size)
+            assert block_hashes(ids, size) == want
+            assert hasher(ids, size) == want
+            assert hasher(ids, size, limit=3) == want[:3]
+    hits = hasher.hits
+    assert hasher([*shared, 1, 2], 1) == _sha_per_page([*shared, 1, 2], 1)
+    assert hasher.hits == hits + 5  # the shared 40 tokens: five chunks of 8, none hashed again
+    small = BlockHasher(chunk_tokens=8, max_chunks=4)
+    assert small(shared, 1) == _sha_per_page(shared, 1)
+    assert small.misses == 5 and len(small) == 4  # the oldest chunk went
 
 
 def test_a_batch_is_the_positional_array_with_tagged_events_and_no_default_fields():

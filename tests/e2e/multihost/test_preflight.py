@@ -205,7 +205,7 @@ def test_up_stops_at_the_preflight_and_starts_nothing(testbed: TestBed, faulty: 
     up = run_pdkit(testbed, "up", str(faulty), "--no-gate", timeout=180)
     out = up.stdout + up.stderr
     assert up.returncode == 1, out
-    assert "The reachability preflight failed: 2 of 3 route(s)" in out
+    assert "The reachability preflight failed: 2 of 4 route(s)" in out
     assert "Could not fetch prefill parallel info from bootstrap_addr" in out
     assert "until --dist-timeout" in out
     assert "Nothing was started." in out

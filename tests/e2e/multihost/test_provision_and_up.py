@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from kit.hosts.context import load_context
+from tests.support.local_deploy import end_bench
 from tests.support.multihost import bed_topology, run_pdkit
 from tests.support.netns import TestBed
 
@@ -177,7 +178,7 @@ def test_scale_up_and_rolling_restart_under_load_fail_no_request(testbed, topolo
         restart = run_pdkit(testbed, "restart", str(topology), "decode")
         assert restart.returncode == 0, restart.stdout + restart.stderr
         assert "1. replace decode-0 (restart)\n  2. replace decode-1 (restart)" in restart.stdout
-        output, _ = bench.communicate(timeout=180)
+        output = end_bench(bench)
     finally:
         if bench.poll() is None:
             bench.kill()

@@ -64,6 +64,7 @@ def topology(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) ->
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     up = pdkit(cluster, "up", str(path))
     assert up.returncode == 0, up.stdout + up.stderr
+    (folder / "up.out").write_text(up.stdout)
     yield path
     pdkit(cluster, "down", str(path))
 
@@ -87,6 +88,49 @@ def test_up_serves_chat_through_the_router_and_squeue_shows_the_job(cluster, top
         max_tokens=8,
     )
     assert reply.choices[0].message.content
+
+
+def test_the_host_checks_ran_as_job_steps_before_any_process(cluster, topology):
+    up = (topology.parent / "up.out").read_text()
+    assert "Preflight: " in up and "node(s), run as job steps: all ok" in up
+    assert up.index("Preflight: ") < up.index("Workers: waiting")
+    check = pdkit(cluster, "provision", str(topology), "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"Checking on the nodes of job {job_id(topology)}" in check.stdout
+    assert "node2  reachable ports" in check.stdout
+    assert f"Checked {NAME}: every node has what it needs." in check.stdout
+
+
+def test_a_second_deployment_on_the_same_ports_is_refused_by_the_host_checks(
+    cluster, topology, tmp_path
+):
+    data = yaml.safe_load(topology.read_text())
+    data["name"] = f"{NAME}-b"
+    data["slurm"]["root"] = str(tmp_path / "shared")
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(data, sort_keys=False))
+    up = pdkit(cluster, "up", str(other))
+    assert up.returncode == 1, up.stdout + up.stderr
+    text = up.stdout + up.stderr
+    assert "The host checks failed on node0, node1, node2" in text
+    assert "the job was cancelled and nothing was started" in text
+    assert "30000 (prefill-0 HTTP) held by pid" in text
+    assert f"Checked {NAME}-b: some items need fixing on the nodes (FAIL above)." in text
+    assert not (tmp_path / "shared" / "job.json").exists()
+    deadline = time.monotonic() + 30
+    while f"pdkit-{NAME}-b" in slurm(cluster, "squeue", "-h", "-o", "%j"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert f"pdkit-{NAME} " in slurm(cluster, "squeue", "-h", "-o", "%j ")
+    # Without a job of its own, --check takes an allocation for the check and releases it.
+    check = pdkit(cluster, "provision", str(other), "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "an allocation of 3 node(s) for the check" in check.stdout
+    assert "30000 (prefill-0 HTTP) held by pid" in check.stdout
+    deadline = time.monotonic() + 30
+    while f"pdkit-{NAME}-b-check" in slurm(cluster, "squeue", "-h", "-o", "%j"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 def test_up_again_keeps_the_running_job(cluster, topology):
@@ -121,7 +165,9 @@ def test_a_step_cancelled_from_outside_is_noticed_and_started_again(cluster, top
     while True:
         status = pdkit(cluster, "status", str(topology))
         text = status.stdout
-        if "prefill-0 started again by the job 1 time(s)" in text and status.returncode == 0:
+        # Until the router, too, sees it healthy again: the next test's load goes through it.
+        healthy = "prefill 2/2 healthy" in text and "all healthy" in text
+        if "prefill-0 started again by the job 1 time(s)" in text and healthy:
             break
         assert time.monotonic() < deadline, text
         time.sleep(0.5)
@@ -151,6 +197,50 @@ def test_a_restart_under_load_fails_no_request(cluster, topology, tmp_path):
     assert bench.returncode == 0, output
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert len(records) >= 20 and [r for r in records if not r["ok"]] == []
+
+
+def test_a_changed_count_adds_and_removes_steps_within_the_allocation(cluster, topology):
+    job = job_id(topology)
+    original = topology.read_text()
+
+    def up_with(prefills: int, *flags: str):
+        data = yaml.safe_load(original)
+        data["prefill"]["count"] = prefills
+        topology.write_text(yaml.safe_dump(data, sort_keys=False))
+        return pdkit(cluster, "up", str(topology), *flags)
+
+    def step_names() -> list[str]:
+        return slurm(cluster, "squeue", "-h", "-s", "-j", job, "-o", "%j").split()
+
+    try:
+        diff = up_with(1, "--diff")
+        assert diff.returncode == 0, diff.stdout + diff.stderr
+        assert f"Job {job}: removing prefill-1. Nothing was changed (--diff)." in diff.stdout
+        assert "prefill-1" in step_names()
+        fewer = up_with(1)
+        assert fewer.returncode == 0, fewer.stdout + fewer.stderr
+        assert f"job {job} changes live: removing prefill-1" in fewer.stdout
+        assert "prefill-1" not in step_names()
+        # The router's step starts again with the list of the last change.
+        restart = pdkit(cluster, "restart", str(topology), "router")
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        status = pdkit(cluster, "status", str(topology))
+        assert "prefill 1/1 healthy" in status.stdout, status.stdout
+        more = up_with(2)
+        assert more.returncode == 0, more.stdout + more.stderr
+        assert f"job {job} changes live: adding prefill-1" in more.stdout
+        assert "prefill-1: routed to" in more.stdout and "2 of 2 pair(s) moved KV" in more.stdout
+        assert "prefill-1" in step_names()
+        too_many = up_with(3)
+        assert too_many.returncode == 1
+        assert "that allocation has no room for these instances" in too_many.stderr
+        assert f"{job} pdkit-{NAME} RUNNING" in slurm(cluster, "squeue", "-h", "-o", "%i %j %T")
+    finally:
+        topology.write_text(original)
+    client = OpenAI(base_url=f"{router_url(topology)}/v1", api_key="none", timeout=30)
+    for _ in range(4):  # both prefills serve
+        reply = client.completions.create(model="llama-3.1-8b", prompt="Hi", max_tokens=4)
+        assert reply.choices[0].text
 
 
 def test_down_leaves_no_job_step_or_process(cluster, topology):

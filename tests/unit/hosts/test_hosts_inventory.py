@@ -192,18 +192,35 @@ def test_sglang_workers_look_for_weights_where_provisioning_put_them(write_topol
     assert "HF_HOME" not in next(r for r in records if r["role"] == "router")["env"]
 
 
-def test_only_single_node_instances_start_at_boot():
+def test_each_rank_of_a_multi_node_instance_runs_under_its_group_agent():
+    """The ranks of a multi-node instance name their group's leader (node rank 0's host, at its
+    dist-init port + 40); single-node instances run their command alone."""
     plan = resolve(REPO / "topologies" / "deepseek-v3-2p2d.yaml")
     inventory = build_inventory(plan, deploy_hosts(plan, PYTHON))
-    records = [
-        r
+    records = {
+        r["name"]: r
         for host in inventory["all"]["children"]["pdkit_hosts"]["hosts"].values()
         for r in host["pdkit_processes"]
         if r["stage"] == "workers"
-    ]
-    ranks = {w.name: w.nnodes for w in plan.workers}
-    assert any(n > 1 for n in ranks.values())
-    assert all(r["start_at_boot"] == (ranks[r["name"]] == 1) for r in records)
+    }
+    multi = [w for w in plan.workers if w.nnodes > 1]
+    assert multi
+    for worker in multi:
+        rank0 = next(
+            w for w in plan.workers if w.instance_name == worker.instance_name and w.node_rank == 0
+        )
+        dist_init = next(u.first for u in rank0.ports if u.what.startswith("dist-init"))
+        leader = f"{rank0.address}:{dist_init + 40}"
+        assert records[worker.name]["rank_group"] == [
+            "--leader",
+            leader,
+            "--node-rank",
+            str(worker.node_rank),
+            "--nnodes",
+            str(worker.nnodes),
+        ]
+        if worker.node_rank == 0:
+            assert [u.what for u in worker.ports].count("rank group") == 1
     _, local = local_inventory()
     local_records = local["all"]["children"]["pdkit_hosts"]["hosts"]["localhost"]["pdkit_processes"]
-    assert all(r["start_at_boot"] for r in local_records if r["stage"] == "workers")
+    assert all(r["rank_group"] is None for r in local_records if r["stage"] == "workers")

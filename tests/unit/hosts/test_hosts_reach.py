@@ -30,6 +30,7 @@ def test_decode_hosts_reach_each_prefill_bootstrap_and_nodes_their_rank_0(write_
         f"b -> a (10.0.0.1) port {prefill.bootstrap_port} (prefill-0 bootstrap)",
         f"c -> a (10.0.0.1) port {prefill.bootstrap_port} (prefill-0 bootstrap)",
         "c -> b (10.0.0.2) port 5500 (decode-0-node0 dist-init)",
+        "c -> b (10.0.0.2) port 5540 (decode-0-node0 rank group)",
     ]
     assert routes(ctx.plan)[2].bind == ctx.plan.role("decode")[0].bind
 

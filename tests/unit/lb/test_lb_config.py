@@ -280,3 +280,16 @@ def test_validate_refuses_exactly_the_router_args_the_router_would_refuse(args, 
 
 def extra_flags_of(args):
     return flag_groups({normalize_flag(k): v for k, v in args.items()})
+
+
+def test_a_switch_on_by_default_set_false_in_router_args_is_refused_with_the_fix(
+    write_topology,
+):
+    """`validate: false` would render nothing: the checks would stay on without a word."""
+    data = base_topology()
+    data["router"]["args"] = {"validate": False}
+    with pytest.raises(TopologyError, match="validate: false leaves --validate on") as err:
+        resolve(write_topology(data))
+    assert "set no-validate: true" in str(err.value)
+    data["router"]["args"] = {"no-validate": True}
+    assert "--no-validate" in resolve(write_topology(data, "b.yaml")).router.command.args

@@ -59,6 +59,10 @@ def test_a_chat_stream_is_bridged_through_completions_with_every_sampling_field(
     assert IdStream.plan(_pd(CHAT, body, ids=[]), tokenizer, 512) is None
     unknown = parse_request(CHAT, json.dumps(body).encode())  # no ids: not followed
     assert IdStream.plan(unknown, tokenizer, 512) is None
+    # --no-chat-bridge (workers with a reasoning or tool-call parser): chat goes to chat.
+    assert IdStream.plan(_pd(CHAT, body), tokenizer, 512, bridge_chat=False) is None
+    completions = {"prompt": "hi", "stream": True}
+    assert IdStream.plan(_pd(COMPLETIONS, completions), tokenizer, 512, bridge_chat=False)
 
 
 def test_a_completions_stream_asks_for_ids_and_the_client_does_not_see_them():
@@ -120,6 +124,22 @@ def test_the_text_of_a_character_cut_by_the_join_is_rebuilt_from_the_ids(tmp_pat
     # the new decode cannot finish a character begun before its prompt's end
     out = json.loads(rejoin.event(_chunk("\ufffd", ids[cut:])))
     assert out["choices"][0]["text"] == "é" and follow.text == "the é"
+
+
+def test_the_last_chunk_after_a_join_flushes_an_incomplete_character_as_sglang_does(tmp_path):
+    """Seen on the real server (benchmarks/real_pd_faults.py): a stream that ends inside a
+    character ends with U+FFFD unbroken; continued, its final chunk must give it too."""
+    tokenizer = ModelTokenizer.load(make_model(tmp_path / "m"))
+    ids = tokenizer.encode_text("the é")
+    body = {"model": "m", "prompt": "x", "stream": True, "max_tokens": 8}
+    follow = IdStream.plan(_pd(COMPLETIONS, body), tokenizer, None)
+    assert follow is not None
+    follow.event(_chunk("the", ids[:1]))
+    rejoin = follow.rejoin()
+    held = json.loads(rejoin.event(_chunk(" \ufffd", ids[1:-1])))
+    assert held["choices"][0]["text"] == " "  # mid-stream: the incomplete byte held back
+    last = json.loads(rejoin.event(_chunk("", [], finish="length")))
+    assert last["choices"][0]["text"] == "\ufffd" and follow.text == "the \ufffd"
 
 
 def test_a_stop_string_across_the_join_ends_the_stream():

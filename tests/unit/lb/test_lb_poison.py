@@ -35,7 +35,7 @@ def test_a_first_death_pins_the_body_to_its_prefill_and_a_second_refuses_it():
     with pytest.raises(ApiError) as refused:
         guard.pinned(key)
     assert refused.value.cause == "poison_refused" and refused.value.status == 502
-    assert "2 prefill workers died" in refused.value.message and key in refused.value.message
+    assert "a prefill died 2 times" in refused.value.message and key in refused.value.message
     assert (guard.suspects_total, guard.refused_total, guard.quarantined_total) == (1, 1, 1)
     assert guard.counts() == (0, 1)
 
@@ -111,7 +111,7 @@ def test_a_request_that_kills_its_prefill_costs_one_server_and_is_then_refused()
             # poison from then on; no other prefill ever saw it.
             await victim.start()
             status, body, _ = await c.post("/generate", POISON)
-            assert status == 502 and "2 prefill workers died" in body["error"]["message"]
+            assert status == 502 and "a prefill died 2 times" in body["error"]["message"]
             status, body, _ = await c.post("/generate", POISON)
             assert status == 502 and "refuses it for" in body["error"]["message"]
             assert _poison_seen(c) == seen

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
+from kit.errors import TopologyError
 from kit.lb.cache_aware import prompt_ids
 from kit.lb.config import parse_args
 from kit.lb.protocol import parse_request
@@ -87,3 +90,19 @@ def test_the_plan_gives_pdkits_router_the_served_models_folder(write_topology, t
     data["model"] = {"path": str(tmp_path / "model")}
     data["engine"] = "sim"
     assert "--prompt-tokens" not in resolve(write_topology(data, "c.yaml")).router.command.args
+
+
+def test_workers_that_parse_chat_output_get_a_router_that_does_not_bridge_chats(write_topology):
+    """SGLang's --reasoning-parser and --tool-call-parser act on /v1/chat/completions only: a
+    chat bridged through /v1/completions would come back with them unparsed."""
+    data = base_topology()
+    assert "--no-chat-bridge" not in resolve(write_topology(data, "a.yaml")).router.command.args
+    data["prefill"]["args"] = {"reasoning-parser": "deepseek-r1"}
+    data["decode"]["args"] = {"reasoning-parser": "deepseek-r1"}
+    args = resolve(write_topology(data, "b.yaml")).router.command.args
+    assert "--no-chat-bridge" in args
+    assert parse_args(list(args), environ={}).chat_bridge is False
+    data["router"]["args"] = {"chat-bridge": True}
+    with pytest.raises(TopologyError, match=r"reasoning-parser.*without its reasoning") as err:
+        resolve(write_topology(data, "c.yaml"))
+    assert "remove chat-bridge from router.args" in str(err.value)

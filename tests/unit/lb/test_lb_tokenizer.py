@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
 from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
@@ -231,3 +231,66 @@ def test_no_segment_cache_where_the_cut_could_change_ids(tmp_path):
     tok.normalizer = normalizers.Lowercase()
     tok.save(str(folder / "tokenizer.json"))
     assert ModelTokenizer.load(folder)._segments is None
+
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _llama3_style(folder):
+    """make_model's folder with Llama 3's pre-tokenizer: its Split regex, then ByteLevel."""
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "llama_bos", "llama3_split"])
+def test_a_long_text_is_cut_where_no_id_changes_and_a_shared_prefix_is_encoded_once(tmp_path, kind):
+    """Texts past 2 x CUT_CHARS are cut before a space that follows a letter (a pre-token
+    boundary for these pre-tokenizers): the ids are the whole text's, special tokens included,
+    and a prefix seen before comes from the cache."""
+    folder = make_model(tmp_path / "m")
+    if kind == "llama_bos":
+        folder = make_model(tmp_path / "b", config_extra={"tokenizer_class": "LlamaTokenizerFast"})
+    elif kind == "llama3_split":
+        folder = _llama3_style(folder)
+    tokenizer = ModelTokenizer.load(folder)
+    assert tokenizer._segments is not None and tokenizer._segments.cuts
+    rng = random.Random(4)
+    alphabet = [*"abc xyz  \n\t.,'!0123", "é", "日本", "🚀", "'s", " the", "\r\n", "</s>", "  "]
+    for _ in range(60):
+        shared = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 1500)))
+        for _ in range(2):
+            text = shared + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 600)))
+            whole = tokenizer._tokenizer.encode(text, add_special_tokens=True).ids
+            assert tokenizer.encode_text(text) == whole, text
+    document = "the quick brown fox jumps over the lazy dog " * 100
+    tokenizer.encode_text(document + "first question")
+    cached = dict(tokenizer._segments._cache)
+    tokenizer.encode_text(document + "second question")
+    new = [span for span in tokenizer._segments._cache if span not in cached]
+    # the last span, and the whole text (sent again, it is one look-up)
+    assert sorted(new, key=len)[1] == document + "second question"
+    assert len(new) == 2 and sorted(new, key=len)[0].endswith("second question")
+
+
+def test_no_cuts_for_a_pre_tokenizer_not_known_to_allow_them(tmp_path):
+    folder = make_model(tmp_path / "m")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\w+|\s"), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    segments = ModelTokenizer.load(folder)._segments
+    assert segments is not None and not segments.cuts

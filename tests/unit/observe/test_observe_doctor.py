@@ -24,7 +24,8 @@ from kit.observe.doctor import (
     rooms_for,
     run_matrix,
 )
-from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json
+from kit.observe.doctor_tokens import Answer
+from kit.observe.doctor_view import KvCost, failure_lines, kv_cost, matrix_to_json, token_line
 from kit.observe.probe import Prober
 from kit.plan.resolve import resolve
 from tests.support.ports import free_block
@@ -410,3 +411,26 @@ def test_probes_started_at_once_never_share_a_bootstrap_room():
     plan = rooms_for(4, 2, 3)
     assert sorted(room % 4 for room, _ in plan) == [0, 1, 2, 3]
     assert [rank for _, rank in plan] == [0, 1, 0, 1]
+
+
+def test_an_answer_known_beforehand_decides_a_single_pair(tmp_path):
+    # `pdkit upgrade`: the deployment's answer before the upgrade, not the pairs' majority.
+    async def go() -> None:
+        async with cluster(tmp_path, [Fake("prefill")], [Fake("decode")]) as topology:
+            plan = resolve(topology)
+            want = DoctorOptions(timeout_s=5, expected=Answer((5, 6, 7), "w5 w6 w7"))
+            right = await run_matrix(plan, want)
+            other = Answer((5, 6, 8), "w5 w6 w8")
+            before = "the answer before the upgrade"
+            wrong = await run_matrix(
+                plan, DoctorOptions(timeout_s=5, expected=other, expected_source=before)
+            )
+        assert right.ok
+        (pair,) = wrong.pairs
+        assert pair.state == "wrong"
+        assert pair.symptom.startswith(
+            "gave other tokens than the answer before the upgrade, from token 2"
+        )
+        assert token_line(right).startswith("tokens: 1 of 1 pair(s) agree with the expected")
+
+    asyncio.run(go())
