@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,18 @@ def end_bench(bench: subprocess.Popen[str], tail_s: float = 2.0, timeout: float 
         bench.send_signal(signal.SIGINT)
     output, _ = bench.communicate(timeout=timeout)
     return output
+
+
+def assert_load_covered(out: Path, ended: float) -> None:
+    """The bench of bench_under_load whose results are in `out` sent requests until `ended`
+    (unix time: the end of the live operation it covers), or until its BENCH_S ran out on a
+    machine slow enough that the operation outlasted it. In the bench's own clock: its start-up
+    (seconds on a loaded machine) is not counted against it."""
+    started = json.loads((out / "summary.json").read_text())["started_at"]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert records, "the bench sent no request"
+    last = started + max(r["sent_s"] for r in records)
+    assert last > min(ended, started + BENCH_S) - 3, (last - started, ended - started)
 
 
 def bench_under_load(topology: Path, out: Path) -> subprocess.Popen[str]:
