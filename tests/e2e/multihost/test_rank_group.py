@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -165,7 +166,10 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
     assert {name: set(_ranks(bed.host(name))) for name in "ade"} == others
     rank0 = next(w for w in plan.workers if w.instance_name == "decode-0" and w.node_rank == 0)
     log = Path(rank0.log_path).read_text()
-    assert "node rank 1's process exited with -9" in log
+    # Why the group restarted names node rank 1: its process's exit, or (its agent's report lost
+    # to the kill's timing on a loaded machine) its agent gone.
+    why = r"generation 1 ends: node rank 1's (process exited with -9|agent is gone)"
+    assert re.search(why, log), log[-3000:]
     assert "generation 2: node rank 0 started" in log
     states = run_pdkit(bed, "status", str(topology), "--json", "--timeout", "2", timeout=60)
     report = json.loads(states.stdout.strip().splitlines()[-1])
