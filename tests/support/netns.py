@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.procs import running
+
 SUBNET_PREFIX = "10.213"
 """Test subnets are 10.213.N.0/24, N picked free per run, so concurrent runs do not clash."""
 NETNS_PREFIX = "pdkit-"
@@ -86,13 +88,7 @@ def _netns_pids(netns: str) -> list[int]:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return running(pid)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.netns import _free_subnet, _ip, _locked, kill_namespace_processes
+from tests.support.procs import running
 
 DEFAULT_DIR = Path("/tmp/pdkit-slurm")
 NODES = ("n1", "n2", "n3")
@@ -105,8 +106,8 @@ class SlurmCluster:
         for pid_file in self._pid_files():
             with contextlib.suppress(OSError, ValueError):
                 pid = int(pid_file.read_text().strip())
-                os.kill(pid, 0)
-                pids.append(pid)
+                if running(pid):
+                    pids.append(pid)
         return pids
 
     def sinfo(self, fmt: str = "%n %T") -> str:

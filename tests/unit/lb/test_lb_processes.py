@@ -27,6 +27,7 @@ from kit.topology.router_options import DEFAULTS, option_problems
 from tests.support.fake_worker import FakeWorker, Ledger
 from tests.support.lb_cluster import FAST_HEALTH, run, sse_events
 from tests.support.ports import free_port
+from tests.support.procs import running
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -316,8 +317,4 @@ def test_sigusr2_starts_a_new_group_on_the_same_sockets_and_loses_no_request():
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return running(pid)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kit.ranks.group import Follower, GroupSettings, Leader
 from tests.support.ports import free_port
+from tests.support.procs import running
 
 SLEEP = ["sleep", "600"]
 
@@ -42,12 +43,7 @@ def pid(member: Leader | Follower) -> int | None:
 
 
 def alive(number: int) -> bool:
-    try:
-        os.kill(number, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie of a reaped child cannot linger: the agent awaits every process it stops.
-    return True
+    return running(number)
 
 
 def run_group(body: Callable[[Leader, Follower, Callable[[], Awaitable[None]]], Awaitable[None]]):
