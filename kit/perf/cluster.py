@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kit.perf.clock import Clock, VirtualClock
+from kit.perf.counting import CountingScheduler
 from kit.perf.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
 from kit.perf.kv_pages import KvPages
 from kit.perf.models import ModelShape, resolve_model
@@ -165,10 +166,12 @@ class InstanceConfig:
         launched: Mode | None = None,
         timing: TimingModel | None = None,
         on_step: Callable[[Scheduler, Step], None] | None = None,
+        counting: bool = False,
     ) -> list[Scheduler]:
         """The instance's schedulers, one per DP rank, on `clock` (sharing `timing` when
         given; `on_step` is called after each of their steps), serving `mode`; `launched` is
-        the mode it started in where a role switch changed it (its request slots stay)."""
+        the mode it started in where a role switch changed it (its request slots stay).
+        `counting`: `CountingScheduler`s, for sinks that only record (see its contract)."""
         timing = timing or self.build_timing()
         memory = self.memory(timing)
         if memory.capacity_tokens < self.page_size:
@@ -177,8 +180,9 @@ class InstanceConfig:
                 f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}: "
                 f"{weights:.1f} GiB of weights per GPU leave no KV room. To fix: raise tp."
             )
+        kind = CountingScheduler if counting else Scheduler
         return [
-            Scheduler(
+            kind(
                 mode=mode,
                 timing=timing,
                 pool=KvPages(memory.capacity_tokens // self.page_size, self.page_size),
@@ -274,6 +278,8 @@ class _Recorder:
         return reason
 
     def on_finish(self, seq: Seq, reason: FinishReason, now: float) -> None:
+        # A counting scheduler does not tell of every token; the count is exact here.
+        self.outcome.tokens = seq.generated
         if reason.kind != "abort" and self.record_first:
             self.outcome.finish = now
 
@@ -332,7 +338,11 @@ class _Run:
         def build(group: Instances | None, mode: Mode) -> list[Scheduler]:
             if group is None:
                 return []
-            return [rank for _ in range(group.count) for rank in group.config.build(mode, clock)]
+            return [
+                rank
+                for _ in range(group.count)
+                for rank in group.config.build(mode, clock, counting=True)
+            ]
 
         if cluster.colocated is not None:
             self.prefills = build(cluster.colocated, Mode.NULL)

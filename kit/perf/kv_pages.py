@@ -27,6 +27,8 @@ class KvPages:
         # millions of pages (a free list of them took GBs for an EP deployment's ranks).
         self._freed: list[int] = []
         self._fresh = 0
+        # Pages taken by count (`take`), their indices not chosen yet (`name`).
+        self._counted = 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -34,7 +36,7 @@ class KvPages:
 
     @property
     def free_pages(self) -> int:
-        return len(self._freed) + self.total_pages - self._fresh
+        return len(self._freed) + self.total_pages - self._fresh - self._counted
 
     @property
     def free_tokens(self) -> int:
@@ -64,6 +66,24 @@ class KvPages:
         fresh = count - reused
         taken.extend(range(self._fresh, self._fresh + fresh))
         self._fresh += fresh
+        return taken
+
+    def take(self, count: int) -> bool:
+        """Take `count` pages without choosing which (`name` does, later): one integer
+        update where a scheduler grows many sequences by a page each step. False (and
+        nothing taken) when fewer are free."""
+        if count > self.free_pages:
+            return False
+        self._counted += count
+        return True
+
+    def name(self, count: int) -> list[int]:
+        """The indices of `count` pages taken by `take` (to hand on or `free`)."""
+        if count > self._counted:
+            raise ValueError(f"{count} pages named, {self._counted} taken by count")
+        self._counted -= count
+        taken = self.alloc(count)
+        assert taken is not None  # the pages were free for the taking
         return taken
 
     def free(self, page_ids: Sequence[int]) -> None:

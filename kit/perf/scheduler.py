@@ -190,7 +190,9 @@ class Scheduler:
         self.transfer: set[Sequence] = set()
         self.ready: deque[Sequence] = deque()
         self.retracted: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        # The running batch in joining order (a dict as an ordered set: O(1) removal); the
+        # newest is retracted first.
+        self.running: dict[Sequence, None] = {}
         self.inflight: set[Sequence] = set()
         self.chunked: Sequence | None = None
         self.current: Step | None = None
@@ -243,8 +245,7 @@ class Scheduler:
                 queue.remove(seq)
         self.transfer.discard(seq)
         self.inflight.discard(seq)
-        if seq in self.running:
-            self.running.remove(seq)
+        self._leave(seq)
         if self.chunked is seq:
             self.chunked = None
         held: list[int] = []
@@ -313,7 +314,7 @@ class Scheduler:
         shape = StepShape(
             prefill=tuple((n, seq.computed) for seq, n in prefill),
             decode_reqs=len(decode),
-            decode_context=sum(seq.kv_tokens for seq in decode),
+            decode_context=self._decode_context(decode),
             sampled=len(decode) + completing,
         )
         return Step(prefill, decode, start, start + self.timing.step_seconds(shape))
@@ -323,6 +324,8 @@ class Scheduler:
         self.current = None
         self.stats.steps += 1
         self.stats.busy_s += step.end - step.start
+        if step.decode:
+            self._advance()
         for seq, n in step.prefill:
             if seq.phase is not Phase.PREFILLING:
                 continue
@@ -337,11 +340,9 @@ class Scheduler:
             else:
                 seq.phase = Phase.RUNNING
                 if not self._emit(seq, now):
-                    self.running.append(seq)
-        for seq in step.decode:
-            if seq.phase is Phase.RUNNING:
-                self._emit(seq, now)
+                    self._join(seq)
         if step.decode:
+            self._emit_decoded(step.decode, now)
             self.new_token_ratio = max(
                 MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
             )
@@ -353,6 +354,11 @@ class Scheduler:
         """Count one new token of `seq`; finish it if done. True when finished."""
         seq.generated += 1
         self.stats.generated_tokens += 1
+        return self._heard(seq, now)
+
+    def _heard(self, seq: Sequence, now: float) -> bool:
+        """Tell `seq`'s sink of its latest token (`seq.generated`); finish it if done. True
+        when finished."""
         reason: FinishReason | None = None
         if seq.generated >= seq.max_new_tokens:
             reason = FinishReason("length", length=seq.max_new_tokens)
@@ -362,11 +368,38 @@ class Scheduler:
         reason = seq.sink.on_token(seq, now, reason)
         if reason is None:
             return False
-        if seq in self.running:
-            self.running.remove(seq)
+        self._leave(seq)
         self._release(seq)
         self._finish(seq, reason, now)
         return True
+
+    # -- the running batch (hooks a subclass may keep its own books in) -------------------
+
+    def _join(self, seq: Sequence) -> None:
+        """Add `seq` (phase RUNNING, its KV in `seq.page_ids`) at the end of the batch."""
+        self.running[seq] = None
+
+    def _leave(self, seq: Sequence) -> None:
+        """Take `seq` out of the batch, if it is in it."""
+        self.running.pop(seq, None)
+
+    def _advance(self) -> None:
+        """A decode step completed: the batch it ran holds one more token each (before
+        any sequence's sink hears of it)."""
+
+    def _emit_decoded(self, decode: list[Sequence], now: float) -> None:
+        """Emit the token each sequence of a completed decode step made."""
+        for seq in decode:
+            if seq.phase is Phase.RUNNING:
+                self._emit(seq, now)
+
+    def _decode_context(self, decode: list[Sequence]) -> int:
+        """Tokens in the KV of the sequences of a decode step."""
+        return sum(seq.kv_tokens for seq in decode)
+
+    def _running_future(self) -> int:
+        """KV tokens reserved for the running sequences' future tokens (`_future_tokens`)."""
+        return sum(self._future_tokens(s) for s in self.running)
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.phase = Phase.FINISHED
@@ -404,7 +437,9 @@ class Scheduler:
                 return parts
             self.chunked = None
         slots = self.max_running - len(self.running) - len(self.inflight) - len(parts)
-        room = self.pool.free_tokens - sum(self._future_tokens(s) for s in self.running)
+        if not (self.waiting and budget > 0 and slots > 0):
+            return parts
+        room = self.pool.free_tokens - self._running_future()
         while self.waiting and budget > 0 and slots > 0:
             seq = self.waiting[0]
             need = self.pool.pages_for(seq.target)
@@ -453,35 +488,49 @@ class Scheduler:
         """Give every running sequence room for its next token, retracting the newest ones
         when the pool runs out (SGLang's retract_decode)."""
         for seq in list(self.running):
-            if seq.phase is not Phase.RUNNING:
-                continue
-            need = self.pool.pages_for(seq.kv_tokens) - len(seq.page_ids)
-            while need > 0:
-                page_ids = self.pool.alloc(need)
-                if page_ids is not None:
-                    seq.page_ids.extend(page_ids)
-                    break
-                victim = self.running[-1]
-                if victim is seq and len(self.running) == 1:
-                    self.running.remove(seq)
-                    self._release(seq)
-                    self._finish(
-                        seq,
-                        FinishReason(
-                            "abort",
-                            message="Out of KV memory while decoding a single request.",
-                            status_code=503,
-                        ),
-                        now,
-                    )
-                    break
-                self._retract(victim)
-                if victim is seq:
-                    break
+            if seq.phase is Phase.RUNNING:
+                self._grow(seq, seq.kv_tokens, now)
         return list(self.running)
 
+    def _grow(self, seq: Sequence, kv_tokens: int, now: float) -> None:
+        """Give running `seq` the pages `kv_tokens` tokens need, retracting the newest
+        sequences (`seq` too, or aborting it when it is alone) while the pool is short."""
+        need = self.pool.pages_for(kv_tokens) - self._held(seq)
+        while need > 0:
+            if self._take(seq, need):
+                break
+            victim = next(reversed(self.running))
+            if victim is seq and len(self.running) == 1:
+                self._leave(seq)
+                self._release(seq)
+                self._finish(
+                    seq,
+                    FinishReason(
+                        "abort",
+                        message="Out of KV memory while decoding a single request.",
+                        status_code=503,
+                    ),
+                    now,
+                )
+                break
+            self._retract(victim)
+            if victim is seq:
+                break
+
+    def _held(self, seq: Sequence) -> int:
+        """KV pages running `seq` holds."""
+        return len(seq.page_ids)
+
+    def _take(self, seq: Sequence, count: int) -> bool:
+        """Give running `seq` `count` more pages; False (and nothing) when fewer are free."""
+        page_ids = self.pool.alloc(count)
+        if page_ids is None:
+            return False
+        seq.page_ids.extend(page_ids)
+        return True
+
     def _retract(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+        self._leave(seq)
         self._release(seq)
         seq.retractions += 1
         self.stats.retracted += 1
@@ -514,7 +563,7 @@ class Scheduler:
             self.retracted.popleft()
             seq.page_ids = page_ids
             seq.phase = Phase.RUNNING
-            self.running.append(seq)
+            self._join(seq)
         if self.retracted:
             return
         while self.prealloc and self._active() < self.max_running + self.extra_slots:
@@ -543,4 +592,4 @@ class Scheduler:
             seq = self.ready.popleft()
             seq.phase = Phase.RUNNING
             if not self._emit(seq, now):
-                self.running.append(seq)
+                self._join(seq)
