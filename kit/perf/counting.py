@@ -16,15 +16,15 @@ use at every step) but keeps its books per event, not per token:
    one more every ``page_size`` ticks, as every steady sequence with the same
    ``(prompt_len + base) mod page_size`` does. At a step, when the pool has room for every
    sequence due a page, the due ones get theirs at once, by count (`KvPages.take`); only when it
-   has not are they walked one by one, in batch order, retracting as `Scheduler` does. A
-   sequence's counted pages get their indices (`KvPages.name`) when it leaves the batch, so
-   which page indices a sequence holds differs from `Scheduler`'s, not how many.
+   has not are they walked one by one, in batch order, retracting as `Scheduler` does.
+4. Pages are held by count (`KvPages.take`, `KvPages.give`): `seq.page_ids` stays empty, and
+   `abort(..., hold_kv=True)` holds nothing back. A virtual-time run never addresses a page.
 
 The price is the sink contract: a decoding sequence's sink hears `on_token` for its first token
 and for each token at which the scheduler ends it, not for the tokens in between, and it must
 not end a sequence the scheduler did not (return the reason given, or None to go on).
 `seq.generated` is exact whenever a sink is called and once the sequence left the batch; while
-it runs, it and `seq.page_ids` lag.
+it runs, it may lag.
 """
 
 from __future__ import annotations
@@ -39,15 +39,13 @@ from kit.perf.scheduler import CLIP_MAX_NEW_TOKENS, Mode, Phase, Scheduler, Sequ
 class _Lane:
     """A running sequence's books: its place in the batch (`order`, increasing with each join),
     ``generated - tick`` (`base`), the tick after which it may finish (`finish_tick`); and, until
-    it is steady, the pages it holds by count (`counted`) and the tick before which it needs one
-    more (`page_tick`)."""
+    it is steady, the tick before which it needs a page more (`page_tick`)."""
 
-    __slots__ = ("base", "counted", "finish_tick", "order", "page_tick", "steady")
+    __slots__ = ("base", "finish_tick", "order", "page_tick", "steady")
 
     def __init__(self, order: int, base: int) -> None:
         self.order = order
         self.base = base
-        self.counted = 0
         self.page_tick = 0
         self.finish_tick = 0
         self.steady = False
@@ -66,6 +64,8 @@ class CountingScheduler(Scheduler):
         # last page round.
         self._granted = -1
         self._lanes: dict[Sequence, _Lane] = {}
+        # Pages each sequence holds, but for steady ones (pages_for their KV at `_granted`).
+        self._pages: dict[Sequence, int] = {}
         self._orders = itertools.count()
         self._base_kv = 0  # sum over the batch of prompt_len + base
         self._page_heap: Heap = []
@@ -94,35 +94,41 @@ class CountingScheduler(Scheduler):
         seq.generated = self._tick + lane.base
         self._base_kv -= seq.prompt_len + lane.base
         if lane.steady:
-            del self._steady[self._residue(seq, lane)][seq]
-        counted = self._counted(seq, lane)
-        if counted:
-            seq.page_ids.extend(self.pool.name(counted))
+            self._unsteady(seq, lane)
 
-    def _counted(self, seq: Sequence, lane: _Lane) -> int:
-        """Pages `seq` holds by count (not in `seq.page_ids`)."""
-        if not lane.steady:
-            return lane.counted
-        kv_tokens = seq.prompt_len + lane.base + self._granted
-        return self.pool.pages_for(kv_tokens) - len(seq.page_ids)
+    def _unsteady(self, seq: Sequence, lane: _Lane) -> None:
+        """Count steady `seq`'s pages in `_pages` again."""
+        del self._steady[self._residue(seq, lane)][seq]
+        lane.steady = False
+        self._pages[seq] = self.pool.pages_for(seq.prompt_len + lane.base + self._granted)
 
     def _residue(self, seq: Sequence, lane: _Lane) -> int:
         return (seq.prompt_len + lane.base) % self.pool.page_size
 
+    def _assign(self, seq: Sequence, count: int) -> bool:
+        if not self.pool.take(count):
+            return False
+        self._pages[seq] = count
+        return True
+
     def _held(self, seq: Sequence) -> int:
-        return len(seq.page_ids) + self._counted(seq, self._lanes[seq])
+        return self._pages[seq]  # `_prepare_decode` grows no steady sequence one by one
 
     def _take(self, seq: Sequence, count: int) -> bool:
         if not self.pool.take(count):
             return False
-        self._lanes[seq].counted += count
+        self._pages[seq] += count
         return True
+
+    def _release(self, seq: Sequence) -> None:
+        count = self._pages.pop(seq, 0)
+        if count:
+            self.pool.give(count)
 
     def _schedule_page(self, seq: Sequence, lane: _Lane) -> None:
         # kv_tokens at tick t is prompt_len + base + t; a page more is needed once that
         # passes the pages held.
-        held = len(seq.page_ids) + lane.counted
-        lane.page_tick = held * self.pool.page_size - seq.prompt_len - lane.base + 1
+        lane.page_tick = self._pages[seq] * self.pool.page_size - seq.prompt_len - lane.base + 1
         heapq.heappush(self._page_heap, (lane.page_tick, lane.order, seq))
 
     def _schedule_finish(self, seq: Sequence, lane: _Lane, tick: int) -> None:
@@ -145,7 +151,7 @@ class CountingScheduler(Scheduler):
     def _make_steady(self, seq: Sequence, lane: _Lane) -> None:
         """`seq` holds pages_for(kv_tokens) at `_granted` now."""
         lane.steady = True
-        lane.counted = 0
+        del self._pages[seq]
         self._steady[self._residue(seq, lane)][seq] = lane
 
     # -- the steps -------------------------------------------------------------------------
@@ -156,7 +162,7 @@ class CountingScheduler(Scheduler):
         steady = self._steady[(1 - tick) % self.pool.page_size] if self._granted < tick else {}
         need = len(steady)
         for _, seq in joined:
-            need += pages_for(seq.prompt_len + self._lanes[seq].base + tick) - self._held(seq)
+            need += pages_for(seq.prompt_len + self._lanes[seq].base + tick) - self._pages[seq]
         if need <= self.pool.free_pages:
             # Every sequence due a page gets it: `Scheduler._prepare_decode` would retract none.
             self.pool.take(need)
@@ -168,9 +174,7 @@ class CountingScheduler(Scheduler):
         # others would do nothing there), in batch order.
         due = joined
         for seq, lane in list(steady.items()):
-            lane.counted = self._counted(seq, lane)
-            lane.steady = False
-            del steady[seq]
+            self._unsteady(seq, lane)
             due.append((lane.order, seq))
         due.sort(key=lambda entry: entry[0])
         for _, seq in due:

@@ -27,7 +27,7 @@ class KvPages:
         # millions of pages (a free list of them took GBs for an EP deployment's ranks).
         self._freed: list[int] = []
         self._fresh = 0
-        # Pages taken by count (`take`), their indices not chosen yet (`name`).
+        # Pages taken by count (`take`), without indices.
         self._counted = 0
 
     @property
@@ -69,22 +69,19 @@ class KvPages:
         return taken
 
     def take(self, count: int) -> bool:
-        """Take `count` pages without choosing which (`name` does, later): one integer
-        update where a scheduler grows many sequences by a page each step. False (and
-        nothing taken) when fewer are free."""
+        """Take `count` pages by count, without indices (`give` returns them): for a
+        scheduler whose sequences' pages are never addressed (`CountingScheduler`). False
+        (and nothing taken) when fewer are free."""
         if count > self.free_pages:
             return False
         self._counted += count
         return True
 
-    def name(self, count: int) -> list[int]:
-        """The indices of `count` pages taken by `take` (to hand on or `free`)."""
+    def give(self, count: int) -> None:
+        """Return `count` pages taken by `take`."""
         if count > self._counted:
-            raise ValueError(f"{count} pages named, {self._counted} taken by count")
+            raise ValueError(f"{count} pages given back, {self._counted} taken by count")
         self._counted -= count
-        taken = self.alloc(count)
-        assert taken is not None  # the pages were free for the taking
-        return taken
 
     def free(self, page_ids: Sequence[int]) -> None:
         self._freed.extend(reversed(page_ids))

@@ -450,11 +450,9 @@ class Scheduler:
                     self._finish(seq, _over_budget(seq.target), self.clock.now())
                     continue
                 break
-            page_ids = self.pool.alloc(need)
-            if page_ids is None:
+            if not self._assign(seq, need):
                 break
             self.waiting.popleft()
-            seq.page_ids = page_ids
             seq.phase = Phase.PREFILLING
             if seq.on_admit is not None:
                 admit, seq.on_admit = seq.on_admit, None
@@ -517,6 +515,15 @@ class Scheduler:
             if victim is seq:
                 break
 
+    def _assign(self, seq: Sequence, count: int) -> bool:
+        """Give `seq`, which holds none, `count` pages; False (and nothing) when fewer are
+        free."""
+        page_ids = self.pool.alloc(count)
+        if page_ids is None:
+            return False
+        seq.page_ids = page_ids
+        return True
+
     def _held(self, seq: Sequence) -> int:
         """KV pages running `seq` holds."""
         return len(seq.page_ids)
@@ -557,11 +564,9 @@ class Scheduler:
             need = self.pool.pages_for(seq.kv_tokens)
             if need * page > self.pool.free_tokens - reserve:
                 break
-            page_ids = self.pool.alloc(need)
-            if page_ids is None:
+            if not self._assign(seq, need):
                 break
             self.retracted.popleft()
-            seq.page_ids = page_ids
             seq.phase = Phase.RUNNING
             self._join(seq)
         if self.retracted:
@@ -576,11 +581,9 @@ class Scheduler:
                     self._finish(seq, _over_budget(seq.prompt_len), now)
                     continue
                 break
-            page_ids = self.pool.alloc(need)
-            if page_ids is None:
+            if not self._assign(seq, need):
                 break
             self.prealloc.popleft()
-            seq.page_ids = page_ids
             seq.phase = Phase.TRANSFER
             self.transfer.add(seq)
             seq.sink.on_reserved(seq, now)
