@@ -268,8 +268,8 @@ class _Recorder:
     def __init__(self, outcome: Outcome, record_first: bool = True) -> None:
         self.outcome = outcome
         self.record_first = record_first
-        self.prefilled: Callable[[Seq, float], None] = lambda seq, now: None
-        self.reserved: Callable[[Seq, float], None] = lambda seq, now: None
+        self.prefilled: Callable[[Seq, float], None] | None = None
+        self.reserved: Callable[[Seq, float], None] | None = None
 
     def on_token(self, seq: Seq, now: float, reason: FinishReason | None) -> FinishReason | None:
         if self.record_first and self.outcome.first_token is None:
@@ -284,10 +284,12 @@ class _Recorder:
             self.outcome.finish = now
 
     def on_prefilled(self, seq: Seq, now: float) -> None:
-        self.prefilled(seq, now)
+        if self.prefilled is not None:
+            self.prefilled(seq, now)
 
     def on_reserved(self, seq: Seq, now: float) -> None:
-        self.reserved(seq, now)
+        if self.reserved is not None:
+            self.reserved(seq, now)
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,11 @@ class TimingModel:
         shard = 1 if m.is_mla else min(par.attn_tp, m.kv_heads)
         self.kv_bytes_per_token = m.kv_bytes_per_token(kv_dtype_bytes)
         self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token / shard / par.pp
+        # Per-step constants, computed as the step formulas would (the same floats).
+        self._head_flops_per_token = 2.0 * m.vocab * m.hidden  # LM head, per sampled token
+        self._pair_flops = m.attention_flops_per_pair()
+        self._expert_miss = 1.0 - m.experts_per_token / m.experts if m.is_moe else 1.0
+        self._overhead_s = self.overhead_seconds()
 
     # -- memory ----------------------------------------------------------------------------
 
@@ -174,8 +179,8 @@ class TimingModel:
         tokens = step.tokens
         if tokens == 0:
             return 0.0
-        compute_s, memory_s = self.roofline_seconds(step)
-        return max(compute_s, memory_s) + self._comm_seconds(tokens) + self.overhead_seconds()
+        compute_s, memory_s = self._roofline(step, tokens)
+        return max(compute_s, memory_s) + self._comm_seconds(tokens) + self._overhead_s
 
     def overhead_seconds(self) -> float:
         """The fixed cost of one step on one pipeline stage's layers."""
@@ -184,15 +189,17 @@ class TimingModel:
     def roofline_seconds(self, step: StepShape) -> tuple[float, float]:
         """The step's two roofline terms, in seconds at this model's efficiencies: (FLOPs over
         achieved FLOP/s, bytes moved over achieved bandwidth)."""
-        tokens = step.tokens
+        return self._roofline(step, step.tokens)
+
+    def _roofline(self, step: StepShape, tokens: int) -> tuple[float, float]:
         m = self.model
         pairs = float(step.decode_context)
         for new, cached in step.prefill:
             pairs += new * (cached + (new + 1) / 2)
         flops = (
             self._linear_flops_per_token * tokens
-            + 2.0 * m.vocab * m.hidden * step.sampled
-            + m.attention_flops_per_pair() * pairs
+            + self._head_flops_per_token * step.sampled
+            + self._pair_flops * pairs
         )
         compute_s = flops / self._flops
         kv_read = step.decode_context + sum(cached for _, cached in step.prefill)
@@ -209,7 +216,7 @@ class TimingModel:
         m = self.model
         if not m.is_moe:
             return 0.0
-        return m.experts * (1.0 - (1.0 - m.experts_per_token / m.experts) ** tokens)
+        return m.experts * (1.0 - self._expert_miss**tokens)
 
     def _comm_seconds(self, tokens: int) -> float:
         par = self.par
