@@ -38,7 +38,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -183,7 +183,12 @@ def compile_chat_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    template = env.from_string(source)
+    # A plain dict for the ChainMap of the template's and the environment's globals (the same
+    # names and values): each render copies them into its context, and a ChainMap is copied
+    # key by key in Python.
+    template.globals = dict(template.globals)
+    return template
 
 
 def _iterates_content(node: jinja2.nodes.Node) -> bool:
@@ -316,7 +321,7 @@ class ModelTokenizer:
         """Ids of a /generate ``text`` or a /v1/completions ``prompt`` string."""
         if self._segments is not None and self._wrap is not None:
             head, tail = self._wrap
-            return [*head, *self._segments.encode(text), *tail]
+            return self._segments.encode(text, head, tail)
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -538,7 +543,11 @@ class _SegmentCache:
     no added token strips spaces or must be a single word, and the pre-tokenizer treats no
     piece differently for being first (Metaspace); `for_tokenizer` gives None otherwise.
     Pieces that recur across requests (a system prompt, a shared document, earlier turns) are
-    then encoded once."""
+    then encoded once.
+
+    The pieces (and spans, `_spans`) not seen before are encoded together in one call of the
+    tokenizer's `encode_batch_fast`: the same ids as `encode` (the same pipeline, without the
+    character offsets that nothing here reads), at about two thirds of its CPU."""
 
     def __init__(self, tokenizer: Tokenizer, added: Mapping[str, int]) -> None:
         self._tokenizer = tokenizer
@@ -546,6 +555,11 @@ class _SegmentCache:
         # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
         alternatives = sorted(added, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
+        # Where every added token starts with the same character (most models: "<"), the
+        # scan for them jumps from one such character to the next (str.find) and tries the
+        # pattern only there: the matches finditer would give, without its step per character.
+        firsts = {a[0] for a in alternatives}
+        self._first = firsts.pop() if len(firsts) == 1 else None
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cached_tokens = 0
         self.cuts = _cuttable(tokenizer)
@@ -563,62 +577,83 @@ class _SegmentCache:
             return None
         return cls(tokenizer, {t.content: i for i, t in decoder.items() if t.content})
 
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
+    def encode(self, text: str, head: Sequence[int] = (), tail: Sequence[int] = ()) -> list[int]:
+        """`text`'s ids (without special tokens), between `head` and `tail`."""
+        parts: list[Sequence[int]] = [head]
+        todo: list[tuple[int, str]] = []  # (its place in parts, a piece or span not seen)
         start = 0
-        for match in self._pattern.finditer(text):
-            if match.start() > start:
-                ids += self._piece(text[start : match.start()])
-            ids.append(self._added[match.group()])
-            start = match.end()
+        for at, end, token_id in self._added_in(text):
+            if at > start:
+                self._piece(text[start:at], parts, todo)
+            parts.append((token_id,))
+            start = end
         if start < len(text):
-            ids += self._piece(text[start:])
-        return ids
+            self._piece(text[start:], parts, todo)
+        if todo:
+            encoded = self._tokenizer.encode_batch_fast(
+                [piece for _, piece in todo], add_special_tokens=False
+            )
+            for (at, piece), encoding in zip(todo, encoded, strict=True):
+                ids = tuple(encoding.ids)
+                parts[at] = ids
+                self._keep(piece, ids)
+        parts.append(tail)
+        return list(itertools.chain.from_iterable(parts))
 
-    def _piece(self, piece: str) -> Sequence[int]:
+    def _added_in(self, text: str) -> Iterator[tuple[int, int, int]]:
+        """(start, end, id) of each added token in `text`, left to right, as finditer finds
+        them."""
+        first = self._first
+        if first is None:
+            for found in self._pattern.finditer(text):
+                yield found.start(), found.end(), self._added[found.group()]
+            return
+        match_at = self._pattern.match
+        at = text.find(first)
+        while at >= 0:
+            match = match_at(text, at)
+            if match is None:
+                at = text.find(first, at + 1)
+                continue
+            end = match.end()
+            yield at, end, self._added[match.group()]
+            at = text.find(first, end)
+
+    def _piece(self, piece: str, parts: list[Sequence[int]], todo: list[tuple[int, str]]) -> None:
+        """The piece's ids into `parts`, or its place (or its spans' places) into `todo`."""
         cached = self._cache.get(piece)
         if cached is not None:
             self._cache.move_to_end(piece)
-            return cached
-        if self.cuts and len(piece) >= 2 * CUT_CHARS:
-            whole = tuple(self._long(piece))
-            self._keep(piece, whole)  # the same piece again (a system prompt): one look-up
-            return whole
-        ids = tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids)
-        self._keep(piece, ids)
-        return ids
+            parts.append(cached)
+        elif self.cuts and len(piece) >= 2 * CUT_CHARS:
+            self._spans(piece, parts, todo)
+        else:
+            todo.append((len(parts), piece))
+            parts.append(())
 
-    def _long(self, piece: str) -> list[int]:
-        """A long piece, span by span between its cut points: the spans seen before from the
-        cache; from the first one not seen, the rest encoded at once and its spans kept (a cut
-        is a pre-token boundary: no token straddles it)."""
-        bounds = _cut_points(piece)
-        ids: list[int] = []
-        for i in range(len(bounds) - 1):
-            span = piece[bounds[i] : bounds[i + 1]]
+    def _spans(self, piece: str, parts: list[Sequence[int]], todo: list[tuple[int, str]]) -> None:
+        """A long piece, span by span between its cut points (a cut is a pre-token boundary:
+        no token straddles it, so each span is encoded on its own): the spans seen before from
+        the cache, the others to encode. When every span was seen (the same piece again: a
+        system prompt), the whole piece is kept too, so that the next time it is one look-up."""
+        first = len(parts)
+        seen = True
+        for lo, hi in itertools.pairwise(_cut_points(piece)):
+            span = piece[lo:hi]
             cached = self._cache.get(span)
-            if cached is not None:
+            if cached is None:
+                seen = False
+                todo.append((len(parts), span))
+                parts.append(())
+            else:
                 self._cache.move_to_end(span)
-                ids += cached
-                continue
-            start = bounds[i]
-            encoding = self._tokenizer.encode(piece[start:], add_special_tokens=False)
-            rest = encoding.ids
-            ids += rest
-            first = 0
-            for lo, hi in itertools.pairwise(bounds[i:]):
-                # the token of the space that opens the next span is that span's first
-                last = len(rest) if hi == len(piece) else encoding.char_to_token(hi - start)
-                if last is None or last <= first:
-                    break
-                span = piece[lo:hi]
-                if span not in self._cache:
-                    self._keep(span, tuple(rest[first:last]))
-                first = last
-            break
-        return ids
+                parts.append(cached)
+        if seen:
+            self._keep(piece, tuple(itertools.chain.from_iterable(parts[first:])))
 
     def _keep(self, piece: str, ids: tuple[int, ...]) -> None:
+        if piece in self._cache:  # the same span twice in one text
+            return
         self._cache[piece] = ids
         self._cached_tokens += len(ids)
         while self._cached_tokens > SEGMENT_CACHE_TOKENS and self._cache:

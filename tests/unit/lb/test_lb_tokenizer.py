@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
-from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
+from kit.lb.tokenizer import ModelTokenizer, TokenizerError, _SegmentCache, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.tokenizer_model import TEMPLATE, make_model
 
@@ -275,11 +275,30 @@ def test_a_long_text_is_cut_where_no_id_changes_and_a_shared_prefix_is_encoded_o
     document = "the quick brown fox jumps over the lazy dog " * 100
     tokenizer.encode_text(document + "first question")
     cached = dict(tokenizer._segments._cache)
-    tokenizer.encode_text(document + "second question")
+    text = document + "second question"
+    tokenizer.encode_text(text)
     new = [span for span in tokenizer._segments._cache if span not in cached]
-    # the last span, and the whole text (sent again, it is one look-up)
-    assert sorted(new, key=len)[1] == document + "second question"
-    assert len(new) == 2 and sorted(new, key=len)[0].endswith("second question")
+    assert len(new) == 1 and new[0].endswith("second question")  # only the last span
+    # The same text again: every span seen, so the whole is kept (next time one look-up).
+    tokenizer.encode_text(text)
+    assert list(tokenizer._segments._cache)[-1] == text
+    assert tokenizer.encode_text(text) == tokenizer._tokenizer.encode(text).ids
+
+
+def test_added_tokens_of_several_first_characters_are_found_as_the_tokenizer_finds_them(
+    tmp_path,
+):
+    """The scan for added tokens jumps to their first character when they share one; with
+    "[INST]" beside "<s>" it is the regular expression's: the same ids either way."""
+    tok = Tokenizer.from_file(str(make_model(tmp_path / "m") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("[INST]", special=True, normalized=False)])
+    segments = _SegmentCache.for_tokenizer(tok)
+    assert segments is not None and segments._first is None
+    rng = random.Random(1)
+    alphabet = [*"ab c\n<>[]|/s", "<s>", "</s>", "[INST]", "[INST", "<|user|>", "é", "  "]
+    for _ in range(1000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert segments.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
 
 
 def test_no_cuts_for_a_pre_tokenizer_not_known_to_allow_them(tmp_path):
