@@ -594,11 +594,13 @@ class _SegmentCache:
                 [piece for _, piece in todo], add_special_tokens=False
             )
             for (at, piece), encoding in zip(todo, encoded, strict=True):
-                ids = tuple(encoding.ids)
-                parts[at] = ids
-                self._keep(piece, ids)
+                parts[at] = new = tuple(encoding.ids)
+                self._keep(piece, new)
         parts.append(tail)
-        return list(itertools.chain.from_iterable(parts))
+        ids: list[int] = []
+        for part in parts:  # += copies a tuple at once; chain would step id by id (3x the CPU)
+            ids += part
+        return ids
 
     def _added_in(self, text: str) -> Iterator[tuple[int, int, int]]:
         """(start, end, id) of each added token in `text`, left to right, as finditer finds
