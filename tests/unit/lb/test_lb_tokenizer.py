@@ -9,7 +9,14 @@ import random
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
-from kit.lb.tokenizer import ModelTokenizer, TokenizerError, _SegmentCache, content_format
+from kit.lb.tokenizer import (
+    HEAD_CHARS,
+    ModelTokenizer,
+    TokenizerError,
+    _cut_points,
+    _SegmentCache,
+    content_format,
+)
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.tokenizer_model import TEMPLATE, make_model
 
@@ -279,10 +286,40 @@ def test_a_long_text_is_cut_where_no_id_changes_and_a_shared_prefix_is_encoded_o
     tokenizer.encode_text(text)
     new = [span for span in tokenizer._segments._cache if span not in cached]
     assert len(new) == 1 and new[0].endswith("second question")  # only the last span
-    # The same text again: every span seen, so the whole is kept (next time one look-up).
-    tokenizer.encode_text(text)
-    assert list(tokenizer._segments._cache)[-1] == text
+    # The same text again: the recent long piece with its first characters, whole.
+    recent = tokenizer._segments._recent[text[:HEAD_CHARS]]
+    assert recent.piece == text and recent.shared_spans(document + "first question") > 0
     assert tokenizer.encode_text(text) == tokenizer._tokenizer.encode(text).ids
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "llama3_split"])
+def test_texts_that_share_a_prefix_with_the_last_long_one_get_the_whole_texts_ids(tmp_path, kind):
+    """The spans a long text shares with the last one of its first characters come from it:
+    prefixes ending before, at and after each cut, texts shorter and longer than it, and a text
+    that differs inside its first span all get the whole text's ids."""
+    folder = make_model(tmp_path / "m")
+    if kind == "llama3_split":
+        folder = _llama3_style(folder)
+    tokenizer = ModelTokenizer.load(folder)
+    rng = random.Random(5)
+    # "fo", "th", "qui": word starts that a tail ("x", "e", "ck") makes one word with other ids
+    words = ["the", "fox", "fo", "th", "qui", "日本", "é", "12", "'s", ".", "!!", "\n", "  ", "🚀"]
+    base = " ".join(rng.choice(words) for _ in range(900))
+    cuts = _cut_points(base)[1:-1]
+    assert len(cuts) > 4
+    ends = [c + d for c in cuts for d in (-1, 0, 1)] + [300, len(base) - 5, len(base)]
+    joined = 0  # texts whose ids would be wrong if a cut were reused without its space
+    for end in ends:
+        for tail in ("", "x the end", "e", "ck it", " " + base[:700]):
+            tokenizer.encode_text(base)  # the last long text with these first characters
+            text = base[:end] + tail
+            whole = tokenizer._tokenizer.encode(text).ids
+            assert tokenizer.encode_text(text) == whole, (end, tail)
+            bare = tokenizer._tokenizer.encode(base[:end], add_special_tokens=False).ids
+            joined += end in cuts and whole[: len(bare)] != bare
+            early = text[:400] + "!" + text[401:]  # the same head, differing in the first span
+            assert tokenizer.encode_text(early) == tokenizer._tokenizer.encode(early).ids
+    assert joined > 0
 
 
 def test_added_tokens_of_several_first_characters_are_found_as_the_tokenizer_finds_them(
