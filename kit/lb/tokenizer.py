@@ -591,17 +591,16 @@ class _SegmentCache:
 
     def encode(self, text: str, head: Sequence[int] = (), tail: Sequence[int] = ()) -> list[int]:
         """`text`'s ids (without special tokens), between `head` and `tail`."""
-        parts: list[Sequence[int]] = [head]
-        todo: list[tuple[int, str]] = []  # (its place in parts, a piece or span not seen)
-        longs: list[tuple[str, list[int], int]] = []  # (a long piece, its bounds, first part)
+        out = _Parts([head], [], [])
+        parts, todo = out.parts, out.todo
         start = 0
         for at, end, token_id in self._added_in(text):
             if at > start:
-                self._piece(text[start:at], parts, todo, longs)
+                self._piece(text[start:at], out)
             parts.append((token_id,))
             start = end
         if start < len(text):
-            self._piece(text[start:], parts, todo, longs)
+            self._piece(text[start:], out)
         if todo:
             encoded = self._tokenizer.encode_batch_fast(
                 [piece for _, piece in todo], add_special_tokens=False
@@ -609,7 +608,7 @@ class _SegmentCache:
             for (at, piece), encoding in zip(todo, encoded, strict=True):
                 parts[at] = new = tuple(encoding.ids)
                 self._keep(piece, new)
-        for piece, bounds, first in longs:
+        for piece, bounds, first in out.longs:
             self._remember(_Recent(piece, bounds, parts[first : first + len(bounds) - 1]))
         parts.append(tail)
         ids: list[int] = []
@@ -636,38 +635,27 @@ class _SegmentCache:
             yield at, end, self._added[match.group()]
             at = text.find(first, end)
 
-    def _piece(
-        self,
-        piece: str,
-        parts: list[Sequence[int]],
-        todo: list[tuple[int, str]],
-        longs: list[tuple[str, list[int], int]],
-    ) -> None:
-        """The piece's ids into `parts`, or its place (or its spans' places) into `todo`."""
+    def _piece(self, piece: str, out: _Parts) -> None:
+        """The piece's ids into `out.parts`, or its place (or its spans') into `out.todo`."""
         if self.cuts and len(piece) >= 2 * CUT_CHARS:
-            self._spans(piece, parts, todo, longs)
+            self._spans(piece, out)
             return
         cached = self._cache.get(piece)
         if cached is not None:
             self._cache.move_to_end(piece)
-            parts.append(cached)
+            out.parts.append(cached)
         else:
-            todo.append((len(parts), piece))
-            parts.append(())
+            out.todo.append((len(out.parts), piece))
+            out.parts.append(())
 
-    def _spans(
-        self,
-        piece: str,
-        parts: list[Sequence[int]],
-        todo: list[tuple[int, str]],
-        longs: list[tuple[str, list[int], int]],
-    ) -> None:
+    def _spans(self, piece: str, out: _Parts) -> None:
         """A long piece, span by span between its cut points (a cut is a pre-token boundary:
         no token straddles it, so each span is encoded on its own). The last long piece seen
         with the same first `HEAD_CHARS` characters (`_recent`) gives the spans the two share
         (the same piece again, a system prompt: all of them, one comparison), found by
         comparing the texts up to its cuts (a cut depends only on the text up to it); the
         spans after those come from the cache, or are encoded."""
+        parts, todo = out.parts, out.todo
         first = len(parts)
         start = 0
         bounds = [0]
@@ -691,7 +679,7 @@ class _SegmentCache:
             else:
                 self._cache.move_to_end(span)
                 parts.append(cached)
-        longs.append((piece, bounds + rest[1:], first))
+        out.longs.append((piece, bounds + rest[1:], first))
 
     def _remember(self, recent: _Recent) -> None:
         head = recent.piece[:HEAD_CHARS]
@@ -712,6 +700,18 @@ class _SegmentCache:
         while self._cached_tokens > SEGMENT_CACHE_TOKENS and self._cache:
             _, dropped = self._cache.popitem(last=False)
             self._cached_tokens -= len(dropped)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """One text's ids as they are put together: `parts` in order (ids known, or an empty place
+    for a piece or span in `todo`: (its place, its text), encoded together at the end), and
+    the long pieces to remember once they are (`longs`: the piece, its bounds, its first
+    place)."""
+
+    parts: list[Sequence[int]]
+    todo: list[tuple[int, str]]
+    longs: list[tuple[str, list[int], int]]
 
 
 @dataclass(frozen=True)
