@@ -562,6 +562,10 @@ class _SegmentCache:
     def __init__(self, tokenizer: Tokenizer, added: Mapping[str, int]) -> None:
         self._tokenizer = tokenizer
         self._added = dict(added)
+        # One int object per id of the vocabulary, shared by every cached piece: the tokenizer
+        # makes a new one per token, so that a cached prompt's ids would be thousands of
+        # objects scattered over the heap, each touched when a request's list is built.
+        self._ints = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
         # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
         alternatives = sorted(added, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
@@ -606,7 +610,7 @@ class _SegmentCache:
                 [piece for _, piece in todo], add_special_tokens=False
             )
             for (at, piece), encoding in zip(todo, encoded, strict=True):
-                parts[at] = new = tuple(encoding.ids)
+                parts[at] = new = tuple(map(self._ints.__getitem__, encoding.ids))
                 self._keep(piece, new)
         for piece, bounds, first in out.longs:
             self._remember(_Recent(piece, bounds, parts[first : first + len(bounds) - 1]))
