@@ -565,7 +565,9 @@ class _SegmentCache:
         # One int object per id of the vocabulary, shared by every cached piece: the tokenizer
         # makes a new one per token, so that a cached prompt's ids would be thousands of
         # objects scattered over the heap, each touched when a request's list is built.
-        self._ints = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
+        # (Up to the largest id: added tokens' ids may leave holes past the base vocabulary.)
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        self._ints = tuple(range(max(ids, default=-1) + 1))
         # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
         alternatives = sorted(added, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))

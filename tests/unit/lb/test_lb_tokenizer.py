@@ -4,6 +4,7 @@ tests/e2e/real_sglang/test_router_tokenizer_real.py)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -350,3 +351,23 @@ def test_no_cuts_for_a_pre_tokenizer_not_known_to_allow_them(tmp_path):
     tok.save(str(folder / "tokenizer.json"))
     segments = ModelTokenizer.load(folder)._segments
     assert segments is not None and not segments.cuts
+
+
+def test_an_id_past_a_hole_in_the_vocabulary_is_encoded(tmp_path):
+    """Cached ids are the vocabulary's shared ints up to the largest id, not up to the count of
+    ids: a vocabulary may leave holes."""
+    folder = make_model(tmp_path / "m")
+    path = folder / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    vocab = spec["model"]["vocab"]
+    fox = Tokenizer.from_file(str(path)).encode(" fox", add_special_tokens=False).ids
+    assert len(fox) == 1
+    far = max(vocab.values()) + 1000
+    (name,) = [k for k, v in vocab.items() if v == fox[0]]
+    vocab[name] = far
+    path.write_text(json.dumps(spec))
+    tokenizer = ModelTokenizer.load(folder)
+    assert tokenizer._tokenizer.get_vocab_size(with_added_tokens=True) < far
+    text = "the fox</s>the fox " * 3
+    assert far in tokenizer.encode_text(text)
+    assert tokenizer.encode_text(text) == tokenizer._tokenizer.encode(text).ids
