@@ -565,9 +565,11 @@ class _SegmentCache:
         # One int object per id of the vocabulary, shared by every cached piece: the tokenizer
         # makes a new one per token, so that a cached prompt's ids would be thousands of
         # objects scattered over the heap, each touched when a request's list is built.
-        # (Up to the largest id: added tokens' ids may leave holes past the base vocabulary.)
+        # (Up to the largest id: a vocabulary's ids may leave holes; none where they are
+        # mostly holes.)
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
-        self._ints = tuple(range(max(ids, default=-1) + 1))
+        top = max(ids, default=-1) + 1
+        self._ints = tuple(range(top)) if top <= 2 * len(ids) + 1024 else None
         # Longest first: the alternation then matches as the tokenizer's leftmost-longest.
         alternatives = sorted(added, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(a) for a in alternatives))
@@ -612,7 +614,8 @@ class _SegmentCache:
                 [piece for _, piece in todo], add_special_tokens=False
             )
             for (at, piece), encoding in zip(todo, encoded, strict=True):
-                parts[at] = new = tuple(map(self._ints.__getitem__, encoding.ids))
+                found = encoding.ids
+                parts[at] = new = tuple(map(self._ints.__getitem__, found) if self._ints else found)
                 self._keep(piece, new)
         for piece, bounds, first in out.longs:
             self._remember(_Recent(piece, bounds, parts[first : first + len(bounds) - 1]))
