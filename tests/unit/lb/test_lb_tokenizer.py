@@ -10,14 +10,8 @@ import random
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
-from kit.lb.tokenizer import (
-    HEAD_CHARS,
-    ModelTokenizer,
-    TokenizerError,
-    _cut_points,
-    _SegmentCache,
-    content_format,
-)
+from kit.lb.segments import HEAD_CHARS, SegmentCache, cut_points
+from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.tokenizer_model import TEMPLATE, make_model
 
@@ -306,7 +300,7 @@ def test_texts_that_share_a_prefix_with_the_last_long_one_get_the_whole_texts_id
     # "fo", "th", "qui": word starts that a tail ("x", "e", "ck") makes one word with other ids
     words = ["the", "fox", "fo", "th", "qui", "日本", "é", "12", "'s", ".", "!!", "\n", "  ", "🚀"]
     base = " ".join(rng.choice(words) for _ in range(900))
-    cuts = _cut_points(base)[1:-1]
+    cuts = cut_points(base)[1:-1]
     assert len(cuts) > 4
     ends = [c + d for c in cuts for d in (-1, 0, 1)] + [300, len(base) - 5, len(base)]
     joined = 0  # texts whose ids would be wrong if a cut were reused without its space
@@ -330,7 +324,7 @@ def test_added_tokens_of_several_first_characters_are_found_as_the_tokenizer_fin
     "[INST]" beside "<s>" it is the regular expression's: the same ids either way."""
     tok = Tokenizer.from_file(str(make_model(tmp_path / "m") / "tokenizer.json"))
     tok.add_special_tokens([AddedToken("[INST]", special=True, normalized=False)])
-    segments = _SegmentCache.for_tokenizer(tok)
+    segments = SegmentCache.for_tokenizer(tok)
     assert segments is not None and segments._first is None
     rng = random.Random(1)
     alphabet = [*"ab c\n<>[]|/s", "<s>", "</s>", "[INST]", "[INST", "<|user|>", "é", "  "]
