@@ -19,6 +19,9 @@ from kit.lb.errors import ApiError
 from kit.lb.workers import Worker, WorkerPool
 from kit.net import classify_failure
 
+SIM_VOCAB_RETRY_S = 1.0
+"""How often the workers are asked for the emulated model's vocabulary until one says it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -121,6 +124,19 @@ class InfoRoutes:
             out[answer.worker.role].append(entry)
         status = 200 if any(a.ok for a in answers) else 502
         return web.json_response(out, status=status)
+
+    async def sim_vocab(self, retry_s: float = SIM_VOCAB_RETRY_S) -> int:
+        """--prompt-tokens sim: the emulated model's vocabulary, from the first worker whose
+        /server_info reports it (``sim.vocab``), asking the workers every `retry_s` until one
+        does (every worker of a deployment emulates the same model)."""
+        while True:
+            for answer in await self._everyone("GET", "/server_info"):
+                info = answer.json() if answer.ok else None
+                sim = info.get("sim") if isinstance(info, dict) else None
+                vocab = sim.get("vocab") if isinstance(sim, dict) else None
+                if isinstance(vocab, int) and vocab > 0:
+                    return vocab
+            await asyncio.sleep(retry_s)
 
     async def flush_cache(self, request: web.BaseRequest) -> web.Response:
         """POST /flush_cache to every worker; 200 only if all of them flushed."""
