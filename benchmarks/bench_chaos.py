@@ -30,6 +30,14 @@ same `kit.deploy.routing.RouterAdmin`), without Ansible:
                     (prefills, then the only decode) replaced as replace-only-decode
                     replaces one, started again with a new flag (`--revision v2`)
 
+On a deployment made by `pdkit up` (benchmarks/chaos_deployed.py: local.yaml's sim workers
+under supervisord, Ansible, `pdkit bench` load), the commands a user runs; pdkit's router only:
+    up-restart-kill-decode  `pdkit restart TOPOLOGY decode` of the only decode, then   2P1D
+                    SIGKILL of it (supervisord starts it again)
+    up-kill-decode-stop-prefill  SIGKILL decode-0 and SIGSTOP prefill-0 for 15 s      2P2D
+    up-template-change  `pdkit up` after a change to pdkit's supervisord program        2P1D
+                    template: every instance replaced in turn, the router handed over
+
 One row per (fault, router): requests sent during the fault window (from the fault to
 --tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
 timed-out stream), and for pdkit the router's own counts over the run (retried, migrated,
