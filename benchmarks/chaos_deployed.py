@@ -30,6 +30,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -45,7 +47,6 @@ from kit.deploy.routing import RouterAdmin, admin_key
 from kit.deploy.state import TEMPLATES
 from kit.hosts.playbook import PLAYBOOKS_ENV
 from kit.topology.layout import STATE_DIR_NAME
-from tests.conftest import REPO, run_pdkit
 from tests.support.local_deploy import (
     BENCH_RATE,
     UP_TIMEOUT_S,
@@ -57,6 +58,7 @@ from tests.support.local_deploy import (
     write_topology,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 DEPLOYED = {
     "up-restart-kill-decode": (2, 1),
     "up-kill-decode-stop-prefill": (2, 2),
@@ -94,7 +96,15 @@ class Deployment:
     def pdkit(self, log: str, *args: str, env: dict[str, str] | None = None) -> str:
         """`pdkit ARGS` against it; its output, also in `log` under the folder; raises on a
         non-zero exit."""
-        done = run_pdkit(*args, timeout=UP_TIMEOUT_S * 2, env=env or deploy_env())
+        done = subprocess.run(
+            [sys.executable, "-c", "from kit.cli import main; main()", *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env or deploy_env(),
+            timeout=UP_TIMEOUT_S * 2,
+            check=False,
+        )
         output = done.stdout + done.stderr
         (self.folder / log).write_text(output)
         if done.returncode != 0:

@@ -163,8 +163,6 @@ class LoadBalancer:
         self._info: InfoRoutes | None = None
         self._admin: AdminRoutes | None = None
         self.canary: Canary | None = None
-        self._sim_vocab: asyncio.Task[None] | None = None
-        """--prompt-tokens sim: asks the workers for the vocabulary until one says it."""
         self._routes = self._build_routes()
         self._not_found = self._open("other", self._no_route)
         self._method_not_allowed = self._open("other", self._refuse_method)
@@ -316,7 +314,7 @@ class LoadBalancer:
         )
         self._info = InfoRoutes(self.pool, self._session, cfg.health_timeout, self._worker_headers)
         if self.metrics.prompt_tokenizer == "sim" and self.vocab_size is None:
-            self._sim_vocab = asyncio.create_task(self._learn_sim_vocab(self._info))
+            self._info.learn_sim_vocab(lambda vocab: setattr(self, "vocab_size", vocab))
         self._admin = AdminRoutes(self.pool, cfg.drain_grace, self._monitor.watch, self._forget)
         if self.kv_index is not None:
             self._kv_subscriber = KvSubscriber(
@@ -331,15 +329,8 @@ class LoadBalancer:
         if self.canary is not None:
             self.canary.start()
 
-    async def _learn_sim_vocab(self, info: InfoRoutes) -> None:
-        self.vocab_size = await info.sim_vocab()
-        log.info("the emulated model's vocabulary: %d (the workers' /server_info)", self.vocab_size)
-
     async def close(self) -> None:
         """Stop probing, cancel background legs, close the upstream pool."""
-        if self._sim_vocab is not None:
-            self._sim_vocab.cancel()
-            await asyncio.gather(self._sim_vocab, return_exceptions=True)
         if self.canary is not None:
             await self.canary.close()
         if self._kv_subscriber is not None:
