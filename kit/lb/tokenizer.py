@@ -50,7 +50,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, processors
 
-from kit.lb.config import LbConfig, prompt_tokenizer_path, prompt_vocab
+from kit.lb.config import LbConfig, prompt_sim_workers, prompt_tokenizer_path, prompt_vocab
 from kit.lb.errors import LbError
 from kit.lb.segments import SegmentCache
 
@@ -465,6 +465,12 @@ def router_prompts(config: LbConfig) -> RouterPrompts:
             config.prompt_tokens,
         )
         return RouterPrompts(None, "sim", vocab, config.context_length or None)
+    if prompt_sim_workers(config):
+        log.info(
+            "the emulated model's tokenizer (--prompt-tokens sim): text prompts get the sim "
+            "workers' own ids here once a worker's /server_info has said its vocabulary"
+        )
+        return RouterPrompts(None, "sim", None, config.context_length or None)
     tokenizer, note = load_for_router(prompt_tokenizer_path(config))
     log.log(logging.INFO if tokenizer else logging.WARNING, "%s", note)
     if tokenizer is None:
