@@ -171,7 +171,7 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
             start = index % len(candidates) if pins else 0
             order = candidates[start:] + candidates[:start]
             top = shared if role == "decode" else set()
-            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order], top)
+            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order], top, spec.tp)
             if nodes is None:
                 problems.append(_no_fit(topology, role, index, spec, [states[n] for n in order]))
                 continue
@@ -179,15 +179,16 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     return placements, problems
 
 
-def _fit(need: int, hosts: list[_HostState], top: set[str]) -> tuple[Node, ...] | None:
-    """The nodes for one instance; on a host in `top` it takes the highest free GPUs."""
+def _fit(need: int, hosts: list[_HostState], top: set[str], tp: int) -> tuple[Node, ...] | None:
+    """The nodes for one instance; on a host in `top` it takes the highest free GPUs. On CPU
+    hosts, a tp > 1 instance takes `tp` hosts of its own, one rank each."""
     cpu = [s for s in hosts if s.host.device == "cpu"]
-    if cpu and need > 1:  # one rank per CPU host, on hosts of its own
+    if cpu and tp > 1:
         empty = [s for s in cpu if s.untouched]
-        if len(empty) < need:
+        if len(empty) < tp:
             return None
         return tuple(
-            Node(s.host.name, rank, s.take(0, top=False)) for rank, s in enumerate(empty[:need])
+            Node(s.host.name, rank, s.take(0, top=False)) for rank, s in enumerate(empty[:tp])
         )
     for state in hosts:
         on_host = 0 if state.host.device == "cpu" else need  # a CPU instance takes no GPU
@@ -214,10 +215,11 @@ def _no_fit(
 ) -> Problem:
     need = spec.gpus_per_instance
     if any(s.host.device == "cpu" for s in hosts):
-        empty = ", ".join(s.host.name for s in hosts if s.host.device == "cpu" and s.untouched)
+        empty = [s.host.name for s in hosts if s.host.device == "cpu" and s.untouched]
         why = (
             f"{role} instance {index} on CPU hosts runs one rank per host (tp {spec.tp}), so it "
-            f"needs {need} CPU hosts that hold no instance yet; such hosts left: {empty or 'none'}."
+            f"needs {spec.tp} CPU hosts that hold no instance yet; such hosts left: "
+            f"{', '.join(empty) or 'none'}."
         )
         fix = f"add CPU hosts, lower {role}.count, or set {role}.tp: 1 and scale with {role}.count."
         return Problem((role,), why, fix)

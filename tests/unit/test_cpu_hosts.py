@@ -173,3 +173,11 @@ def test_engine_sim_keeps_pdkits_interpreter_and_a_relative_model_path_is_resolv
     assert all(w.python is None for w in plan.workers)
     assert plan.model.path == str(path.parent / "models" / "tiny")
     assert flag(plan.workers[0].command.args, "--model-path") == plan.model.path
+
+
+def test_dp_on_cpu_hosts_is_refused_as_such_not_spread_over_hosts(write_topology):
+    data = local_sglang()
+    cpu_hosts(data, "ab")
+    data["decode"] |= {"dp": 2, "env": {"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}}
+    found = problems(write_topology, data)
+    assert "set decode.dp: 1" in found["decode.dp"] and "decode" not in found
