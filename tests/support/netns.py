@@ -10,7 +10,9 @@ Each namespace has only its loopback and its address on the bridge: no default r
 nothing started in it can reach a package index. The namespaces share the machine's file
 system, so every emulated host gets its own root prefix; a process started over SSH lives in
 that host's namespace and binds that host's address. Root's home (/root) is a per-host folder,
-bind-mounted in the sshd's private mount namespace, so the machine's shell setup stays out.
+bind-mounted in the sshd's private mount namespace, so the machine's shell setup stays out;
+`exposed` folders under /root (the real engine's venv) are bound into it read-only, and
+`private_shm` gives each host a /dev/shm of its own, as separate machines have.
 
 Each sshd has its own host key, config and PidFile, allows key authentication only and runs as
 root inside its namespace. The bed writes an SSH key pair, a known_hosts file with every host
