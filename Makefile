@@ -97,9 +97,9 @@ typecheck: $(VENV)/.stamp
 # more workers than cores, and the real engine's folder, the longest group, runs beside the
 # rest from the start. Then SERIAL_E2E alone. Each runs whatever failed before.
 PYTEST_WORKERS ?= 5
-# e2e modules whose timing (a pool write landing before the next request, an autoscale move
+# e2e modules whose timing (a pool write landing before the next request under load, an autoscale move
 # under load) failed now and then beside three other workers on 2 cores: run alone, after.
-SERIAL_E2E := tests/e2e/test_kvpool_sim.py tests/e2e/test_kvpool_up.py tests/e2e/test_autoscale_sim.py
+SERIAL_E2E := tests/e2e/test_kvpool_up.py tests/e2e/test_autoscale_sim.py
 test: deps
 	status=0; \
 	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \

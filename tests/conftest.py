@@ -37,10 +37,15 @@ ONE_WORKER_FOLDERS = (("e2e", "real_sglang"),)
 """Folders whose tests run in one pytest-xdist worker, in file order: the real engine's, which
 share the session's real servers (real_sglang/conftest.py) and start no two PD deployments at
 once (`make test` runs the folder beside the other workers, from the start: the longest group)."""
-OWN_WORKER_MODULES = ("test_real_sglang.py",)
-"""Modules of those folders that run in a worker of their own: the real PD deployment's (about
-10 minutes, the suite's longest group), beside the folder's other modules, which start their
-own session servers there (one more real start, against minutes off the longest group)."""
+WORKER_OF_ITS_OWN = {
+    "test_real_sglang.py": "test_real_sglang.py",
+    "test_router_tokenizer_real.py": "test_real_sglang.py",
+}
+"""Modules of those folders that run in a worker of their own (module -> the group's first
+module): the real PD deployment's (about 10 minutes, the suite's longest group), beside the
+folder's other modules, which start their own session servers there (one more real start,
+against minutes off the longest group). The router tokenizer's real tests go after it in its
+worker, on the plain server it started (no start of their own; they kill it last)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups
@@ -57,8 +62,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # tests stay together in one worker, in file order: they share its module fixtures
         # (a deployment, a cluster, real servers) and some build on the one before.
         if folders[:1] == ("e2e",) and item.get_closest_marker("xdist_group") is None:
-            whole = folders[:2] in ONE_WORKER_FOLDERS and path.name not in OWN_WORKER_MODULES
-            item.add_marker(pytest.mark.xdist_group("/".join(folders[:2] if whole else path.parts)))
+            if folders[:2] not in ONE_WORKER_FOLDERS:
+                group = "/".join(path.parts)
+            elif path.name in WORKER_OF_ITS_OWN:
+                group = "/".join((*folders, WORKER_OF_ITS_OWN[path.name]))
+            else:
+                group = "/".join(folders[:2])
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def run_pdkit(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kit.observe.prom import parse_metrics
@@ -54,6 +55,13 @@ def test_a_prefix_computed_on_one_prefill_is_a_pool_hit_on_the_other():
         text = prompt(1)
         first = pd_generate(p0, b0, decode, text)
         assert first["cached_tokens"] == 0
+        # prefill-0 writes its pages through to the pool after it answers: wait for them.
+        master = cluster.master
+        assert master is not None
+        deadline = time.monotonic() + 30
+        while not parse_metrics(master.metrics()).total("master_key_count"):
+            assert time.monotonic() < deadline, "prefill-0's pages never reached the pool"
+            time.sleep(0.1)
         again = pd_generate(p1, b1, decode, text)
         details = again["cached_tokens_details"]
         assert details["storage"] > 0 and details["device"] == 0
@@ -64,8 +72,6 @@ def test_a_prefix_computed_on_one_prefill_is_a_pool_hit_on_the_other():
         )
         assert cached_by_source(p1).get("storage") == details["storage"]
         assert cached_by_source(p0).get("storage") is None
-        master = cluster.master
-        assert master is not None
         pool = parse_metrics(master.metrics())
         assert (pool.total("master_key_count") or 0) >= details["storage"] // PAGE
         # The same prefix on prefill-0 again comes from its own cache (GPU), not the pool.

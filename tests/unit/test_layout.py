@@ -5,6 +5,7 @@ other; benchmarks may import the tests' support but no test imports a benchmark.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -22,15 +23,22 @@ FORBIDDEN = {
 """For each folder, the top-level folders whose modules it must not import."""
 
 
-def imported_modules(path: Path) -> set[str]:
+@functools.cache
+def tree(path: Path) -> ast.Module:
+    """The parsed module (each file parsed once for all the tests here)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
+def imported_modules(path: Path) -> frozenset[str]:
     """Every absolute module name that `path` imports, at module level or inside a function."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-    return names
+    return frozenset(names)
 
 
 def imports_from(folder: str) -> list[tuple[str, str]]:
@@ -103,7 +111,7 @@ def test_no_relative_import_hides_a_crossing():
         str(path.relative_to(REPO))
         for folder in TOP_LEVEL
         for path in sorted((REPO / folder).rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(tree(path))
         if isinstance(node, ast.ImportFrom) and node.level > 0
     ]
     assert relative == []
@@ -190,6 +198,7 @@ def kit_unit(path: Path) -> str:
     return parts[0] if len(parts) > 1 else path.stem
 
 
+@functools.cache
 def kit_imports() -> list[tuple[str, str, str]]:
     """(file, its unit, the unit it imports) for every import of kit/ by kit/ across units."""
     found = []
@@ -197,7 +206,7 @@ def kit_imports() -> list[tuple[str, str, str]]:
         if path == REPO / "kit" / "__init__.py":
             continue
         source = kit_unit(path)
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(tree(path)):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
