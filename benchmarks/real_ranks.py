@@ -31,8 +31,10 @@ on the other decode for want of CPU, not for the kill (measured at 1 req/s: 55 o
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -45,6 +47,7 @@ import yaml
 
 from kit.hosts.context import load_context
 from kit.hosts.wheels import build_wheelhouse
+from kit.topology.plan_types import WorkerProcess
 from tests.support.local_deploy import end_bench, start_bench
 from tests.support.multihost import (
     HOST_REQUIREMENTS,
@@ -81,6 +84,25 @@ def greedy(url: str) -> list[list[int]]:
             raise SystemExit(f"/generate at {url}: {status} {answer}")
         out.append(answer["output_ids"])
     return out
+
+
+def through_pair(prefill: WorkerProcess, decode: WorkerProcess) -> list[int]:
+    """The first prompt's output ids through one given prefill and decode instance (both legs
+    at once, as a PD router sends them): the decode's own answer, no router choosing."""
+    body = {
+        "text": PROMPTS[0],
+        "sampling_params": GREEDY,
+        "bootstrap_host": prefill.address,
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, prefill.url + "/generate", body)
+        status, answer = post(decode.url + "/generate", body)
+        first.result()
+    if status != 200:
+        raise SystemExit(f"/generate at {decode.url}: {status} {answer}")
+    return list(answer["output_ids"])
 
 
 def healthy(url: str) -> bool:
@@ -245,9 +267,14 @@ def main() -> int:
         failed = kill_and_measure(bed, path, folder, args.rate)
         after = greedy(router)
         print(f"greedy tokens after the restart == one process's: {after == expected}")
+        plan = load_context(path).plan
+        prefill = plan.role("prefill")[0]
+        decode0 = next(w for w in plan.role("decode") if w.instance_name == "decode-0")
+        direct = through_pair(prefill, decode0) == expected[0]
+        print(f"the same through prefill-0 and the restarted decode-0 alone: {direct}")
         status = run_pdkit(bed, "status", str(path), timeout=120)
         print(status.stdout[-3000:])
-        return 0 if same and after == expected and failed == 0 else 1
+        return 0 if same and after == expected and direct and failed == 0 else 1
     finally:
         if up_done:
             run_pdkit(bed, "down", str(path), timeout=300)
