@@ -17,10 +17,11 @@ b, rank 1 on c; decode-1 on d and e), torch.distributed over gloo on eth0.
 3. Under `pdkit bench` load (`--rate` requests/s), node rank 1 of decode-0 (its SGLang process
    on c) is SIGKILLed; nobody runs a command. Printed: seconds from the kill to decode-0 unhealthy,
    to decode-0 healthy again with both ranks new, the requests sent and failed meanwhile (with
-   `--decodes 1` the role has no other instance and the router holds or fails them).
+   `--decodes 1` the role has no other instance: the router holds them for `--hold` seconds,
+   then answers 503).
 4. The prompts again through the router: the restarted instance's tokens equal the reference's.
 
-    .venv/bin/python -m benchmarks.real_ranks [--decodes 2] [--rate 0.2]
+    .venv/bin/python -m benchmarks.real_ranks [--decodes 2] [--rate 0.2] [--hold S]
 
 The rate is light on purpose: this machine's 2 cores serve about 1 request/s of these (16
 tokens) with both decodes up and TTFT already 10-20 s; a restarting instance's two ranks take
@@ -125,7 +126,9 @@ def venv_mounts(python: str) -> tuple[Path, ...]:
     return tuple(p for p in (venv, base) if p.is_relative_to("/root"))
 
 
-def topology(bed: TestBed, folder: Path, model: Path, python: str, decodes: int) -> Path:
+def topology(
+    bed: TestBed, folder: Path, model: Path, python: str, *, decodes: int, hold: float | None
+) -> Path:
     hosts = []
     for host in bed_hosts(bed, bed.hosts):
         del host["gpu_type"]
@@ -146,6 +149,8 @@ def topology(bed: TestBed, folder: Path, model: Path, python: str, decodes: int)
         "transfer": {"backend": "mooncake_tcp"},
         "router": {"kind": "pdkit", "host": "a", "port": 8000, "bind": bed.hosts[0].address},
     }
+    if hold is not None:
+        data["router"]["faults"] = {"hold_timeout_s": hold}
     path = folder / "realranks.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -231,6 +236,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--decodes", type=int, default=2, help="decode instances (tp 2 each)")
     parser.add_argument("--rate", type=float, default=0.2, help="requests/s under the kill")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        help="router.faults.hold_timeout_s (s): how long the router holds a request while the "
+        "role has no healthy instance (default the topology's, 5 s)",
+    )
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -247,7 +258,7 @@ def main() -> int:
     names = tuple("abcde"[: 1 + 2 * args.decodes])
     bed = TestBed(base=folder / "bed", names=names, exposed=venv_mounts(python), private_shm=True)
     bed.create()
-    path = topology(bed, folder, model, python, args.decodes)
+    path = topology(bed, folder, model, python, decodes=args.decodes, hold=args.hold)
     up_done = False
     try:
         wheelhouse = folder / "wheelhouse"
