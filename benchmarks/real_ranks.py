@@ -23,8 +23,8 @@ b, rank 1 on c; decode-1 on d and e), torch.distributed over gloo on eth0.
 
     .venv/bin/python -m benchmarks.real_ranks [--decodes 2] [--rate 0.2] [--hold S]
 
-The rate is light on purpose: this machine's 2 cores serve about 1 request/s of these (16
-tokens) with both decodes up and TTFT already 10-20 s; a restarting instance's two ranks take
+The rate is light on purpose: at 1 request/s of these (16 tokens) this machine's 2 cores are
+saturated with both decodes up (TTFT already 10-20 s); a restarting instance's two ranks take
 most of the CPU while they load, and the router's 30 s first-token timeout then fails requests
 on the other decode for want of CPU, not for the kill (measured at 1 req/s: 55 of 209).
 """
