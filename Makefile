@@ -90,22 +90,16 @@ lint: $(VENV)/.stamp
 typecheck: $(VENV)/.stamp
 	$(VENV)/bin/mypy
 
-# The suite in two runs. First every test but SERIAL_E2E's, spread over PYTEST_WORKERS processes
-# (pytest-xdist, --dist loadgroup: an e2e module stays in one worker in file order, so does the
-# real engine's folder, whose tests share its servers; tests/conftest.py). Most e2e time is
-# waiting on servers (a real SGLang server's start is about 30 s of CPU in 30-110 s of wall), so
-# more workers than cores, and the real engine's folder, the longest group, runs beside the
-# rest from the start. Then SERIAL_E2E alone. Each runs whatever failed before.
+# The suite in one run, spread over PYTEST_WORKERS processes (pytest-xdist, --dist loadgroup:
+# an e2e module stays in one worker in file order, so do the real engine's modules that share
+# its servers; tests/conftest.py). Most e2e time is waiting on servers (a real SGLang server's
+# start is about 30 s of CPU in 30-110 s of wall), so more workers than cores, and the real
+# engine's PD module, the longest group, runs beside the rest from the start. No e2e module
+# depends on the machine being quiet: each waits on the condition it needs (a pool write that
+# landed, a load that began), not on a fixed time.
 PYTEST_WORKERS ?= 5
-# e2e modules whose timing (a pool write landing before the next request under load, an autoscale move
-# under load) failed now and then beside three other workers on 2 cores: run alone, after.
-SERIAL_E2E := tests/e2e/test_kvpool_up.py tests/e2e/test_autoscale_sim.py
 test: deps
-	status=0; \
-	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
-		$(addprefix --ignore=,$(SERIAL_E2E)) || status=$$?; \
-	$(VENV)/bin/pytest -q -ra --durations=5 $(SERIAL_E2E) || status=$$?; \
-	exit $$status
+	$(VENV)/bin/pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup
 
 test-unit: $(VENV)/.stamp
 	$(VENV)/bin/pytest -q -m "not e2e and not sglang"

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
+import urllib.request
 import uuid
 
 import yaml
 
-from tests.support.local_deploy import pdkit, shut_down, start_bench, write_topology
+from kit.observe.prom import parse_metrics
+from tests.support.local_deploy import end_bench, pdkit, shut_down, start_bench, write_topology
 
 
 def bench(topology, out, seconds: float) -> subprocess.Popen[str]:
@@ -21,6 +24,21 @@ def bench(topology, out, seconds: float) -> subprocess.Popen[str]:
     return start_bench(topology, out, "--rate", str(rate), "--duration", str(seconds),
                        "--requests", str(int(rate * seconds)), "--input-len", "2000",
                        "--output-len", "8")  # fmt: skip
+
+
+def routed(port: int) -> float:
+    """The requests pdkit's router has answered so far (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return parse_metrics(answer.read().decode()).total("pdkit_lb_requests_total") or 0
+
+
+def until_routed(port: int, count: int, timeout: float = 60) -> None:
+    """Wait until the load has begun: on a loaded machine the bench's start-up takes seconds,
+    and an autoscale interval that saw none of it decides nothing."""
+    deadline = time.monotonic() + timeout
+    while routed(port) < count:
+        assert time.monotonic() < deadline, f"the router answered fewer than {count} requests"
+        time.sleep(0.2)
 
 
 def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
@@ -34,8 +52,11 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
     try:
         up = pdkit("up", str(topology), "--no-gate")
         assert up.returncode == 0, up.stdout + up.stderr
-        load = bench(topology, tmp_path / "bench", 14)
+        # A long load, ended once the switch is applied (end_bench): the two intervals and the
+        # switch take seconds more on a loaded machine.
+        load = bench(topology, tmp_path / "bench", 60)
         try:
+            until_routed(data["router"]["port"], 3)
             dry = pdkit("autoscale", str(topology), "--dry-run", "--once", "--interval", "3")
             assert dry.returncode == 0, dry.stdout + dry.stderr
             assert "move 1P3D -> 3P1D" in dry.stdout, dry.stdout
@@ -52,7 +73,7 @@ def test_a_dry_run_decides_and_an_applied_switch_fails_no_request(tmp_path):
             moved = re.findall(r"(decode-\d) decode -> prefill \(drain", applied.stdout)
             assert len(moved) == 2 and "switched " in applied.stdout, applied.stdout
         finally:
-            output, _ = load.communicate(timeout=120)
+            output = end_bench(load)
         assert load.returncode == 0, output
         point = json.loads((tmp_path / "bench" / "summary.json").read_text())["points"][0]
         assert point["ok"] == point["requests"] and point["errors"] == {}, point
