@@ -30,6 +30,7 @@ help:
 	@echo "make down-sglang stop it"
 	@echo "make slurm-up    start a real 3-node Slurm here (namespaces, fake GPUs); make slurm-down stops it"
 	@echo "make slurm-real  the real SGLang on the CPU up through that Slurm, one request, down"
+	@echo "make real-ranks  the real SGLang on the CPU: a 2-rank decode on the multi-host bed, a rank killed under load"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make check       lint + types + tests, exactly as .ci/run"
 	@echo "make catalog     regenerate SGLang flag catalogs from SGLang's own parser"
@@ -207,7 +208,7 @@ PDKIT_CACHE ?= $(HOME)/.cache/pdkit
 SGLANG_CPU_VENV := .venv-sglang-cpu
 SGLANG_CPU_CACHED := $(PDKIT_CACHE)/sglang-cpu-$(SGLANG_VERSION)-torch$(SGLANG_CPU_TORCH)
 export PDKIT_SGLANG_CPU_PYTHON := $(abspath $(SGLANG_CPU_VENV))/bin/python
-.PHONY: sglang-cpu sglang-cpu-smoke up-sglang down-sglang
+.PHONY: sglang-cpu sglang-cpu-smoke up-sglang down-sglang real-ranks
 TINY_MODEL := .pdkit/models/tiny-llama
 
 sglang-cpu:
@@ -227,6 +228,13 @@ up-sglang: $(VENV)/.stamp sglang-cpu $(TINY_MODEL)/config.json
 
 down-sglang: $(VENV)/.stamp
 	$(VENV)/bin/pdkit down topologies/local-sglang.yaml
+
+# The real SGLang 0.5.23 on the CPU, a decode of two ranks on two hosts of the multi-host bed, one
+# rank SIGKILLed under load (#35; not in the suite: five real servers start, minutes on 2 cores):
+# greedy tokens against one process's, the seconds the instance is away, the requests failed.
+# Needs root (network namespaces, sshd). REAL_RANKS_ARGS: --decodes 1 (no other instance), --rate.
+real-ranks: $(VENV)/.stamp sglang-cpu
+	$(PY) -m benchmarks.real_ranks $(REAL_RANKS_ARGS)
 
 # The real SGLang 0.5.23 on the CPU through Slurm (not in the suite: its start takes minutes):
 # topologies/local-slurm-sglang.yaml up on the local cluster, one chat request through the
