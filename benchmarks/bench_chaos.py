@@ -13,6 +13,8 @@ exactly), and one fault injected after a warm-up:
     kill-only-decode  the same as kill-decode with one decode                 2P1D
     restart-only-decode  SIGTERM the only decode, start it again at once      2P1D
                     (what `pdkit restart` does to it, without the drain)
+    kill-decode-stop-prefill  SIGKILL decode-0 (back 1 s later) and SIGSTOP prefill-0     2P2D
+                    for 15 s (SIGCONT then), at once
     kill-rank       each decode a 2-node instance (TP 2 over two sim ranks, each under its
                     rank group's agent, `python -m kit.ranks`, as `pdkit up` runs them);
                     SIGKILL node rank 1 of decode-0: its agents restart both ranks, rank 0
@@ -27,6 +29,14 @@ same `kit.deploy.routing.RouterAdmin`), without Ansible:
     upgrade         `pdkit upgrade` without its gate: every worker in its order   2P1D
                     (prefills, then the only decode) replaced as replace-only-decode
                     replaces one, started again with a new flag (`--revision v2`)
+
+On a deployment made by `pdkit up` (benchmarks/chaos_deployed.py: local.yaml's sim workers
+under supervisord, Ansible, `pdkit bench` load), the commands a user runs; pdkit's router only:
+    up-restart-kill-decode  `pdkit restart TOPOLOGY decode` of the only decode, then   2P1D
+                    SIGKILL of it (supervisord starts it again)
+    up-kill-decode-stop-prefill  SIGKILL decode-0 and SIGSTOP prefill-0 for 15 s      2P2D
+    up-template-change  `pdkit up` after a change to pdkit's supervisord program        2P1D
+                    template: every instance replaced in turn, the router handed over
 
 One row per (fault, router): requests sent during the fault window (from the fault to
 --tail-seconds after the worker is back), failed (an HTTP error, an error event, a broken or
@@ -47,21 +57,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from benchmarks.chaos_deployed import DEPLOYED, STOP_S, run_deployed
+from benchmarks.chaos_rows import Row, counters, ms, p99
 from kit.deploy.routing import RouterAdmin
 from kit.perf.models import resolve_model
+from tests.support.local_deploy import BENCH_RATE
 from tests.support.sim_launch import SimProcess, worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,6 +90,7 @@ FAULTS = {
     "replace-only-decode": (2, 1),
     "restart-router": (2, 1),
     "upgrade": (2, 1),
+    "kill-decode-stop-prefill": (2, 2),
     "kill-rank": (2, 2),
 }
 RANK_GROUP_RESTART_S = "2"
@@ -97,25 +109,6 @@ class Result:
     error: str = ""
     ttft: float | None = None
     tpot: float | None = None
-
-
-@dataclass
-class Row:
-    fault: str
-    router: str
-    shape: str
-    sent: int = 0
-    failed: int = 0
-    retried: str = "n/a"
-    migrated: str = "n/a"
-    held: str = "n/a"
-    ttft_p99: float | None = None
-    tpot_p99: float | None = None
-    errors: dict[str, int] = field(default_factory=dict)
-    below: dict[str, float] = field(default_factory=dict)
-    """Seconds each role ran below its instance count (operator rows that replace workers)."""
-    away_s: float | None = None
-    """kill-rank: seconds the killed rank's instance did not answer /health."""
 
 
 class Cluster:
@@ -304,30 +297,6 @@ async def one_request(
     return result
 
 
-def p99(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-
-
-async def counters(url: str) -> dict[str, float]:
-    """pdkit's retries, migrations and holds so far (sums over labels)."""
-    out = {"retries": 0.0, "migrations": 0.0, "held": 0.0}
-    names = {
-        "pdkit_lb_retries_total": "retries",
-        "pdkit_lb_migrations_total": "migrations",
-        "pdkit_lb_held_total": "held",
-    }
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as r:
-        text = await r.text()
-    for line in text.splitlines():
-        m = re.match(r"^(pdkit_lb_\w+_total)(?:\{[^}]*\})? ([0-9.e+]+)$", line)
-        if m and m.group(1) in names:
-            out[names[m.group(1)]] += float(m.group(2))
-    return out
-
-
 async def restart_router(c: Cluster) -> None:
     """pdkit's router: SIGUSR2, until /health names a newer image; smg: SIGTERM, start again."""
     if c.router != "pdkit":
@@ -396,6 +365,23 @@ async def kill_rank(c: Cluster) -> None:
     raise RuntimeError(f"decode-0 did not come back within 120 s; see {c.log_dir}")
 
 
+async def kill_decode_stop_prefill(c: Cluster) -> None:
+    """SIGSTOP prefill-0 and SIGKILL decode-0 together; decode-0 back 1 s after it died,
+    prefill-0 SIGCONTed STOP_S after it stopped."""
+    prefill, decode = c.prefill[0], c.decode[0]
+    prefill.kill(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        decode.kill(signal.SIGKILL)
+        await asyncio.to_thread(decode.proc.wait, 10)  # type: ignore[union-attr]
+        await asyncio.sleep(1.0)  # supervisord's restart delay, about
+        decode.start()
+        await asyncio.to_thread(decode.wait_ready, 60.0)
+        await asyncio.sleep(max(STOP_S - (time.monotonic() - stopped), 0.0))
+    finally:
+        prefill.kill(signal.SIGCONT)
+
+
 async def inject(fault: str, c: Cluster, stop_s: float, row: Row) -> None:
     """The fault; returns when the worker is back."""
     if fault == "kill-rank":
@@ -409,6 +395,9 @@ async def inject(fault: str, c: Cluster, stop_s: float, row: Row) -> None:
         return
     if fault == "upgrade":
         await upgrade(c, row)
+        return
+    if fault == "kill-decode-stop-prefill":
+        await kill_decode_stop_prefill(c)
         return
     victim = c.prefill[0] if fault in {"kill-prefill", "stop-prefill"} else c.decode[0]
     if fault.startswith("stop"):
@@ -493,10 +482,6 @@ async def run_case(fault: str, router: str, args: argparse.Namespace) -> Row:
     return row
 
 
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
-
-
 def table(rows: list[Row], args: argparse.Namespace) -> str:
     what = (
         "streamed chats (a shared system prompt, one question each)"
@@ -507,6 +492,14 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
         f"bench-chaos: {args.rate:g} req/s of {what} ({args.tokens} tokens), fault after "
         f"{args.warmup:g} s, SIGSTOP {args.stop_seconds:g} s, window = fault "
         f"to {args.tail_seconds:g} s after the worker is back",
+    ]
+    if any(r.fault in DEPLOYED for r in rows):
+        lines.append(
+            f"up-* rows: a deployment made by `pdkit up`, under `pdkit bench` ({BENCH_RATE:g} "
+            f"req/s of streamed chats, {args.tokens} tokens); counted over the whole load, "
+            f"from {args.warmup:g} s before the action to {args.tail_seconds:g} s after it"
+        )
+    lines += [
         "",
         "| fault | shape | router | sent | failed | retried | migrated | held | below count s "
         "| TTFT p99 ms | TPOT p99 ms | failures |",
@@ -527,6 +520,11 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
 async def main_async(args: argparse.Namespace) -> int:
     rows = []
     for fault in args.faults:
+        if fault in DEPLOYED:  # pdkit's router only (see chaos_deployed)
+            if "pdkit" in args.routers:
+                print(f"-- {fault} / pdkit (pdkit up)", file=sys.stderr, flush=True)
+                rows.append(await run_deployed(fault, args, LOG_DIR / f"{fault}-pdkit"))
+            continue
         for router in args.routers:
             print(f"-- {fault} / {router}", file=sys.stderr, flush=True)
             rows.append(await run_case(fault, router, args))
@@ -544,7 +542,8 @@ def main() -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
+    every = [*FAULTS, *DEPLOYED]
+    p.add_argument("--faults", nargs="+", default=every, choices=every)
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
     p.add_argument("--rate", type=float, default=8.0, help="requests per second (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="tokens per stream (default 64)")

@@ -1,7 +1,9 @@
 """The router's CPU for a prompt's token ids and its block hashes, in this process (no network):
 what `kit.lb` spends on one request before it sends it, for a 4,000-token prompt.
 
-Per workload, the median over its requests (a shared machine's noise moves the mean) of:
+Per workload, the median over its requests (a shared machine's noise moves the mean) of the
+process's CPU time (all its threads: the tokenizer's own included; wall time on a shared
+machine measures the other tenants) for:
 - `tokenize`: the body parsed and its ids made (`parse_request`, then `prompt_ids` with the
   model's tokenizer, as the server does once per request);
 - `hash`: the prompt's block hashes at the page size (`KvIndex.block_hashes`, chunks of a
@@ -54,7 +56,7 @@ WORKLOADS = ("chat", "completions", "completions_cold", "ids")
 
 @dataclass
 class PromptCpu:
-    """One workload at one page size: median milliseconds per request."""
+    """One workload at one page size: median CPU milliseconds per request."""
 
     workload: str
     page_size: int
@@ -116,12 +118,15 @@ def _stored(hashes: list[int], page_size: int) -> wire.KVEventBatch:
 def measure(model: Path, requests: int = 40, seed: int = 0) -> list[PromptCpu]:
     """Every workload at every page size (see the module docstring)."""
     tokenizer = ModelTokenizer.load(model)
+    # The texts are sized with a tokenizer of their own: what sizing encodes must not be in the
+    # measured one's caches (a "cold" prompt would be warm).
+    sizer = ModelTokenizer.load(model)
     rng = random.Random(seed)
-    shared = _text(tokenizer, rng, SHARED_TOKENS)
+    shared = _text(sizer, rng, SHARED_TOKENS)
     rows = []
     for workload in WORKLOADS:
         for page_size in PAGE_SIZES:
-            bodies = _bodies(workload, tokenizer, shared, rng, requests + 1)  # unseen ones
+            bodies = _bodies(workload, sizer, shared, rng, requests + 1)  # unseen ones
             rows.append(_one(workload, page_size, tokenizer, shared, bodies))
     return rows
 
@@ -148,17 +153,17 @@ def _one(
     route: list[float] = []
     hasher = BlockHasher()  # the route's own hashing is the index's: both see a warm prefix
     for n, (path, raw) in enumerate(bodies):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         pd = parse_request(path, raw)
         pd.ids = tokenizer.prompt_ids(path, pd.body)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         assert pd.ids is not None
         hasher(pd.ids, page_size, (len(pd.ids) - 1) // page_size)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         choice = policy.plan(workers, pd, None)
         policy.begin(choice)
         policy.end(choice, served=True)
-        t3 = time.perf_counter()
+        t3 = time.process_time()
         if n:
             tokens.append(len(pd.ids))
             tokenize.append(t1 - t0)

@@ -29,6 +29,7 @@ from kit.topology.router_options import (
     RouterOptions,
     model_tokenizer_path,
     option_problems,
+    sim_from_workers,
     sim_vocab,
 )
 
@@ -295,6 +296,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
 def prompt_tokenizer_path(config: LbConfig) -> str | None:
     """The model folder of --prompt-tokens model:PATH, else None."""
     return model_tokenizer_path(config.prompt_tokens) if config.prompt_tokens else None
+
+
+def prompt_sim_workers(config: LbConfig) -> bool:
+    """--prompt-tokens sim: the emulated model's tokenizer, its vocabulary from the workers."""
+    return sim_from_workers(config.prompt_tokens)
 
 
 def prompt_vocab(config: LbConfig) -> int | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,11 @@ from aiohttp import web
 from kit.lb.errors import ApiError
 from kit.lb.workers import Worker, WorkerPool
 from kit.net import classify_failure
+
+log = logging.getLogger("kit.lb")
+
+SIM_VOCAB_RETRY_S = 1.0
+"""How often the workers are asked for the emulated model's vocabulary until one says it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,7 @@ class InfoRoutes:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._headers = headers
+        self._learning: asyncio.Task[None] | None = None
 
     async def ask(self, worker: Worker, method: str, path: str) -> Answer:
         """`method path` on one worker, never raising for network trouble."""
@@ -121,6 +129,31 @@ class InfoRoutes:
             out[answer.worker.role].append(entry)
         status = 200 if any(a.ok for a in answers) else 502
         return web.json_response(out, status=status)
+
+    def learn_sim_vocab(self, found: Callable[[int], None]) -> None:
+        """--prompt-tokens sim: call `found` with the emulated model's vocabulary once a worker
+        has said it (`sim_vocab`), in the background."""
+        self._learning = asyncio.create_task(self._learn(found))
+
+    async def _learn(self, found: Callable[[int], None]) -> None:
+        vocab = await self.sim_vocab()
+        if vocab is not None:
+            log.info("the emulated model's vocabulary: %d (the workers' /server_info)", vocab)
+            found(vocab)
+
+    async def sim_vocab(self, retry_s: float = SIM_VOCAB_RETRY_S) -> int | None:
+        """The emulated model's vocabulary, from the first worker whose /server_info reports it
+        (``sim.vocab``), asking the workers every `retry_s` until one does (every worker of a
+        deployment emulates the same model); None once the router's session is closed."""
+        while not self._session.closed:
+            for answer in await self._everyone("GET", "/server_info"):
+                info = answer.json() if answer.ok else None
+                sim = info.get("sim") if isinstance(info, dict) else None
+                vocab = sim.get("vocab") if isinstance(sim, dict) else None
+                if isinstance(vocab, int) and vocab > 0:
+                    return vocab
+            await asyncio.sleep(retry_s)
+        return None
 
     async def flush_cache(self, request: web.BaseRequest) -> web.Response:
         """POST /flush_cache to every worker; 200 only if all of them flushed."""

@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from kit.lb.errors import ApiError
 
 GENERATE = "/generate"
@@ -31,6 +33,7 @@ _PATH_BYTES = {path: path.encode() for path in PD_ROUTES}
 # Rooms leave headroom below 2^63 - 1 so that R + n - 1 stays in range for parallel samples.
 ROOM_SPAN = 2**63 - 2**20
 _BOOTSTRAP_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+_DECODE_JSON = msgspec.json.Decoder().decode
 
 
 class Merge(enum.Enum):
@@ -198,12 +201,23 @@ def _check_chat(body: dict[str, Any]) -> None:
         raise _bad("'logprobs' must be true or false for chat completions", "logprobs")
 
 
+def _loads(raw: bytes) -> Any:
+    """`json.loads`, a third of its CPU on a long prompt: msgspec's decoder gives the same
+    values wherever it accepts the text (strict JSON in UTF-8); for what only json accepts (NaN,
+    Infinity, 1e400, lone surrogates, a BOM, UTF-16) and for every error, json's own answer and
+    message."""
+    try:
+        return _DECODE_JSON(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
+
+
 def parse_request(path: str, raw: bytes) -> PdRequest:
     """Validate a client body for `path`; raises ApiError(400) with the offending field."""
     if not raw.strip():
         raise _bad("the request body is empty; send a JSON object")
     try:
-        body = json.loads(raw)
+        body = _loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -43,6 +43,10 @@ from kit.lb.processes import ProcessGroup, handed_over_group, supervise
 from kit.lb.server import LoadBalancer
 from kit.lb.tls import ServerTls
 
+ACCEPTED_SETTLE_S = 0.2
+"""Seconds between the last accept and the shutdown of a drain or handover: for the requests of
+connections accepted just before to be read (they are then served, not cut)."""
+
 log = logging.getLogger("kit.lb")
 
 
@@ -136,7 +140,13 @@ async def serve(
         else:
             lb.start_drain()
             log.info("draining: %d requests in flight, grace %g s", lb.inflight, config.drain_grace)
-        await runner.cleanup()  # stops accepting, waits for handlers up to the grace period
+        for site in list(runner.sites):  # stop accepting
+            await site.stop()
+        # A connection accepted just before may not have been read yet: aiohttp's shutdown
+        # closes at once a connection with no request in progress, and its client, which had
+        # sent the request, sees the connection closed under it. A moment for those bytes.
+        await asyncio.sleep(min(ACCEPTED_SETTLE_S, config.drain_grace))
+        await runner.cleanup()  # waits for the handlers in progress up to the grace period
         if group is not None:
             await group.close()
         await lb.close()

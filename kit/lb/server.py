@@ -313,6 +313,8 @@ class LoadBalancer:
             headers=self._worker_headers,
         )
         self._info = InfoRoutes(self.pool, self._session, cfg.health_timeout, self._worker_headers)
+        if self.metrics.prompt_tokenizer == "sim" and self.vocab_size is None:
+            self._info.learn_sim_vocab(lambda vocab: setattr(self, "vocab_size", vocab))
         self._admin = AdminRoutes(self.pool, cfg.drain_grace, self._monitor.watch, self._forget)
         if self.kv_index is not None:
             self._kv_subscriber = KvSubscriber(

@@ -1,10 +1,15 @@
 """What a CPU host (`hosts[].device: cpu`) cannot do, each said with the key and the fix.
 
 A CPU host runs SGLang's CPU engine (kit/sglang/cpu.py): no GPUs, so no GPU model, no RDMA
-devices and no NIC map; one process per instance (tensor, data, expert and pipeline parallelism
-on CPU need sgl-kernel's shared-memory all-reduce and thread binding,
-`srt/distributed/parallel_state.py:697` and `srt/distributed/bootstrap.py:277`, which the CPU
-environment pdkit measured does not have); KV over Mooncake's TCP transport only (RDMA needs a
+devices and no NIC map; one process per instance on a host (data, expert and pipeline
+parallelism on CPU, and tensor parallelism within one host, need sgl-kernel's shared-memory
+all-reduce and thread binding, `srt/distributed/parallel_state.py:697` and
+`srt/distributed/bootstrap.py:277`, which the CPU environment pdkit measured does not have); a
+tp N instance spans N CPU hosts, one rank each, over gloo (measured: its greedy tokens equal a
+one-process instance's), which needs each host's `network_interface` (GLOO_SOCKET_IFNAME: gloo
+binds 127.0.0.1 otherwise and the ranks never connect) and the role's
+SGLANG_CPU_OMP_THREADS_BIND (SGLang asserts tp ranks <= NUMA nodes without it,
+`srt/utils/numa_utils.py:461`); KV over Mooncake's TCP transport only (RDMA needs a
 NIC the host does not list, and NIXL on CPU was never measured). Prefill and decode on a CPU
 and a GPU host at once were never measured either: pdkit refuses the mix.
 """
@@ -16,6 +21,7 @@ from collections.abc import Iterator
 from kit.errors import Problem
 from kit.topology.place import Placement
 from kit.topology.schema import RoleSpec, Topology
+from kit.topology.timeouts import user_env
 
 
 def cpu_host_problems(topology: Topology, placed: Placement) -> Iterator[Problem]:
@@ -63,13 +69,15 @@ def _instances(topology: Topology, placed: Placement, cpu: set[str]) -> Iterator
             (on_cpu if node.host in cpu else on_gpu).setdefault(p.role, node.host)
     for role, host in on_cpu.items():
         spec: RoleSpec = getattr(topology, role)
-        for key in ("tp", "dp", "ep", "pp"):
+        if spec.tp > 1:
+            yield from _multi_node(topology, role, spec)
+        for key in ("dp", "ep", "pp"):
             size = getattr(spec, key)
             if size > 1:
                 yield Problem(
                     (role, key),
-                    f"{role} runs on CPU host {host}, where an instance is one process; "
-                    f"{key} {size} needs sgl-kernel's CPU all-reduce, which pdkit's CPU "
+                    f"{role} runs on CPU host {host}, where an instance is one process per "
+                    f"host; {key} {size} needs sgl-kernel's CPU all-reduce, which pdkit's CPU "
                     "environment does not have.",
                     f"set {role}.{key}: 1, and scale with {role}.count instead.",
                 )
@@ -106,4 +114,17 @@ def _instances(topology: Topology, placed: Placement, cpu: set[str]) -> Iterator
             ("transfer", "ib_devices"),
             f"workers run on CPU host {host}, which has no RDMA device.",
             "remove transfer.ib_devices (mooncake_tcp uses none).",
+        )
+
+
+def _multi_node(topology: Topology, role: str, spec: RoleSpec) -> Iterator[Problem]:
+    """What a tp > 1 instance on CPU hosts (one rank per host, over gloo) needs beyond any
+    multi-node instance's `network_interface` (validate says so for every engine)."""
+    if "SGLANG_CPU_OMP_THREADS_BIND" not in user_env(topology, role):
+        yield Problem(
+            (role, "env"),
+            f"{role} spans CPU hosts (tp {spec.tp}, one rank per host): SGLang binds each rank's "
+            "threads to a NUMA node unless told which cores, and asserts tp ranks <= NUMA nodes.",
+            f"set {role}.env.SGLANG_CPU_OMP_THREADS_BIND to the cores one rank uses on its "
+            "host, e.g. '0-15'.",
         )

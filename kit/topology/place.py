@@ -14,7 +14,9 @@ Rules (documented in docs/topology.md):
   or runs DP attention, dist-init base + k * DIST_INIT_STRIDE (`kit.topology.listeners` lists
   the ports SGLang derives from it).
 - A CPU host (`device: cpu`) has no GPUs: an instance placed there takes none (it is one
-  process).
+  process). A tensor-parallel CPU instance (tp N) spans N CPU hosts that hold no instance yet,
+  one rank each (torch.distributed over gloo between them; SGLang's CPU all-reduce within one
+  host needs sgl-kernel's shared memory, which pdkit's CPU environment does not have).
 - Every instance gets an --nccl-port, base + k per host like HTTP (the same on each of its
   nodes): left to SGLang, it is a random pick in 22000-29999 that may take a port pdkit plans
   (the router's metrics at 29000) or race another server starting on the host. Except data-
@@ -74,6 +76,8 @@ class _HostState:
     next_port: dict[str, int] = field(default_factory=dict)
     low: int = field(default=0, init=False)
     high: int = field(init=False)
+    placed: int = field(default=0, init=False)
+    """Instances (or ranks of one) placed on the host."""
 
     def __post_init__(self) -> None:
         self.high = self.host.gpus
@@ -84,9 +88,10 @@ class _HostState:
 
     @property
     def untouched(self) -> bool:
-        return self.low == 0 and self.high == self.host.gpus
+        return self.low == 0 and self.high == self.host.gpus and not self.placed
 
     def take(self, need: int, *, top: bool) -> tuple[int, ...]:
+        self.placed += 1
         if top:
             self.high -= need
             return tuple(range(self.high, self.high + need))
@@ -166,7 +171,7 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
             start = index % len(candidates) if pins else 0
             order = candidates[start:] + candidates[:start]
             top = shared if role == "decode" else set()
-            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order], top)
+            nodes = _fit(spec.gpus_per_instance, [states[n] for n in order], top, spec.tp)
             if nodes is None:
                 problems.append(_no_fit(topology, role, index, spec, [states[n] for n in order]))
                 continue
@@ -174,8 +179,17 @@ def place(topology: Topology) -> tuple[list[InstancePlacement], list[Problem]]:
     return placements, problems
 
 
-def _fit(need: int, hosts: list[_HostState], top: set[str]) -> tuple[Node, ...] | None:
-    """The nodes for one instance; on a host in `top` it takes the highest free GPUs."""
+def _fit(need: int, hosts: list[_HostState], top: set[str], tp: int) -> tuple[Node, ...] | None:
+    """The nodes for one instance; on a host in `top` it takes the highest free GPUs. On CPU
+    hosts, a tp > 1 instance takes `tp` hosts of its own, one rank each."""
+    cpu = [s for s in hosts if s.host.device == "cpu"]
+    if cpu and tp > 1:
+        empty = [s for s in cpu if s.untouched]
+        if len(empty) < tp:
+            return None
+        return tuple(
+            Node(s.host.name, rank, s.take(0, top=False)) for rank, s in enumerate(empty[:tp])
+        )
     for state in hosts:
         on_host = 0 if state.host.device == "cpu" else need  # a CPU instance takes no GPU
         if state.free >= on_host:
@@ -200,6 +214,15 @@ def _no_fit(
     topology: Topology, role: str, index: int, spec: RoleSpec, hosts: list[_HostState]
 ) -> Problem:
     need = spec.gpus_per_instance
+    if any(s.host.device == "cpu" for s in hosts):
+        empty = [s.host.name for s in hosts if s.host.device == "cpu" and s.untouched]
+        why = (
+            f"{role} instance {index} on CPU hosts runs one rank per host (tp {spec.tp}), so it "
+            f"needs {spec.tp} CPU hosts that hold no instance yet; such hosts left: "
+            f"{', '.join(empty) or 'none'}."
+        )
+        fix = f"add CPU hosts, lower {role}.count, or set {role}.tp: 1 and scale with {role}.count."
+        return Problem((role,), why, fix)
     free = ", ".join(f"{s.host.name}: {s.free} of {s.host.gpus}" for s in hosts)
     biggest = max((s.host.gpus for s in hosts), default=0)
     if biggest and need > biggest and need % biggest:

@@ -31,11 +31,18 @@ SMG_REQUEST_TIMEOUT = 1800
 _SLO = SLO()
 
 
+SIM_WORKERS = "sim"
+"""--prompt-tokens sim: the emulated model's tokenizer, its vocabulary from the workers."""
+
+
 def model_tokenizer(topology: Topology) -> str | None:
     """--prompt-tokens for the served model's tokenizer: ``model:PATH`` where the model is a
     folder every host sees (an absolute path, so the router's host too) served by real SGLang;
-    None otherwise (a Hugging Face repo id, the sim's emulated model): the router then counts
-    and routes as it did without one."""
+    ``sim`` for emulated workers (their tokenizer, the vocabulary asked of them, so that a chat
+    stream cut by a dead decode goes on); None otherwise (a Hugging Face repo id on real
+    SGLang): the router then counts and routes as it did without one."""
+    if topology.engine == "sim":
+        return SIM_WORKERS
     path = topology.model.path
     return f"model:{path}" if topology.engine == "sglang" and path.startswith("/") else None
 

@@ -30,6 +30,7 @@ from kit.topology.router_flags import (
     EJECT_BACKOFF_MAX,
     MIN_STALL,
     SAME,
+    SIM_WORKERS,
     STALL_TPOTS,
     RouterOption,
     Smg,
@@ -386,10 +387,11 @@ class RouterOptions:
     # as stopped (kit.lb.kv_index).
     prompt_tokens: str = option(
         "",
-        "how to get a text prompt's token ids (cache_aware, request checks, token counts): "
-        "model:PATH (the served model's tokenizer from the folder PATH, as SGLang 0.5.23 "
-        "tokenizes) or sim:VOCAB (the emulated model's); default: only token ids a client "
-        "sent are known, other prompts are estimated",
+        "how to get a text prompt's token ids (cache_aware, request checks, token counts, "
+        "cut streams continued): model:PATH (the served model's tokenizer from the folder "
+        "PATH, as SGLang 0.5.23 tokenizes), sim:VOCAB (the emulated model's) or sim (the "
+        "emulated model's, its vocabulary from the workers' /server_info); default: only token "
+        "ids a client sent are known, other prompts are estimated",
         group="routing",
         plan=model_tokenizer,
     )
@@ -541,6 +543,12 @@ BY_FLAG = {spelling: o for o in ROUTER_OPTIONS for spelling in o.spellings}
 """Each spelling of a flag -> its option."""
 
 
+def sim_from_workers(spec: str) -> bool:
+    """--prompt-tokens sim: the emulated model's tokenizer, with the vocabulary its workers'
+    /server_info reports (`SIM_WORKERS`)."""
+    return spec == SIM_WORKERS
+
+
 def sim_vocab(spec: str) -> int | None:
     """VOCAB of a --prompt-tokens sim:VOCAB, else None."""
     kind, _, vocab = spec.partition(":")
@@ -569,10 +577,11 @@ def option_problems(values: RouterOptions) -> list[str]:
     if values.affinity_load_factor < 1.0:
         problems.append("--affinity-load-factor must be >= 1 (1 = perfectly even load).")
     spec = values.prompt_tokens
-    if spec and not sim_vocab(spec) and not model_tokenizer_path(spec):
+    known = sim_vocab(spec) or model_tokenizer_path(spec) or sim_from_workers(spec)
+    if spec and not known:
         problems.append(
-            f"--prompt-tokens {spec!r}: expected model:PATH (the model's folder) or sim:VOCAB "
-            "(a positive integer). To fix: use one, or leave it out (token ids only)."
+            f"--prompt-tokens {spec!r}: expected model:PATH (the model's folder), sim:VOCAB "
+            "(a positive integer) or sim. To fix: use one, or leave it out (token ids only)."
         )
     if values.client_limits:
         try:

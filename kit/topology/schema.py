@@ -84,8 +84,9 @@ class Host(Strict):
         "cuda",
         description="What the workers compute on: `cuda` (GPUs) or `cpu` (a host without "
         "GPUs: set gpus: 0). Engine sglang on a CPU host renders --device cpu and SGLang's CPU "
-        "flags and environment (kit/sglang/cpu.py); each instance there is one process using "
-        "no GPU, and KV moves over TCP (transfer.backend: mooncake_tcp).",
+        "flags and environment (kit/sglang/cpu.py); each instance there is one process per "
+        "host using no GPU (a tp N instance spans N CPU hosts), and KV moves over TCP "
+        "(transfer.backend: mooncake_tcp).",
     )
     gpus: int = Field(
         ge=0, description="Number of GPUs (emulated ones for engine sim; 0 on a CPU host)."

@@ -78,4 +78,5 @@ python -m kit.lb \
   --host 127.0.0.1 \
   --port 8000 \
   --prefill-policy prefix_affinity \
-  --decode-policy least_inflight
+  --decode-policy least_inflight \
+  --prompt-tokens sim

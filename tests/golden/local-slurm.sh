@@ -37,7 +37,8 @@ python -m kit.lb \
   --port 8000 \
   --prefill-policy prefix_affinity \
   --decode-policy least_inflight \
-  --hold-timeout 30
+  --hold-timeout 30 \
+  --prompt-tokens sim
 
 ## host node1 (198.18.0.2)
 # decode-0-node0 (decode): GPUs 0,1, HTTP :30100, nccl :30600, node 0 of 2, dist-init 198.18.0.2:5500

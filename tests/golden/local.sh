@@ -51,4 +51,5 @@ python -m kit.lb \
   --port 8000 \
   --prefill-policy prefix_affinity \
   --decode-policy least_inflight \
-  --hold-timeout 90
+  --hold-timeout 90 \
+  --prompt-tokens sim

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.hosts.context import load_context
 from tests.conftest import run_pdkit as shared_run_pdkit
 from tests.support.netns import NetnsHost, TestBed, unavailable_reason
 
@@ -64,6 +65,31 @@ def bed_topology(bed: TestBed, folder: Path, name: str = "mh") -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def provision_shared_venv(bed: TestBed, folder: Path, wheelhouse: Path) -> None:
+    """Provision the bed's first host alone (a one-host sim topology) from `wheelhouse`, then
+    link every other host's venv to its (a shared file system): one provisioning serves all."""
+    a = bed.hosts[0]
+    data = {
+        "name": "ranksvenv",
+        "engine": "sim",
+        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hosts": [{**bed_hosts(bed, [a])[0], "gpus": 2}],
+        "transfer": {"backend": "mooncake_tcp"},
+        "router": {"host": a.name},
+    }
+    path = folder / "venv.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # The hosts' OS packages are the machine's own (shared file system): check, don't install.
+    provision = ["provision", str(path), "--wheelhouse", str(wheelhouse)]
+    done = run_pdkit(bed, *provision, "-e", "pdkit_base_install_packages=false")
+    assert done.returncode == 0, done.stdout + done.stderr
+    venvs = {h.name: Path(h.layout.venv_dir) for h in load_context(path).hosts_by_name.values()}
+    for host in bed.hosts[1:]:
+        venv = host.root / venvs[a.name].relative_to(a.root)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        venv.symlink_to(venvs[a.name])
 
 
 def run_pdkit(bed: TestBed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

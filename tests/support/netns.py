@@ -10,7 +10,9 @@ Each namespace has only its loopback and its address on the bridge: no default r
 nothing started in it can reach a package index. The namespaces share the machine's file
 system, so every emulated host gets its own root prefix; a process started over SSH lives in
 that host's namespace and binds that host's address. Root's home (/root) is a per-host folder,
-bind-mounted in the sshd's private mount namespace, so the machine's shell setup stays out.
+bind-mounted in the sshd's private mount namespace, so the machine's shell setup stays out;
+`exposed` folders under /root (the real engine's venv) are bound into it read-only, and
+`private_shm` gives each host a /dev/shm of its own, as separate machines have.
 
 Each sshd has its own host key, config and PidFile, allows key authentication only and runs as
 root inside its namespace. The bed writes an SSH key pair, a known_hosts file with every host
@@ -171,6 +173,12 @@ class TestBed:
     base: Path
     names: tuple[str, ...] = ("a", "b", "c")
     run_id: str = field(default_factory=lambda: f"{os.getpid()}{next(_SEQUENCE)}")
+    exposed: tuple[Path, ...] = ()
+    """Folders under the machine's /root that every host sees at the same path, read-only (the
+    real engine's venv and its base interpreter: /root is otherwise the host's own)."""
+    private_shm: bool = False
+    """Each host its own /dev/shm, as separate machines have: SGLang takes ranks that see one
+    /dev/shm segment for ranks of one node (`in_the_same_node_as`)."""
     hosts: list[NetnsHost] = field(default_factory=list)
     subnet: ipaddress.IPv4Network | None = None
     _sshd: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -373,15 +381,26 @@ class TestBed:
                 str(host.sshd_dir / "sshd.log"),
             ]
         )
-        mount = shlex.join(["mount", "--bind", str(host.home_dir), "/root"])
+        mounts = [self._expose(host, path) for path in self.exposed]
+        mounts.append(shlex.join(["mount", "--rbind", str(host.home_dir), "/root"]))
+        if self.private_shm:
+            mounts.append("mount -t tmpfs -o mode=1777 pdkit-shm /dev/shm")
         log = (host.sshd_dir / "sshd.log").open("ab")
         with log:
             self._sshd[host.name] = subprocess.Popen(
-                host.exec_argv(["sh", "-c", f"{mount} && exec {sshd}"]),
+                host.exec_argv(["sh", "-c", " && ".join([*mounts, f"exec {sshd}"])]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
             )
+
+    def _expose(self, host: NetnsHost, path: Path) -> str:
+        """The shell line that binds the machine's `path` (under /root), read-only, at the same
+        place in the host's home, before that home covers /root."""
+        inside = host.home_dir / path.relative_to("/root")
+        inside.mkdir(parents=True, exist_ok=True)
+        bind = shlex.join(["mount", "--bind", str(path), str(inside)])
+        return f"{bind} && {shlex.join(['mount', '-o', 'remount,bind,ro', str(inside)])}"
 
 
 def _keygen(path: Path, comment: str) -> None:

@@ -87,10 +87,55 @@ def test_validation_says_what_a_cpu_host_cannot_do(write_topology):
     assert "remove gpu_type" in found["hosts[0].gpu_type"]
     assert "remove rdma_devices" in found["hosts[0].rdma_devices"]
     assert "remove gpu_nics" in found["hosts[0].gpu_nics"]
-    assert "set prefill.tp: 1" in found["prefill.tp"]
+    assert "needs 2 CPU hosts" in found["prefill"] and "set prefill.tp: 1" in found["prefill"]
     assert "set decode.dp_attention: false" in found["decode.dp_attention"]
     assert "over RDMA" in found["transfer.backend"] and "mooncake_tcp" in found["transfer.backend"]
     assert "remove transfer.ib_devices" in found["transfer.ib_devices"]
+
+
+def cpu_hosts(data: dict, names: str) -> None:
+    """Replace the topology's host by one CPU host per letter of `names`."""
+    host = data["hosts"][0]
+    data["hosts"] = [
+        host | {"name": n, "address": f"10.0.0.{i + 1}", "network_interface": "eth0"}
+        for i, n in enumerate(names)
+    ]
+
+
+def test_a_tp_2_instance_on_cpu_hosts_spans_two_hosts_one_rank_each_over_gloo(write_topology):
+    data = local_sglang()
+    cpu_hosts(data, "abcde")
+    data["prefill"]["hosts"] = ["a"]
+    data["decode"] |= {"count": 2, "tp": 2, "hosts": ["b", "c", "d", "e"]}
+    data["decode"]["env"] = {"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}
+    plan = resolve(write_topology(data))
+    decodes = [(w.instance_name, w.host, w.node_rank) for w in plan.workers[1:]]
+    expected = [("decode-0", "b", 0), ("decode-0", "c", 1), ("decode-1", "d", 0)]
+    assert decodes == [*expected, ("decode-1", "e", 1)]
+    for w in plan.workers[1:]:
+        args = w.command.args
+        assert flag(args, "--tp-size") == "2" and flag(args, "--nnodes") == "2"
+        assert flag(args, "--device") == "cpu" and w.gpus == ()
+        rank0 = "10.0.0.2" if w.instance_name == "decode-0" else "10.0.0.4"
+        assert flag(args, "--dist-init-addr").startswith(rank0 + ":")
+        assert w.env["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert w.env["SGLANG_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_a_tp_2_instance_on_cpu_hosts_needs_hosts_of_its_own_an_interface_and_cores(
+    write_topology,
+):
+    data = local_sglang()
+    cpu_hosts(data, "abc")
+    del data["hosts"][2]["network_interface"]
+    data["prefill"]["hosts"] = ["a"]
+    data["decode"] |= {"tp": 2, "hosts": ["b", "c"]}
+    found = problems(write_topology, data)
+    assert "SGLANG_CPU_OMP_THREADS_BIND" in found["decode.env"]
+    assert "GLOO_SOCKET_IFNAME" in found["hosts[2].network_interface"]
+    data["decode"]["hosts"] = ["a", "b"]  # a holds the prefill
+    found = problems(write_topology, data)
+    assert "needs 2 CPU hosts that hold no instance yet; such hosts left: b" in found["decode"]
 
 
 def test_workers_on_cpu_and_gpu_hosts_at_once_are_refused(write_topology):
@@ -128,3 +173,11 @@ def test_engine_sim_keeps_pdkits_interpreter_and_a_relative_model_path_is_resolv
     assert all(w.python is None for w in plan.workers)
     assert plan.model.path == str(path.parent / "models" / "tiny")
     assert flag(plan.workers[0].command.args, "--model-path") == plan.model.path
+
+
+def test_dp_on_cpu_hosts_is_refused_as_such_not_spread_over_hosts(write_topology):
+    data = local_sglang()
+    cpu_hosts(data, "ab")
+    data["decode"] |= {"dp": 2, "env": {"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}}
+    found = problems(write_topology, data)
+    assert "set decode.dp: 1" in found["decode.dp"] and "decode" not in found

@@ -25,7 +25,13 @@ import yaml
 
 from kit.hosts.context import load_context
 from tests.support.local_deploy import end_bench, start_bench
-from tests.support.multihost import bed_hosts, bench_records, require_testbed, run_pdkit
+from tests.support.multihost import (
+    bed_hosts,
+    bench_records,
+    provision_shared_venv,
+    require_testbed,
+    run_pdkit,
+)
 from tests.support.netns import NetnsHost, TestBed
 
 
@@ -47,30 +53,6 @@ def _topology(bed: TestBed, folder: Path) -> Path:
     return path
 
 
-def _provision_one(bed: TestBed, folder: Path, wheelhouse: Path) -> None:
-    """Provision host a alone (a one-host topology), then link every other host's venv to a's."""
-    a = bed.host("a")
-    data = {
-        "name": "ranksvenv",
-        "engine": "sim",
-        "model": {"path": "meta-llama/Llama-3.1-8B-Instruct"},
-        "hosts": [{**bed_hosts(bed, [a])[0], "gpus": 2}],
-        "transfer": {"backend": "mooncake_tcp"},
-        "router": {"host": "a"},
-    }
-    path = folder / "venv.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    # The hosts' OS packages are the machine's own (shared file system): check, don't install.
-    provision = ["provision", str(path), "--wheelhouse", str(wheelhouse)]
-    done = run_pdkit(bed, *provision, "-e", "pdkit_base_install_packages=false")
-    assert done.returncode == 0, done.stdout + done.stderr
-    venvs = {h.name: Path(h.layout.venv_dir) for h in load_context(path).hosts_by_name.values()}
-    for host in bed.hosts[1:]:
-        venv = host.root / venvs["a"].relative_to(a.root)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        venv.symlink_to(venvs["a"])
-
-
 @pytest.fixture(scope="module")
 def deployed(
     tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path
@@ -82,7 +64,7 @@ def deployed(
     try:
         topology = _topology(bed, base)
         started = time.monotonic()
-        _provision_one(bed, base, wheelhouse)
+        provision_shared_venv(bed, base, wheelhouse)
         print(f"pdkit provision: {time.monotonic() - started:.1f} s")
         started = time.monotonic()
         up = run_pdkit(bed, "up", str(topology))

@@ -97,6 +97,8 @@ class FakeWorker:
         self.kv_timeout = kv_timeout
         self.record = record
         self.fail_status: int | None = None
+        self.sim_vocab: int | None = None
+        """Reported in /server_info as an emulated worker's (``sim.vocab``) when set."""
         self.health_status = 200
         self.latency = 0.0
         self.token_delay = 0.0
@@ -197,6 +199,7 @@ class FakeWorker:
                 "disaggregation_mode": self.role,
                 "port": self.port,
                 "internal_states": [{"last_gen_throughput": 1.5}],
+                **({"sim": {"vocab": self.sim_vocab}} if self.sim_vocab else {}),
             },
         )
 

@@ -81,10 +81,62 @@ def test_whitespace_around_the_body_is_fine():
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"text": "x", "a": NaN, "b": Infinity, "c": 1e400, "d": -1e400}',
+        b'{"text": "\\ud800 and \\udc00x", "x": "\xed\xa0\x80"}',
+        b'\xef\xbb\xbf{"text": "a BOM"}',
+        '{"text": "utf-16"}'.encode("utf-16"),
+        b'{"text": "x", "a": 1, "a": 2, "big": 123456789012345678901234567890, "z": -0.0}',
+        b'{"text": "\\ud83d\\ude80 \\u00e9\\/\\b\\f\\n\\t \xc3\xa9\xf0\x9f\x9a\x80"}',
+    ],
+)
+def test_the_body_is_what_json_loads_reads_lenient_json_included(raw):
+    assert repr(parse_request(GENERATE, raw).body) == repr(json.loads(raw))
+
+
+def test_random_bodies_read_as_json_loads_reads_them():
+    rng = random.Random(3)
+
+    def value(depth: int) -> object:
+        kind = rng.randrange(7 if depth < 3 else 4)
+        if kind == 0:
+            return rng.randint(-(2**70), 2**70)
+        if kind == 1:
+            return rng.random() * 10 ** rng.randint(-30, 30) * rng.choice((1, -1))
+        if kind == 2:
+            return "".join(
+                chr(
+                    rng.choice(
+                        (
+                            rng.randrange(0, 0xD800),
+                            rng.randrange(0xE000, 0x110000),
+                            rng.randrange(0, 128),
+                        )
+                    )
+                )
+                for _ in range(rng.randrange(12))
+            )
+        if kind == 3:
+            return rng.choice((True, False, None))
+        if kind == 4:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {str(value(depth + 1)): value(depth + 1) for _ in range(rng.randrange(4))}
+
+    for _ in range(500):
+        body = {"text": "x", "v": value(0)}
+        for ascii_only in (True, False):
+            raw = json.dumps(body, ensure_ascii=ascii_only).encode()
+            assert repr(parse_request(GENERATE, raw).body) == repr(json.loads(raw))
+
+
+@pytest.mark.parametrize(
     ("path", "raw", "needle"),
     [
         (GENERATE, b"", "empty"),
         (GENERATE, b"{not json", "not valid JSON"),
+        (GENERATE, b'{"text": "x",}', "Expecting property name enclosed in double quotes"),
+        (GENERATE, b'{"text": "\xff"}', "not valid JSON"),
         (GENERATE, b"[1, 2]", "JSON object"),
         (GENERATE, b"{}", "needs 'text' or 'input_ids'"),
         (GENERATE, b'{"text": 5}', "'text'"),

@@ -17,6 +17,7 @@ from kit.lb.tokenizer import ModelTokenizer, load_for_router
 from kit.plan.resolve import resolve
 from kit.topology.router_options import RouterOptions, model_tokenizer_path, option_problems
 from tests.conftest import base_topology
+from tests.support.lb_cluster import run, running_cluster
 from tests.support.tokenizer_model import make_model
 
 CHAT = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
@@ -84,12 +85,15 @@ def test_the_plan_gives_pdkits_router_the_served_models_folder(write_topology, t
     args = resolve(write_topology(data, "a.yaml")).router.command.args
     assert f"model:{tmp_path / 'model'}" in args
     assert parse_args(list(args), environ={}).prompt_tokens == f"model:{tmp_path / 'model'}"
-    # A Hugging Face repo id (no folder on the router's host) or the sim's model: none.
+    # A Hugging Face repo id (no folder on the router's host): none.
     data["model"] = {"path": "meta-llama/Llama-3.1-8B-Instruct"}
     assert "--prompt-tokens" not in resolve(write_topology(data, "b.yaml")).router.command.args
-    data["model"] = {"path": str(tmp_path / "model")}
-    data["engine"] = "sim"
-    assert "--prompt-tokens" not in resolve(write_topology(data, "c.yaml")).router.command.args
+    # Emulated workers: their tokenizer, the vocabulary asked of them (a folder or not).
+    for path in (str(tmp_path / "model"), "meta-llama/Llama-3.1-8B-Instruct"):
+        data["model"] = {"path": path}
+        data["engine"] = "sim"
+        args = resolve(write_topology(data, "c.yaml")).router.command.args
+        assert parse_args(list(args), environ={}).prompt_tokens == "sim"
 
 
 def test_workers_that_parse_chat_output_get_a_router_that_does_not_bridge_chats(write_topology):
@@ -106,3 +110,24 @@ def test_workers_that_parse_chat_output_get_a_router_that_does_not_bridge_chats(
     with pytest.raises(TopologyError, match=r"reasoning-parser.*without its reasoning") as err:
         resolve(write_topology(data, "c.yaml"))
     assert "remove chat-bridge from router.args" in str(err.value)
+
+
+def test_prompt_tokens_sim_asks_the_workers_for_the_emulated_models_vocabulary():
+    """`--prompt-tokens sim` (what the Plan gives pdkit's router in front of emulated workers):
+    the vocabulary comes from the first worker whose /server_info says it; from then on the
+    router knows a prompt's ids (an id outside the vocabulary is refused before any worker)."""
+    assert option_problems(RouterOptions(prompt_tokens="sim")) == []
+
+    async def scenario():
+        args = ["--prompt-tokens", "sim"]
+        async with running_cluster(1, 1, args=args) as c:
+            assert c.lb.vocab_size is None  # no worker said it yet
+            outside = {"input_ids": [1, 600], "sampling_params": {"max_new_tokens": 2}}
+            status, _, _ = await c.post("/generate", outside)
+            assert status == 200  # unknown vocabulary: left to the workers, as before
+            c.decode[0].sim_vocab = 512
+            await c.wait_for(lambda: c.lb.vocab_size == 512, timeout=5, what="the vocabulary")
+            status, body, _ = await c.post("/generate", outside)
+            assert status == 400, body
+
+    run(scenario())

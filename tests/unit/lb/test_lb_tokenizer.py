@@ -4,11 +4,13 @@ tests/e2e/real_sglang/test_router_tokenizer_real.py)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
-from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
+from kit.lb.segments import HEAD_CHARS, SegmentCache, cut_points
 from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
 from tests.support.tokenizer_model import TEMPLATE, make_model
@@ -275,11 +277,60 @@ def test_a_long_text_is_cut_where_no_id_changes_and_a_shared_prefix_is_encoded_o
     document = "the quick brown fox jumps over the lazy dog " * 100
     tokenizer.encode_text(document + "first question")
     cached = dict(tokenizer._segments._cache)
-    tokenizer.encode_text(document + "second question")
+    text = document + "second question"
+    tokenizer.encode_text(text)
     new = [span for span in tokenizer._segments._cache if span not in cached]
-    # the last span, and the whole text (sent again, it is one look-up)
-    assert sorted(new, key=len)[1] == document + "second question"
-    assert len(new) == 2 and sorted(new, key=len)[0].endswith("second question")
+    assert len(new) == 1 and new[0].endswith("second question")  # only the last span
+    # The same text again: the recent long piece with its first characters, whole.
+    recent = tokenizer._segments._recent[text[:HEAD_CHARS]]
+    assert recent.piece == text and recent.shared_spans(document + "first question") > 0
+    assert tokenizer.encode_text(text) == tokenizer._tokenizer.encode(text).ids
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "llama3_split"])
+def test_texts_that_share_a_prefix_with_the_last_long_one_get_the_whole_texts_ids(tmp_path, kind):
+    """The spans a long text shares with the last one of its first characters come from it:
+    prefixes ending before, at and after each cut, texts shorter and longer than it, and a text
+    that differs inside its first span all get the whole text's ids."""
+    folder = make_model(tmp_path / "m")
+    if kind == "llama3_split":
+        folder = _llama3_style(folder)
+    tokenizer = ModelTokenizer.load(folder)
+    rng = random.Random(5)
+    # "fo", "th", "qui": word starts that a tail ("x", "e", "ck") makes one word with other ids
+    words = ["the", "fox", "fo", "th", "qui", "日本", "é", "12", "'s", ".", "!!", "\n", "  ", "🚀"]
+    base = " ".join(rng.choice(words) for _ in range(900))
+    cuts = cut_points(base)[1:-1]
+    assert len(cuts) > 4
+    ends = [c + d for c in cuts for d in (-1, 0, 1)] + [300, len(base) - 5, len(base)]
+    joined = 0  # texts whose ids would be wrong if a cut were reused without its space
+    for end in ends:
+        for tail in ("", "x the end", "e", "ck it", " " + base[:700]):
+            tokenizer.encode_text(base)  # the last long text with these first characters
+            text = base[:end] + tail
+            whole = tokenizer._tokenizer.encode(text).ids
+            assert tokenizer.encode_text(text) == whole, (end, tail)
+            bare = tokenizer._tokenizer.encode(base[:end], add_special_tokens=False).ids
+            joined += end in cuts and whole[: len(bare)] != bare
+            early = text[:400] + "!" + text[401:]  # the same head, differing in the first span
+            assert tokenizer.encode_text(early) == tokenizer._tokenizer.encode(early).ids
+    assert joined > 0
+
+
+def test_added_tokens_of_several_first_characters_are_found_as_the_tokenizer_finds_them(
+    tmp_path,
+):
+    """The scan for added tokens jumps to their first character when they share one; with
+    "[INST]" beside "<s>" it is the regular expression's: the same ids either way."""
+    tok = Tokenizer.from_file(str(make_model(tmp_path / "m") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("[INST]", special=True, normalized=False)])
+    segments = SegmentCache.for_tokenizer(tok)
+    assert segments is not None and segments._first is None
+    rng = random.Random(1)
+    alphabet = [*"ab c\n<>[]|/s", "<s>", "</s>", "[INST]", "[INST", "<|user|>", "é", "  "]
+    for _ in range(1000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert segments.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
 
 
 def test_no_cuts_for_a_pre_tokenizer_not_known_to_allow_them(tmp_path):
@@ -294,3 +345,23 @@ def test_no_cuts_for_a_pre_tokenizer_not_known_to_allow_them(tmp_path):
     tok.save(str(folder / "tokenizer.json"))
     segments = ModelTokenizer.load(folder)._segments
     assert segments is not None and not segments.cuts
+
+
+def test_an_id_past_a_hole_in_the_vocabulary_is_encoded(tmp_path):
+    """Cached ids are the vocabulary's shared ints up to the largest id, not up to the count of
+    ids: a vocabulary may leave holes."""
+    folder = make_model(tmp_path / "m")
+    path = folder / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    vocab = spec["model"]["vocab"]
+    fox = Tokenizer.from_file(str(path)).encode(" fox", add_special_tokens=False).ids
+    assert len(fox) == 1
+    far = max(vocab.values()) + 1000
+    (name,) = [k for k, v in vocab.items() if v == fox[0]]
+    vocab[name] = far
+    path.write_text(json.dumps(spec))
+    tokenizer = ModelTokenizer.load(folder)
+    assert tokenizer._tokenizer.get_vocab_size(with_added_tokens=True) < far
+    text = "the fox</s>the fox " * 3
+    assert far in tokenizer.encode_text(text)
+    assert tokenizer.encode_text(text) == tokenizer._tokenizer.encode(text).ids

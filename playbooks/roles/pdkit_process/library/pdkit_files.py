@@ -76,6 +76,11 @@ changed_processes:
   type: list
   elements: str
   returned: always
+created_paths:
+  description: Files among changed_paths that did not exist before.
+  type: list
+  elements: str
+  returned: always
 removed_paths:
   description: Files removed by prune.
   type: list
@@ -159,13 +164,17 @@ def main():
     )
     changed_paths = []
     changed_processes = []
+    created_paths = []
     removed_paths = []
     try:
         for directory in module.params["directories"]:
             _ensure_directory(module, directory["path"], directory["mode"], changed_paths)
         for spec in module.params["files"]:
+            existed = os.path.exists(spec["path"])
             if _ensure_file(module, spec["path"], spec["content"], spec["mode"]):
                 changed_paths.append(spec["path"])
+                if not existed:
+                    created_paths.append(spec["path"])
                 process = spec.get("process")
                 if process and process not in changed_processes:
                     changed_processes.append(process)
@@ -188,6 +197,7 @@ def main():
         changed=bool(changed_paths or removed_paths),
         changed_paths=changed_paths,
         changed_processes=changed_processes,
+        created_paths=created_paths,
         removed_paths=removed_paths,
     )
 
