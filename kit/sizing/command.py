@@ -116,6 +116,15 @@ def build_problem(args: SizeArgs) -> tuple[SizingProblem, str]:
                 "To fix: drop --gpus, or drop the topology."
             )
         base, topology = load_base(args.topology)
+        if topology.slurm is not None:
+            slurm = topology.slurm
+            raise SizingError(
+                f"{args.topology} has launcher: slurm: its hosts are the allocation's nodes, "
+                "known only once Slurm gives them, so there is no hosts: section to size. "
+                f"To fix: size generic hosts of its shape, e.g. pdkit size --model "
+                f"{topology.model.path} --gpu {slurm.gpu_type or 'H100-SXM'} --gpus "
+                f"{slurm.nodes * slurm.gpus_per_node} --gpus-per-host {slurm.gpus_per_node}."
+            )
         model_path = args.model or topology.model.path
         gpu = base_gpu(topology, args.gpu)
         hosts_gpu = {h.gpu_type for h in topology.hosts if h.gpu_type and h.gpus > 0}

@@ -16,6 +16,8 @@ from kit.bench.run import deployment_json
 from kit.perf.timing import Efficiency
 from kit.plan.resolve import resolve
 from kit.sizing.calibration import CALIBRATION_ENV, with_efficiency
+from kit.sizing.command import SizeArgs, build_problem
+from kit.sizing.problem import SizingError
 from tests.conftest import REPO, run_pdkit
 from tests.support.sizing_cases import synthetic_records
 
@@ -206,3 +208,13 @@ def test_size_predicts_the_ttft_a_kv_pool_gives_a_shared_prefix_workload(tmp_pat
     half = json.loads(halved.stdout)["prefix_caching"]
     assert half["rate"] < report["rate"] / 2
     assert half["with_pool"]["ttft_p50_ms"] > 1.2 * pooled["ttft_p50_ms"], (half, report)
+
+
+def test_a_slurm_topology_is_refused_with_the_generic_hosts_of_its_shape():
+    """A Slurm topology has no hosts: section (its nodes come from the allocation): `pdkit size`
+    says so and gives the generic-hosts command of the allocation's shape, not a traceback."""
+    with pytest.raises(SizingError) as refused:
+        build_problem(SizeArgs(topology=REPO / "topologies" / "local-slurm.yaml"))
+    text = str(refused.value)
+    assert "launcher: slurm" in text and "no hosts: section" in text
+    assert "--gpus 6 --gpus-per-host 2" in text  # 3 nodes x 2 GPUs
