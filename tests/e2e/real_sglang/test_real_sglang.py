@@ -403,7 +403,8 @@ def test_every_pair_gives_the_colocated_servers_tokens(real):
 
 MIGRATED = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
 """The decode is killed at the stream's first event, while it is still generating (killed at the
-8th, it had sent all 64 once on a loaded machine). Not longer: the more tokens after the cut, the
+8th, it had sent all 64 once on a loaded machine; killed at the first after asking supervisord
+for its PID, once too). Not longer: the more tokens after the cut, the
 likelier a near-tie that the continuation's fresh prefill breaks the other way (256 tokens
 diverged once at the cut)."""
 
@@ -425,6 +426,7 @@ def test_a_stream_whose_decode_is_killed_continues_with_the_unbroken_tokens(real
         headers={"Content-Type": "application/json"},
     )
     events, killed = [], None
+    running = real.pids()  # before the stream: asking supervisord takes a while on a busy machine
     with urllib.request.urlopen(request, timeout=120) as response:
         first = names[response.headers["X-PDKit-Decode"]]
         for line in response:
@@ -432,7 +434,7 @@ def test_a_stream_whose_decode_is_killed_continues_with_the_unbroken_tokens(real
                 continue
             events.append(json.loads(line[5:]))
             if len(events) == 1 and killed is None:
-                killed = real.pids()[first]
+                killed = running[first]
                 os.kill(killed, signal.SIGKILL)  # supervisord starts it again
     last = events[-1]
     assert "error" not in last, last
@@ -443,7 +445,8 @@ def test_a_stream_whose_decode_is_killed_continues_with_the_unbroken_tokens(real
     expected = (len(ids), MIGRATED["max_new_tokens"])
     assert (meta["prompt_tokens"], meta["completion_tokens"]) == expected
     _, page = request_json(real.router_url + "/metrics")
-    assert parse_metrics(str(page)).total("pdkit_lb_migrations_total", reason="died") == 1
+    migrated = parse_metrics(str(page)).total("pdkit_lb_migrations_total", reason="died")
+    assert migrated == 1, "not migrated: the decode had sent every token before the kill"
 
 
 LOST = "Lost connection with prefill instance"
