@@ -62,6 +62,7 @@ _SAME_FIELDS = (
     "lora_path",
     "custom_params",
     "priority",
+    "return_cached_tokens_details",
 )
 # Chat fields that make a bridged stream differ from what chat itself would answer.
 _CHAT_ONLY = (
@@ -216,8 +217,9 @@ class IdStream:
             }
             return _dumps({**head, "choices": [item], "usage": None})
 
-        if not choice:
-            return _dumps({**head, "choices": [], "usage": chunk.get("usage")})
+        if not choice:  # usage, or SGLang's extensions (sglext: cached tokens by source)
+            extra = {"sglext": chunk["sglext"]} if chunk.get("sglext") is not None else {}
+            return _dumps({**head, "choices": [], "usage": chunk.get("usage"), **extra})
         out = []
         if not self.role_sent:
             self.role_sent = True

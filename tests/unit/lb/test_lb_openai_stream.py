@@ -94,6 +94,22 @@ def test_completions_chunks_become_chat_chunks():
     assert usage[0]["choices"] == [] and usage[0]["usage"]["completion_tokens"] == 2
 
 
+def test_a_bridged_chat_keeps_the_cached_tokens_by_source_it_asked_for():
+    """return_cached_tokens_details goes to the completions leg too, and the sglext chunk
+    (cached tokens by device, host, storage) comes back to the chat client (the KV pool's
+    storage hits in `pdkit bench`'s records)."""
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 8}
+    body["return_cached_tokens_details"] = True
+    follow = IdStream.plan(_pd(CHAT, body), None, None)
+    assert follow is not None and follow.wire.body["return_cached_tokens_details"] is True
+    details = {"device": 0, "host": 0, "storage": 32, "storage_backend": "MooncakeStore"}
+    head = {"id": "r1", "object": "text_completion", "created": 1, "model": "m"}
+    chunk = json.dumps({**head, "choices": [], "sglext": {"cached_tokens_details": details}})
+    (out,) = _events(follow.event(chunk.encode()))
+    assert out["object"] == "chat.completion.chunk" and out["choices"] == []
+    assert out["sglext"] == {"cached_tokens_details": details}
+
+
 def test_a_cut_stream_continues_from_the_ids_sent_with_usage_as_unbroken():
     body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 8, "min_tokens": 3}
     follow = IdStream.plan(_pd(CHAT, body), None, None)
