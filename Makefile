@@ -98,8 +98,7 @@ typecheck: $(VENV)/.stamp
 # from the start. Then SERIAL_E2E alone. The second runs even if the first failed.
 PYTEST_WORKERS ?= 5
 # e2e modules whose timing failed now and then beside the other workers on 2 cores: run alone,
-# after (the pool module: whether prefill-1's first request finds prefill-0's write-through, and
-# a prefill's pool client, retried every 2 s, is up when it asks).
+# after (the pool module: whether prefill-1's first request finds prefill-0's write-through).
 SERIAL_E2E := tests/e2e/test_kvpool_up.py
 test: deps
 	status=0; \

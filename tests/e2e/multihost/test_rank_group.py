@@ -148,9 +148,11 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
     assert {name: set(_ranks(bed.host(name))) for name in "ade"} == others
     rank0 = next(w for w in plan.workers if w.instance_name == "decode-0" and w.node_rank == 0)
     log = Path(rank0.log_path).read_text()
-    # Why the group restarted names node rank 1: its process's exit, or (its agent's report lost
-    # to the kill's timing on a loaded machine) its agent gone.
-    why = r"generation \d+ ends: node rank 1's (process exited with -9|agent is gone)"
+    # Why the group restarted names the rank whose end the leader heard of first: rank 1's
+    # process or agent, or rank 0's own process (the sim, as SGLang, kills rank 0's process tree
+    # with SIGKILL once a peer's link breaks, and on a loaded machine that can beat the report
+    # from c's agent).
+    why = r"generation \d+ ends: node rank [01]'s (process exited with -9|agent is gone)"
     assert re.search(why, log), log[-3000:]
     assert "generation 2: node rank 0 started" in log
     states = run_pdkit(bed, "status", str(topology), "--json", "--timeout", "2", timeout=60)
