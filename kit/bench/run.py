@@ -206,6 +206,27 @@ def _stop_on_signal(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, first)
 
 
+def _write_before_abort(stopped: bool) -> None:
+    """Once the load is over, the results are written: a first Ctrl-C (or SIGTERM) then, when
+    none came during the run, lets them be written (the event loop that handled it is gone, and
+    the signal's default would end the process with nothing written); the next one aborts."""
+    if stopped:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return
+
+    def once(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        print(
+            "pdkit bench: the load is over; the results are being written (Ctrl-C again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    signal.signal(signal.SIGINT, once)
+    signal.signal(signal.SIGTERM, once)
+
+
 async def _run(target: Target, options: BenchOptions, console: Console) -> BenchReport:
     report = BenchReport(target, options)
     stop = asyncio.Event()
@@ -252,6 +273,7 @@ def bench(
             highlight=False,
         )
     report = run(_run(target, options, console))
+    _write_before_abort(report.stopped_early)
     if plan is not None:
         report.deployment = deployment_json(plan)
     if plan is not None and options.predict and options.load.concurrency is None:

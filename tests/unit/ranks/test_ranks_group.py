@@ -29,7 +29,7 @@ def settings(port: int, rank: int) -> GroupSettings:
     )
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
+async def until(condition: Callable[[], bool], timeout: float = 60) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not condition():
@@ -139,7 +139,7 @@ def test_a_killed_follower_agent_takes_its_rank_along_and_the_group_restarts_whe
             await until(lambda: not alive(rank1) and not alive(rank0))
             assert pid(leader) is None  # no rank 0 without its group
             agents.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
-            await until(lambda: leader.generation == 2 and bool(_children(agents[1].pid)), 30)
+            await until(lambda: leader.generation == 2 and bool(_children(agents[1].pid)))
         finally:
             stop.set()
             await task
