@@ -62,7 +62,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +72,7 @@ from benchmarks.chaos_rows import Row, counters, ms, p99
 from kit.deploy.routing import RouterAdmin
 from kit.perf.models import resolve_model
 from tests.support.local_deploy import BENCH_RATE
-from tests.support.sim_launch import SimProcess, worker_argv
+from tests.support.sim_launch import SimProcess, healthy, worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_DIR = REPO / ".bench" / "chaos"
@@ -336,14 +335,6 @@ async def upgrade(c: Cluster, row: Row) -> None:
             row.below[role] = row.below.get(role, 0.0) + away
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
 async def kill_rank(c: Cluster) -> None:
     """SIGKILL node rank 1 of decode-0 (the sim under its agent); back when rank 0 answers
     /health again after its agents restarted both ranks. Sets `c.away_s`."""
@@ -355,10 +346,10 @@ async def kill_rank(c: Cluster) -> None:
     rank0 = c.decode[0].url
     away = None
     while time.monotonic() - killed < 120:
-        healthy = await asyncio.to_thread(_healthy, rank0)
-        if away is None and not healthy:
+        up = await asyncio.to_thread(healthy, rank0)
+        if away is None and not up:
             away = time.monotonic()
-        elif away is not None and healthy:
+        elif away is not None and up:
             c.away_s = time.monotonic() - away
             return
         await asyncio.sleep(0.1)

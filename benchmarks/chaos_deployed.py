@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ from tests.support.local_deploy import (
     start_bench,
     write_topology,
 )
+from tests.support.sim_launch import healthy
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYED = {
@@ -157,14 +157,6 @@ def deploy(fault: str, folder: Path) -> Deployment:
     return deployment
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
 async def back(d: Deployment, process: str, role: str, index: int, old_pid: int) -> None:
     """Until supervisord runs `process` again (a new PID), it answers /health and the router
     routes to it."""
@@ -174,7 +166,7 @@ async def back(d: Deployment, process: str, role: str, index: int, old_pid: int)
             raise RuntimeError(f"supervisord did not start {process} again; see {d.folder}")
         await asyncio.sleep(0.2)
     url = d.url(role, index)
-    while not await asyncio.to_thread(_healthy, url):
+    while not await asyncio.to_thread(healthy, url):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{process} did not answer /health again; see {d.folder}")
         await asyncio.sleep(0.2)

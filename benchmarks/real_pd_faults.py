@@ -40,6 +40,7 @@ from kit.plan.resolve import resolve
 from kit.topology.plan_types import Plan
 from tests.support.local_deploy import pids
 from tests.support.real_sglang import sglang_python, tiny_model, write_topology
+from tests.support.sim_launch import healthy
 
 
 def chat_stream(url: str, body: dict, kill: tuple[int, dict[str, int]] | None) -> dict:
@@ -88,18 +89,10 @@ def post(url: str, body: dict, timeout: float = 600) -> tuple[int, str]:
         return error.code, error.read().decode(errors="replace")
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as answer:
-            return bool(answer.status == 200)
-    except (OSError, urllib.error.HTTPError):
-        return False
-
-
 def wait_healthy(plan: Plan, seconds: float) -> None:
     """Until every server answers /health (supervisord restarts what died)."""
     deadline = time.monotonic() + seconds
-    while not all(healthy(w.url) for w in plan.workers if w.serves_http):
+    while not all(healthy(w.url, 10) for w in plan.workers if w.serves_http):
         if time.monotonic() > deadline:
             raise SystemExit(f"a server did not come back in {seconds:g} s")
         time.sleep(2)

@@ -59,6 +59,7 @@ from tests.support.multihost import (
 )
 from tests.support.netns import NetnsHost, TestBed, unavailable_reason
 from tests.support.real_sglang import GREEDY, RealServer, sglang_python, tiny_model
+from tests.support.sim_launch import healthy
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def fibonacci(n):"]
 OMP_BIND = "0-1"
@@ -104,14 +105,6 @@ def through_pair(prefill: WorkerProcess, decode: WorkerProcess) -> list[int]:
     if status != 200:
         raise SystemExit(f"/generate at {decode.url}: {status} {answer}")
     return list(answer["output_ids"])
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
 
 
 def venv_mounts(python: str) -> tuple[Path, ...]:
@@ -189,7 +182,7 @@ def kill_and_measure(bed: TestBed, path: Path, folder: Path, rate: float) -> int
         print(f"SIGKILL node rank 1 of decode-0 (pid {rank1} on c)", flush=True)
         down = back = None
         while time.monotonic() - killed < 900:
-            up = healthy(rank0.url)
+            up = healthy(rank0.url, 2)
             if down is None and not up:
                 down = time.monotonic() - killed
                 print(f"decode-0 unhealthy {down:.1f} s after the kill", flush=True)

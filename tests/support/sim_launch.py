@@ -173,6 +173,15 @@ def worker_argv(
     return [*argv, *extra]
 
 
+def healthy(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether the server at `url` answers GET /health with 200 (no answer, an error: False)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except OSError:  # urllib's HTTPError and URLError are OSErrors
+        return False
+
+
 def request_json(
     url: str,
     body: object | None = None,

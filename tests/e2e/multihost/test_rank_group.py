@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tests.support.multihost import (
     run_pdkit,
 )
 from tests.support.netns import NetnsHost, TestBed
+from tests.support.sim_launch import healthy
 
 
 def _topology(bed: TestBed, folder: Path) -> Path:
@@ -86,14 +86,6 @@ def _ranks(host: NetnsHost) -> dict[int, str]:
     }
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
 def test_the_only_multi_node_instance_started_as_one_group(deployed):
     bed, topology = deployed
     plan = load_context(topology).plan
@@ -124,17 +116,17 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
         os.kill(rank1, signal.SIGKILL)
         down_at = None
         while time.monotonic() - killed < 60:
-            healthy = _healthy(decode0)
-            if down_at is None and not healthy:
+            up = healthy(decode0)
+            if down_at is None and not up:
                 down_at = time.monotonic()
             now = {name: set(_ranks(bed.host(name))) for name in "bc"}
             restarted = all(now[n] and not now[n] & before[n] for n in "bc")
-            if down_at is not None and healthy and restarted:
+            if down_at is not None and up and restarted:
                 break
             time.sleep(0.2)
         back = time.monotonic() - killed
         assert down_at is not None, "decode-0 never went down"
-        assert healthy and restarted, (now, before)
+        assert up and restarted, (now, before)
         print(f"decode-0 without serving: {back:.1f} s after the kill")
         output = end_bench(bench)
     finally:
