@@ -116,18 +116,28 @@ class ProcessState:
             "held": self.held,
             "queued": self.queued,
             "served": self.served,
-            "running": bool(self.pid) and _alive(self.pid),
+            "running": bool(self.pid) and pid_running(self.pid),
         }
 
 
-def _alive(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie: a process whose parent died is reparented to
+    PID 1, and not every PID 1 reaps it soon, so signal 0 alone keeps answering for it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            fields = stat.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc: signal 0's answer
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return fields.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 class ProcessTable:

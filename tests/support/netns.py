@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.procs import running
+from kit.lb.processes import pid_running
 
 SUBNET_PREFIX = "10.213"
 """Test subnets are 10.213.N.0/24, N picked free per run, so concurrent runs do not clash."""
@@ -90,7 +90,7 @@ def _netns_pids(netns: str) -> list[int]:
 
 
 def _pid_alive(pid: int) -> bool:
-    return running(pid)
+    return pid_running(pid)
 
 
 @dataclass(frozen=True)

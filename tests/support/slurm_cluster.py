@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.lb.processes import pid_running
 from tests.support.netns import _free_subnet, _ip, _locked, kill_namespace_processes
-from tests.support.procs import running
 
 DEFAULT_DIR = Path("/tmp/pdkit-slurm")
 NODES = ("n1", "n2", "n3")
@@ -106,7 +106,7 @@ class SlurmCluster:
         for pid_file in self._pid_files():
             with contextlib.suppress(OSError, ValueError):
                 pid = int(pid_file.read_text().strip())
-                if running(pid):
+                if pid_running(pid):
                     pids.append(pid)
         return pids
 

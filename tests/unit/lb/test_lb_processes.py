@@ -22,12 +22,11 @@ import pytest
 
 from kit.lb.config import parse_args
 from kit.lb.limits import SharedBuckets, SharedTokenBucket
-from kit.lb.processes import merge_metrics, process_config, share
+from kit.lb.processes import merge_metrics, pid_running, process_config, share
 from kit.topology.router_options import DEFAULTS, option_problems
 from tests.support.fake_worker import FakeWorker, Ledger
 from tests.support.lb_cluster import FAST_HEALTH, run, sse_events
 from tests.support.ports import free_port
-from tests.support.procs import running
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -317,4 +316,4 @@ def test_sigusr2_starts_a_new_group_on_the_same_sockets_and_loses_no_request():
 
 
 def alive(pid: int) -> bool:
-    return running(pid)
+    return pid_running(pid)

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from kit.lb.processes import pid_running
 from kit.ranks.group import Follower, GroupSettings, Leader
 from tests.support.ports import free_port
-from tests.support.procs import running
 
 SLEEP = ["sleep", "600"]
 
@@ -43,7 +43,7 @@ def pid(member: Leader | Follower) -> int | None:
 
 
 def alive(number: int) -> bool:
-    return running(number)
+    return pid_running(number)
 
 
 def run_group(body: Callable[[Leader, Follower, Callable[[], Awaitable[None]]], Awaitable[None]]):
