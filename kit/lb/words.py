@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
-WORD_CACHE_WORDS = 1 << 18
-"""Pre-tokens the word cache holds at most; it starts again empty past that."""
+WORD_CACHE_WORDS = 1 << 16
+"""Pre-tokens the word cache holds at most (about 10 MiB); it starts again empty past that."""
 
 WORD_CHARS = 48
 """Longer pre-tokens (a run of spaces, an encoded blob) are encoded each time, not kept."""
