@@ -140,3 +140,13 @@ def test_the_routers_tokenizer_uses_the_word_cache(tmp_path):
     assert " quick" in tokenizer._segments._words._words
     text = tokenizer.render_chat(messages)
     assert ids == tokenizer._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_a_full_word_cache_starts_again_and_stays_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr("kit.lb.words.WORD_CACHE_WORDS", 16)
+    tok = _tokenizer(tmp_path, "gpt2")
+    words = WordCache.for_tokenizer(tok, None)
+    assert words is not None
+    for text in _texts(4, 200):
+        assert words.encode(text) == tok.encode(text, add_special_tokens=False).ids
+        assert len(words._words) <= 16
