@@ -128,7 +128,8 @@ class SegmentCache:
                 parts[at] = new = tuple(map(self._ints.__getitem__, found) if self._ints else found)
                 self._keep(piece, new)
         for piece, bounds, first in out.longs:
-            self._remember(_Recent(piece, bounds, parts[first : first + len(bounds) - 1]))
+            spans = parts[first : first + len(bounds) - 1]
+            self._remember(_Recent(piece, bounds, spans, sum(map(len, spans))))
         parts.append(tail)
         ids: list[int] = []
         for part in parts:  # += copies a tuple at once; chain would step id by id (3x the CPU)
@@ -253,15 +254,12 @@ class _Parts:
 @dataclass(frozen=True)
 class _Recent:
     """A long piece seen last with its first `HEAD_CHARS` characters: its bounds (0, its cuts,
-    its length) and each span's ids."""
+    its length), each span's ids and their count."""
 
     piece: str
     bounds: list[int]
     spans: list[Sequence[int]]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(span) for span in self.spans)
+    tokens: int
 
     def shared_spans(self, text: str) -> int:
         """How many of the piece's leading spans `text` has too: the most cuts up to which
