@@ -12,14 +12,9 @@ from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 from kit.lb.segments import SegmentCache
 from kit.lb.tokenizer import ModelTokenizer
 from kit.lb.words import WordCache, byte_alphabet, plain
+from tests.support.tokenizer_model import LLAMA3_SPLIT as LLAMA3
+from tests.support.tokenizer_model import QWEN2_SPLIT as QWEN2
 from tests.support.tokenizer_model import make_model
-from tests.unit.lb.test_lb_tokenizer import LLAMA3_SPLIT as LLAMA3
-
-# Qwen 2's tokenizer.json (Llama 3's but for single digits)
-QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 # Pieces that exercise each alternative: contractions in both cases (Llama 3's and Qwen 2's
 # are case-insensitive, GPT-2's not), digit runs (cut in threes, in ones, or whole), runs of
