@@ -17,7 +17,10 @@ Workloads, each request with its own unique part (so nothing of it is cached but
   message;
 - `completions`: /v1/completions, the same text as one prompt string (no added token splits it,
   so the tokenizer sees all of it every time);
-- `completions_cold`: a 4,000-token prompt string of which nothing recurs;
+- `completions_cold`: a 4,000-token prompt string of which nothing recurs (its words do: the
+  tiny model's corpus, as in most text, where the router's word cache knows them);
+- `new_words`: a 4,000-token prompt string of made-up words (random letters), none seen
+  before: what the word cache (`kit.lb.words`) costs where it knows nothing;
 - `ids`: /generate with `input_ids` (no tokenization), the same shared prefix.
 The target (#34): tokenize + hash under 1 ms for a 4,000-token prompt.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import string
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +55,7 @@ WORDS = tuple(_CORPUS.split(" "))
 SHARED_TOKENS = 3500
 PROMPT_TOKENS = 4000
 PAGE_SIZES = (1, 16)
-WORKLOADS = ("chat", "completions", "completions_cold", "ids")
+WORKLOADS = ("chat", "completions", "completions_cold", "new_words", "ids")
 
 
 @dataclass
@@ -66,12 +70,18 @@ class PromptCpu:
     route_ms: float
 
 
-def _text(tokenizer: ModelTokenizer, rng: random.Random, tokens: int) -> str:
-    """Words drawn from the tiny model's corpus until the text is about `tokens` tokens."""
+def _made_up_word(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9)))
+
+
+def _text(tokenizer: ModelTokenizer, rng: random.Random, tokens: int, made_up: bool = False) -> str:
+    """Words drawn from the tiny model's corpus (or made up) until the text is about `tokens`
+    tokens."""
     words: list[str] = []
     text = ""
     while len(tokenizer.encode_text(text)) < tokens:
-        words += [rng.choice(WORDS) for _ in range(max(8, (tokens - len(words)) // 4))]
+        more = max(8, (tokens - len(words)) // (12 if made_up else 4))
+        words += [_made_up_word(rng) if made_up else rng.choice(WORDS) for _ in range(more)]
         text = " ".join(words)
     while len(tokenizer.encode_text(text)) > tokens:
         words.pop()
@@ -84,8 +94,8 @@ def _bodies(
 ) -> list[tuple[str, bytes]]:
     out = []
     for i in range(n):
-        if workload == "completions_cold":
-            prompt = f"{i} " + _text(tokenizer, rng, PROMPT_TOKENS - 2)
+        if workload in ("completions_cold", "new_words"):
+            prompt = f"{i} " + _text(tokenizer, rng, PROMPT_TOKENS - 2, workload == "new_words")
             out.append(("/v1/completions", {"prompt": prompt, "max_tokens": 16}))
             continue
         unique = f"{i} " + _text(tokenizer, rng, PROMPT_TOKENS - SHARED_TOKENS - 12)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
+from kit.lb.words import WordCache, plain
+
 SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
 
@@ -88,6 +90,7 @@ class SegmentCache:
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
         self._recent_tokens = 0
         self.cuts = _cuttable(tokenizer)
+        self._words = WordCache.for_tokenizer(tokenizer, self._ints)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> SegmentCache | None:
@@ -114,6 +117,8 @@ class SegmentCache:
             start = end
         if start < len(text):
             self._piece(text[start:], out)
+        if todo and self._words is not None:
+            todo = self._encode_plain(todo, parts)
         if todo:
             encoded = self._tokenizer.encode_batch_fast(
                 [piece for _, piece in todo], add_special_tokens=False
@@ -123,12 +128,30 @@ class SegmentCache:
                 parts[at] = new = tuple(map(self._ints.__getitem__, found) if self._ints else found)
                 self._keep(piece, new)
         for piece, bounds, first in out.longs:
-            self._remember(_Recent(piece, bounds, parts[first : first + len(bounds) - 1]))
+            spans = parts[first : first + len(bounds) - 1]
+            self._remember(_Recent(piece, bounds, spans, sum(map(len, spans))))
         parts.append(tail)
         ids: list[int] = []
         for part in parts:  # += copies a tuple at once; chain would step id by id (3x the CPU)
             ids += part
         return ids
+
+    def _encode_plain(
+        self, todo: list[tuple[int, str]], parts: list[Sequence[int]]
+    ) -> list[tuple[int, str]]:
+        """The plain ASCII pieces of `todo` encoded word by word (`kit.lb.words`) into
+        `parts`; the others are returned, for the tokenizer."""
+        words = self._words
+        assert words is not None
+        rest = []
+        for at, piece in todo:
+            found = words.encode(piece) if plain(piece) else None
+            if found is None:
+                rest.append((at, piece))
+                continue
+            parts[at] = new = tuple(found)
+            self._keep(piece, new)
+        return rest
 
     def _added_in(self, text: str) -> Iterator[tuple[int, int, int]]:
         """(start, end, id) of each added token in `text`, left to right, as finditer finds
@@ -231,15 +254,12 @@ class _Parts:
 @dataclass(frozen=True)
 class _Recent:
     """A long piece seen last with its first `HEAD_CHARS` characters: its bounds (0, its cuts,
-    its length) and each span's ids."""
+    its length), each span's ids and their count."""
 
     piece: str
     bounds: list[int]
     spans: list[Sequence[int]]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(span) for span in self.spans)
+    tokens: int
 
     def shared_spans(self, text: str) -> int:
         """How many of the piece's leading spans `text` has too: the most cuts up to which

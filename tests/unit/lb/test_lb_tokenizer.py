@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 from kit.lb.segments import HEAD_CHARS, SegmentCache, cut_points
 from kit.lb.tokenizer import ModelTokenizer, TokenizerError, content_format
 from tests.support.prompt_corpus import CHATS, TEXTS
-from tests.support.tokenizer_model import TEMPLATE, make_model
+from tests.support.tokenizer_model import LLAMA3_SPLIT, TEMPLATE, make_model
 
 
 @pytest.fixture
@@ -233,12 +233,6 @@ def test_no_segment_cache_where_the_cut_could_change_ids(tmp_path):
     tok.normalizer = normalizers.Lowercase()
     tok.save(str(folder / "tokenizer.json"))
     assert ModelTokenizer.load(folder)._segments is None
-
-
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 
 def _llama3_style(folder):
