@@ -25,7 +25,11 @@ UpgradeToOpt = Annotated[
 ]
 StrictOpt = Annotated[
     bool,
-    typer.Option("--strict", help="Refuse what is only a warning too (flags SGLang deprecates)."),
+    typer.Option(
+        "--strict",
+        help="Refuse what is only a warning too (flags SGLang deprecates, a role's only "
+        "multi-node instance whose restart outlasts the router's hold, ...).",
+    ),
 ]
 
 
