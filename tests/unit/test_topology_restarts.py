@@ -89,6 +89,15 @@ def test_validate_prints_it_and_strict_refuses_it(write_topology):
     assert [p.path for p in strict.exception.problems] == [("decode",)]
 
 
+def test_up_prints_it_before_it_deploys(write_topology, tmp_path):
+    """A user who deploys without validating sees it too (`--diff`: nothing is changed)."""
+    path = str(write_topology(spanning_decode()))
+    shown = CliRunner().invoke(app, ["up", path, "--diff", "--state-dir", str(tmp_path / "st")])
+    assert shown.exit_code == 0, shown.output
+    assert "warning:" in shown.stderr and "decode: its only instance spans 2 nodes" in shown.stderr
+    assert "Nothing was changed (--diff)." in shown.stdout
+
+
 def test_the_figure_is_the_replacement_without_its_stop():
     """Start, gate and readmission with the margin, as `pdkit restart` counts them: nothing is
     drained or stopped first when a rank died."""
