@@ -56,6 +56,15 @@ def resolve_plan(topology: Path, state_base: Path | None = None, *, on_job: bool
     return plan_on_job(topology, plan, state_base)
 
 
+def print_warnings(topology: Path, state_base: Path | None = None) -> None:
+    """The topology's warnings (`kit.plan.resolve.warnings`: what still runs but should change),
+    one `warning:` line each on stderr: `pdkit validate` and `pdkit up` print them."""
+    from kit.plan.resolve import warnings  # noqa: PLC0415
+
+    for warning in warnings(topology, state_base):
+        err_console.print(f"warning: {warning}", markup=False, highlight=False)
+
+
 def order_commands(names: tuple[str, ...]) -> None:
     """List the commands in `pdkit --help` in this order, whatever module defines each."""
     rank = {name: i for i, name in enumerate(names)}

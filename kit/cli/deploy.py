@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kit.cli.app import app, console, err_console, resolve_plan
+from kit.cli.app import app, console, err_console, print_warnings, resolve_plan
 from kit.cli.options import (
     DrainTimeoutOpt,
     ExtraVarsOpt,
@@ -92,6 +92,7 @@ def up(
         if said is exc:
             raise
         raise said from exc
+    print_warnings(topology, state_dir)
     options = UpOptions(
         worker_timeout=timeout,
         router_timeout=router_timeout,

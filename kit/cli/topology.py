@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kit.cli.app import app, console, err_console, resolve_plan
+from kit.cli.app import app, console, print_warnings, resolve_plan
 from kit.cli.options import JsonOpt, StateDirOpt, TopologyArg
 
 UpgradeToOpt = Annotated[
@@ -25,7 +25,11 @@ UpgradeToOpt = Annotated[
 ]
 StrictOpt = Annotated[
     bool,
-    typer.Option("--strict", help="Refuse what is only a warning too (flags SGLang deprecates)."),
+    typer.Option(
+        "--strict",
+        help="Refuse what is only a warning too (flags SGLang deprecates, a role's only "
+        "multi-node instance whose restart outlasts the router's hold, ...).",
+    ),
 ]
 
 
@@ -43,11 +47,10 @@ def validate(
 ) -> None:
     """Check a topology completely (shape, GPUs, ports, addresses, SGLang flags), with what
     `pdkit discover`'s facts (in the state dir) fill in."""
-    from kit.plan.resolve import resolve, warnings  # noqa: PLC0415 (the catalog load is not free)
+    from kit.plan.resolve import resolve  # noqa: PLC0415 (the catalog load is not free)
 
     plan = resolve(topology, strict=strict, state_base=state_dir)
-    for warning in warnings(topology, state_dir):
-        err_console.print(f"warning: {warning}", markup=False, highlight=False)
+    print_warnings(topology, state_dir)
     for field in plan.discovered:
         console.print(f"from `pdkit discover`'s facts: {field}", markup=False, highlight=False)
     prefill, decode = plan.role("prefill"), plan.role("decode")

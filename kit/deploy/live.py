@@ -65,7 +65,7 @@ from kit.deploy.steps import (
     router_key,
     wait_until_ready,
 )
-from kit.deploy.surge import PHASES, OnlyInstance, decide, stand_in, start_estimate
+from kit.deploy.surge import OnlyInstance, decide, stand_in, start_estimate
 from kit.deploy.wait import router_targets, worker_targets
 from kit.errors import DeployError
 from kit.hosts.context import DeployContext
@@ -73,6 +73,7 @@ from kit.hosts.inventory import CONTROL_ROUTER_KEY_ENV, ROUTER_RELAUNCH_ENV
 from kit.hosts.playbook import playbooks_dir
 from kit.plan.resolve import resolve_surge
 from kit.topology.plan_types import Plan
+from kit.topology.restarts import PHASES
 
 Mode = Literal["up", "restart"]
 ROUTED_TIMEOUT_S = 60.0

@@ -23,7 +23,8 @@ drained, stopped), start (deploy playbook to /health), gate (the KV transfer gat
 readmission (into the router, routed to). Each phase is the worst of the instance's recent
 replacements on these hosts (every `pdkit restart` and live `pdkit up` records its last
 `RECENT_WINDOWS` in the state dir; every `pdkit up` its starts), else pdkit's figure for the
-engine; the sum times `MARGIN`, since a window measured on a quiet machine stretches under load.
+engine (`kit.topology.restarts`, which `pdkit validate` warns with too); the sum times `MARGIN`,
+since a window measured on a quiet machine stretches under load.
 """
 
 from __future__ import annotations
@@ -33,25 +34,9 @@ from typing import Literal
 
 from kit.deploy.changes import Step, holds
 from kit.deploy.state import DeploymentRecord, ProcessRecord
+from kit.topology.restarts import EXPECTED_S, MARGIN, PHASES
 
 Cover = Literal["surge", "hold", "gap"]
-PHASES = {"stop": "stop", "start": "start", "gate": "gate", "readmit": "readmission"}
-"""The phases of a replacement, as recorded (`kit.deploy.state.WINDOWS_FILE`) and as printed."""
-EXPECTED_S = {
-    "sim": {"stop": 3.0, "start": 5.0, "gate": 0.5, "readmit": 0.5},
-    "sglang": {"stop": 10.0, "start": 110.0, "gate": 20.0, "readmit": 2.0},
-}
-"""Seconds per phase when none was measured. The sim's, measured on the local default here
-(2P1D, supervisord, under load): stop 2-4 s (the drain and Ansible's stop playbook), start
-4-14 s (the deploy playbook to /health, the more the busier the machine), gate 0.2 s,
-readmission 0.3 s. SGLang starts in 30-110 s on CPU hosts here with a small model, more
-with real weights on GPUs; its drain on SIGTERM and a real gate request take longer too."""
-
-
-MARGIN = 2.0
-"""The estimate is the phases' sum times this: a window is measured on whatever load the machine
-had then, and load stretches it. Measured here (local default, sim, 2 cores): the only decode's
-replacement took 19-20 s alone and 35 s beside make test's parallel modules."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from kit.lb.config import LbConfig, Role
 from kit.lb.errors import ApiError, LegError
@@ -370,10 +371,13 @@ class Legs:
     def decode_status(
         self, pair: Pair, decode: Worker, status: int, content_type: str, data: bytes
     ) -> LegError:
-        """A decode's own error status (or a stream's first event that is an error). One
+        """A decode's own error status (or a stream's first event that is an error). A 5xx
         that came while the prefill leg had not ended blames the prefill: SGLang's decode
-        reports a prefill it lost ("Lost connection with prefill instance")."""
-        pending = not pair.prefill_task.done()
+        reports a prefill it lost ("Lost connection with prefill instance") as a 500. A 503
+        is the decode's own refusal (starting, shutting down, no KV to reclaim), so it
+        blames the decode: blamed on the prefill, the retry would leave out the prefill and
+        could go back to the refusing decode."""
+        pending = not pair.prefill_task.done() and status != HTTPStatus.SERVICE_UNAVAILABLE
         snippet = data[:300].decode("utf-8", "replace")
         return LegError(
             status,

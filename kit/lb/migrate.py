@@ -218,8 +218,10 @@ class Migration:
         """(label, why) when a cut stream is not continued; None when it is."""
         if not self._config.migrate:
             return "off", "migration is off (--no-migrate)"
-        if not isinstance(cut, LegError) or cut.role != "decode" or not cut.retryable:
+        if not isinstance(cut, LegError):
             return "limit", "the request ran out of time"
+        if not cut.retryable:  # a 4xx: the worker's verdict on the continuation itself
+            return "limit", f"the {cut.role} answered {cut.status}"
         if ex.retries + ex.migrations >= self._config.retries:
             return "budget", f"the request used its {self._config.retries} retries (--retries)"
         why = refusal(ex.pd, ex.follow is not None and ex.follow.exact)

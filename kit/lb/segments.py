@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from kit.lb.words import WordCache, plain
+from kit.lb.words import ASCII_SPLITS, GPT2_REGEX, WordCache, plain
 
 SEGMENT_CACHE_TOKENS = 1 << 20
 """Token ids the segment cache holds at most (about 8 MiB of ints); the oldest go first."""
@@ -39,15 +39,9 @@ HEAD_CHARS = 256
 
 # Pre-tokenizer regexes for which a cut before a space that follows a letter is a pre-token
 # boundary (no alternative matches a letter then a space, none looks behind): GPT-2's (the
-# ByteLevel pre-tokenizer's own), Llama 3's and Qwen 2's (a Split before a ByteLevel).
-_CUTTABLE_SPLITS = frozenset(
-    {
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-        r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    }
-)
+# ByteLevel pre-tokenizer's own), Llama 3's and Qwen 2's (a Split before a ByteLevel): those the
+# word cache knows.
+_CUTTABLE_SPLITS = frozenset(ASCII_SPLITS) - {GPT2_REGEX}
 
 
 class SegmentCache:

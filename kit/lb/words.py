@@ -99,12 +99,15 @@ class WordCache:
     def for_tokenizer(cls, tokenizer: Tokenizer, ints: Sequence[int] | None) -> WordCache | None:
         """The word cache of a byte-level BPE tokenizer whose pre-tokenizer is one of
         `ASCII_SPLITS` (alone, or as a Split before a ByteLevel without its own regex), with
-        no normalizer and no prefix space; None for any other."""
+        no normalizer, no prefix space and no BPE dropout; None for any other."""
         try:
             spec = json.loads(tokenizer.to_str())
         except ValueError:
             return None
-        if spec.get("normalizer") is not None or (spec.get("model") or {}).get("type") != "BPE":
+        model = spec.get("model") or {}
+        if spec.get("normalizer") is not None or model.get("type") != "BPE":
+            return None
+        if model.get("dropout") not in (None, 0, 0.0):  # random merges: no word has one encoding
             return None
         pre = spec.get("pre_tokenizer") or {}
         if pre.get("type") == "ByteLevel":

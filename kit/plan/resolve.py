@@ -32,6 +32,7 @@ from kit.topology.facts import (
 from kit.topology.load import KeyPath, Position, locate, parse_topology, read_topology_text
 from kit.topology.place import Placement, placement
 from kit.topology.plan_types import Plan
+from kit.topology.restarts import only_instance_warnings
 from kit.topology.schema import Topology
 from kit.topology.validate import validate
 
@@ -51,10 +52,13 @@ def _problems(
     return problems
 
 
-def _warnings(topology: Topology, facts: DiscoveredFacts | None = None) -> list[Problem]:
+def _warnings(
+    topology: Topology, placed: Placement, facts: DiscoveredFacts | None = None
+) -> list[Problem]:
     """What still runs but should change: flags SGLang's pinned version deprecates, RDMA NICs
-    of unknown link layer."""
-    found = fabric_warnings(topology, facts)
+    of unknown link layer, a role's only instance over several nodes whose restart outlasts
+    the router's hold."""
+    found = fabric_warnings(topology, facts) + only_instance_warnings(topology, placed)
     try:
         catalog = load_catalog(topology.sglang_version)
     except UnsupportedVersion:
@@ -78,7 +82,8 @@ def warnings(path: str | Path, state_base: Path | str | None = None) -> list[Pro
     prints them; `--strict` makes them problems)."""
     file = str(path)
     topology, positions, facts, _ = _load(path, state_base)
-    return _in_file_order([locate(p, positions, file) for p in _warnings(topology, facts)])
+    found = _warnings(topology, placement(topology), facts)
+    return _in_file_order([locate(p, positions, file) for p in found])
 
 
 def _in_file_order(problems: list[Problem]) -> list[Problem]:
@@ -125,7 +130,7 @@ def resolve(
     placed = placement(topology)
     problems = _problems(topology, placed, facts)
     if strict:
-        problems += _warnings(topology, facts)
+        problems += _warnings(topology, placed, facts)
     if problems:
         raise TopologyError(_in_file_order([locate(p, positions, file) for p in problems]))
     return build_plan(topology, Path(path).absolute().parent, placed, taken)

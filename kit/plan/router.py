@@ -26,6 +26,7 @@ from kit.net import bare_host
 from kit.topology.args import Flag, flag_groups, flatten, normalize_flag
 from kit.topology.layout import ROUTER_PROCESS, HostLayout, unit_name
 from kit.topology.plan_types import Command, RouterProcess, WorkerProcess
+from kit.topology.restarts import router_hold_s
 from kit.topology.router_flags import SAME, RouterOption, router_policy, worker_chat_parsers
 from kit.topology.router_options import (
     BY_FLAG,
@@ -144,7 +145,7 @@ def build_router(
         worker_args=flatten(workers_),
         settings=settings,
         env={},
-        hold_timeout_s=router.faults.hold_timeout_s if router.kind == "pdkit" else 0.0,
+        hold_timeout_s=router_hold_s(router),
         tls=router.tls is not None,
         tokenizer_path=router_tokenizer_path(settings) if router.kind == "pdkit" else None,
     )

@@ -14,6 +14,8 @@ its rank 0 waits on a rendezvous that may never come. So the agents decide toget
    starts its rank, which joins rank 0 (SGLang's followers retry the rendezvous).
 3. Generation G ends on the first of: rank 0's process exits, a follower reports its rank's
    exit ``{"exited": G}``, a follower's agent is lost or joins again, or the leader is stopped.
+   The log names what ended it; after rank 0's exit the leader waits `PEER_REPORT_S` for a
+   follower's report, since a peer's death takes SGLang's rank 0 along.
 4. The leader stops its own rank (SIGTERM: SGLang's rank 0 tells its followers to exit), then
    tells the followers ``{"stop": G}`` (each stops its rank: SIGTERM, SIGKILL after
    `FOLLOWER_TERM_S`, as SGLang's followers ignore SIGTERM) and waits for ``{"stopped": G}``.
@@ -48,6 +50,9 @@ SILENT_S = 5.0
 """Seconds without a line after which the other end is taken as gone."""
 FOLLOWER_TERM_S = 5.0
 """Seconds a follower's rank gets after SIGTERM before SIGKILL (SGLang's ignore SIGTERM)."""
+PEER_REPORT_S = 2.0
+"""Seconds the leader waits, once rank 0's process exited, for a follower's report of its own
+rank's exit (the rank that died first, when a peer's death took rank 0 along)."""
 LONG_LIVED_S = 60.0
 """A generation that lived this long resets the restart delay to its first value."""
 MAX_DELAY_S = 60.0
@@ -253,13 +258,19 @@ class Leader:
         exited = asyncio.ensure_future(process.wait())
         exited.add_done_callback(lambda _: self.changed.set())
         await _until(lambda: exited.done() or self.failure is not None, self.changed, stopping)
+        if exited.done() and self.failure is None:
+            # SGLang kills rank 0's process tree once a peer's link breaks, which can reach this
+            # agent before the report of the follower whose rank died first: wait a moment for
+            # such a report, so that the log names that rank.
+            await _until(lambda: self.failure is not None, self.changed, stopping, PEER_REPORT_S)
         self.running = False
         if stopping.is_set():
             reason = "the agent was told to stop"
-        elif self.failure is not None:
-            reason = self.failure
         else:
-            reason = f"node rank 0's process exited with {exited.result()}"
+            ends = [] if self.failure is None else [self.failure]
+            if exited.done():
+                ends.append(f"node rank 0's process exited with {exited.result()}")
+            reason = "; ".join(ends)
         logger.warning("generation %d ends: %s; stopping every rank", generation, reason)
         await self.rank.stop(self.settings.stop_timeout_s)
         self._broadcast({"stop": generation})

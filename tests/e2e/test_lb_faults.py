@@ -21,17 +21,23 @@ from tests.support.ports import free_port
 from tests.support.sim_launch import SimProcess, worker_argv
 
 SIM_ENV = {"PDKIT_SIM_LOAD_SECONDS": "0.1", "PDKIT_SIM_GPU": "H100-SXM"}
+# Streams that a kill must cut: no EOS, so each runs its whole budget (300 tokens, about 2 s of
+# the emulated H100) and a kill at its first event always finds most of it still to come.
+UNENDING = {**SIM_ENV, "PDKIT_SIM_ANSWER_TOKENS": "0"}
+STREAM_TOKENS = 300
 
 
-def _sims(stack: ExitStack, decodes: int) -> tuple[SimProcess, int, list[SimProcess]]:
+def _sims(
+    stack: ExitStack, decodes: int, env: dict[str, str] = SIM_ENV
+) -> tuple[SimProcess, int, list[SimProcess]]:
     boot = free_port()
     prefill = SimProcess(
-        worker_argv(port=free_port(), mode="prefill", bootstrap_port=boot), env=SIM_ENV
+        worker_argv(port=free_port(), mode="prefill", bootstrap_port=boot), env=env
     )
     decode = [
         SimProcess(
             worker_argv(port=free_port(), mode="decode", extra=["--base-gpu-id", str(1 + i)]),
-            env=SIM_ENV,
+            env=env,
         )
         for i in range(decodes)
     ]
@@ -60,14 +66,47 @@ async def _router(prefill: SimProcess, boot: int, decode: list[SimProcess], *ext
     return lb, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, seq: int, tokens: int) -> dict:
+class KillAtFirstEvent:
+    """Kills `victim` (SIGKILL) as soon as a stream it serves has relayed its first event, so
+    that the kill cuts streams in flight on it, however slowly the machine runs: a kill at a
+    fixed time may come after every stream on it ended, or before any reached it."""
+
+    def __init__(self, victim: SimProcess) -> None:
+        self.victim = victim
+        self.killed = asyncio.Event()
+
+    def first_event(self, decode_url: str | None) -> None:
+        """A stream served by `decode_url` (the router's X-PDKit-Decode) relayed its first
+        event."""
+        if decode_url == self.victim.url and not self.killed.is_set():
+            self.victim.kill(signal.SIGKILL)
+            self.killed.set()
+
+    async def wait(self, timeout: float = 30) -> None:
+        try:
+            await asyncio.wait_for(self.killed.wait(), timeout)
+        except TimeoutError:
+            victim = self.victim.url
+            raise AssertionError(f"no stream reached {victim} within {timeout} s") from None
+
+
+async def _stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    seq: int,
+    tokens: int,
+    kill: KillAtFirstEvent | None = None,
+) -> dict:
     body = {
         "input_ids": [100 + seq, 200, 300, 400],
         "stream": True,
         "sampling_params": {"max_new_tokens": tokens},
     }
     async with session.post(url + "/generate", json=body) as r:
-        raw = await r.read()
+        raw = await r.content.readline()  # the first event's line
+        if kill is not None:
+            kill.first_event(r.headers.get("X-PDKit-Decode"))
+        raw += await r.read()
     events = [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
     assert r.status == 200, raw[:300]
     assert events[-1] == b"[DONE]", raw[-300:]
@@ -80,16 +119,18 @@ def test_a_decode_killed_mid_stream_costs_no_request():
     async def scenario(prefill, boot, decode):
         lb, runner, url = await _router(prefill, boot, decode)
         try:
+            kill = KillAtFirstEvent(decode[0])
             async with aiohttp.ClientSession() as session:
-                streams = [asyncio.create_task(_stream(session, url, i, 300)) for i in range(8)]
-                await asyncio.sleep(1.0)  # tokens are flowing on both decodes
-                decode[0].kill(signal.SIGKILL)
+                streams = [
+                    asyncio.create_task(_stream(session, url, i, STREAM_TOKENS, kill))
+                    for i in range(8)
+                ]
+                await kill.wait()
                 finished = await asyncio.gather(*streams)
             for last in finished:
-                # one stream: every id sent, usage as for the original prompt (the sim's own
-                # tokens depend on the prompt, so a continuation may meet its EOS sooner)
+                # one stream: every id sent, usage as for the original prompt
                 meta = last["meta_info"]
-                assert len(last["output_ids"]) == meta["completion_tokens"] <= 300
+                assert len(last["output_ids"]) == meta["completion_tokens"] == STREAM_TOKENS
                 assert meta["prompt_tokens"] == 4 and meta["finish_reason"] is not None
             assert lb.metrics.migrations.get("died", 0) >= 1
         finally:
@@ -97,7 +138,7 @@ def test_a_decode_killed_mid_stream_costs_no_request():
             await lb.close()
 
     with ExitStack() as stack:
-        run(scenario(*_sims(stack, 2)), timeout=60)
+        run(scenario(*_sims(stack, 2, UNENDING)), timeout=60)
 
 
 def test_the_only_decode_restarting_within_the_hold_costs_no_request():
@@ -126,19 +167,25 @@ def test_a_decode_killed_under_chat_streams_costs_no_stream():
     so a stream cut by a killed decode is continued on the other decode."""
     vocab = resolve_model("meta-llama/Llama-3.1-8B-Instruct").vocab
 
-    async def chat(client: openai.AsyncOpenAI, seq: int) -> tuple[str, int, object]:
-        stream = await client.chat.completions.create(
+    async def chat(
+        client: openai.AsyncOpenAI, seq: int, kill: KillAtFirstEvent | None = None
+    ) -> tuple[str, int, object]:
+        response = await client.chat.completions.with_raw_response.create(
             model="llama",
             messages=[
                 {"role": "system", "content": "You are terse."},
                 {"role": "user", "content": f"Tell me story number {seq}."},
             ],
-            max_tokens=300,
+            max_tokens=STREAM_TOKENS,
             stream=True,
             stream_options={"include_usage": True},
         )
-        text, finish, usage = "", None, None
+        stream = response.parse()
+        text, finish, usage, first = "", None, None, True
         async for chunk in stream:
+            if kill is not None and first:
+                kill.first_event(response.headers.get("X-PDKit-Decode"))
+            first = False
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
                 finish = chunk.choices[0].finish_reason or finish
@@ -152,13 +199,13 @@ def test_a_decode_killed_under_chat_streams_costs_no_stream():
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         try:
             whole = await chat(client, 99)  # one unbroken stream: its prompt count
-            streams = [asyncio.create_task(chat(client, i)) for i in range(8)]
-            await asyncio.sleep(1.0)  # tokens are flowing on both decodes
-            decode[0].kill(signal.SIGKILL)
+            kill = KillAtFirstEvent(decode[0])
+            streams = [asyncio.create_task(chat(client, i, kill)) for i in range(8)]
+            await kill.wait()
             finished = await asyncio.gather(*streams)
             for text, _, usage in finished:
                 assert text and usage.prompt_tokens == whole[2].prompt_tokens
-                assert 0 < usage.completion_tokens <= 300
+                assert usage.completion_tokens == STREAM_TOKENS
                 assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
             assert lb.metrics.migrations.get("died", 0) >= 1
             assert not lb.metrics.migrations_refused
@@ -168,4 +215,4 @@ def test_a_decode_killed_under_chat_streams_costs_no_stream():
             await lb.close()
 
     with ExitStack() as stack:
-        run(scenario(*_sims(stack, 2)), timeout=60)
+        run(scenario(*_sims(stack, 2, UNENDING)), timeout=60)

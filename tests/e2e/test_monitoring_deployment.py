@@ -26,6 +26,7 @@ import yaml
 from kit.deploy.services import supervisor_processes
 from kit.observe.dashboard import dashboard, panel_queries, substitute
 from kit.observe.probe import Prober
+from kit.observe.prom import parse_metrics
 from kit.observe.prometheus import query, scrape_health
 from tests.support.local_deploy import API_KEY, layout, pdkit, processes_of
 from tests.support.ports import free_ports
@@ -74,6 +75,44 @@ def empty_panels(url: str, name: str) -> list[str]:
 
     prometheus(ask)
     return empty
+
+
+def router_traffic(router: str) -> dict[str, float]:
+    """The requests the router itself has sent each worker so far (its URL: count): health
+    probes (SGLang's /health runs a one-token generation) and canary rounds (one request to
+    every pair each)."""
+    with urllib.request.urlopen(router + "/metrics", timeout=10) as response:
+        page = parse_metrics(response.read().decode())
+    rounds = page.total("pdkit_lb_canary_rounds_total") or 0.0
+    sent: dict[str, float] = {}
+    for sample in page.samples("pdkit_lb_health_probes_total"):
+        url = sample.labels["worker"]
+        sent[url] = sent.get(url, rounds) + sample.value
+    return sent
+
+
+def _sent_during(before: dict[str, float], after: dict[str, float], url: str) -> float:
+    return after.get(url, 0.0) - before.get(url, 0.0)
+
+
+def idle_status(topology: Path, router: str, attempts: int = 5) -> dict:
+    """`pdkit status --json` of the idle deployment. The router's own requests to the workers
+    are real ones and run for a moment (a health probe every 5 s): a worker may say it runs
+    one only if the router sent it one during that status call, and status is then asked
+    again, as a user would; any other count fails at once."""
+    for _ in range(attempts):
+        before = router_traffic(router)
+        status = pdkit("status", str(topology), "--json", timeout=60)
+        report = json.loads(status.stdout)
+        busy = [w for w in report["workers"] if w["running"]]
+        if not busy:
+            return report
+        after = router_traffic(router)
+        unexplained = [
+            w["name"] for w in busy if _sent_during(before, after, f"http://{w['endpoint']}") == 0
+        ]
+        assert not unexplained, f"running on an idle deployment: {unexplained}"
+    return report
 
 
 def send_unanswered(router: str, request_id: str) -> None:
@@ -136,8 +175,7 @@ def test_prometheus_dashboard_trace_and_idle_status_on_one_deployment(monitored,
     assert "phases: " in text and "KV transfer " in text and "stopped" not in text
 
     # Idle: nothing runs, and the probe does not count its own health check.
-    status = pdkit("status", str(topology), "--json", timeout=60)
-    report = json.loads(status.stdout)
+    report = idle_status(topology, router)
     assert [w["running"] for w in report["workers"]] == [0, 0, 0]
 
     # A decode that hangs: the request stops on its prefill, waiting for the decode.

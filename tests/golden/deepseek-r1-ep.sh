@@ -45,7 +45,8 @@ python -m kit.lb \
   --prefill-policy prefix_affinity \
   --decode-policy least_inflight \
   --prefill-timeout 200000 \
-  --request-timeout 200000
+  --request-timeout 200000 \
+  --hold-timeout 300
 
 ## host prefill-1 (10.0.2.11)
 # prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 1 of 4, dist-init 10.0.2.10:5000, under its rank group's agent (kit.ranks, leader 10.0.2.10:5040)

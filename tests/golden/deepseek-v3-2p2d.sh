@@ -29,7 +29,8 @@ python -m kit.lb \
   --host 0.0.0.0 \
   --port 8000 \
   --prefill-policy prefix_affinity \
-  --decode-policy least_inflight
+  --decode-policy least_inflight \
+  --hold-timeout 300
 
 ## host prefill-1 (10.0.1.11)
 # prefill-0-node1 (prefill): GPUs 0,1,2,3,4,5,6,7, HTTP :30000, bootstrap :8998, nccl :30500, node 1 of 2, dist-init 10.0.1.10:5000, under its rank group's agent (kit.ranks, leader 10.0.1.10:5040)

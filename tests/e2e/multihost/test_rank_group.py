@@ -86,6 +86,27 @@ def _ranks(host: NetnsHost) -> dict[int, str]:
     }
 
 
+FAILURE_FIELDS = ("index", "warmup", "sent_s", "status", "error_kind", "error", "request_id")
+
+
+def _failures(failed: list[dict[str, object]], router_log: Path) -> str:
+    """The failed requests as the bench saw them, each with the router's access line for it,
+    then the router's last lines that are not access lines (retries, migrations, ejections):
+    what a failure under the restart needs to be understood from one run."""
+    try:
+        lines = router_log.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        lines = [f"(no router log: {exc})"]
+    out = [f"{len(failed)} failed"]
+    for record in failed[:5]:
+        out.append(json.dumps({key: record.get(key) for key in FAILURE_FIELDS}))
+        request_id = str(record.get("request_id") or "")
+        out += [line for line in lines if request_id and request_id in line][:3]
+    out.append("the router's last other lines:")
+    out += [line for line in lines if "access {" not in line][-40:]
+    return "\n".join(out)
+
+
 def test_the_only_multi_node_instance_started_as_one_group(deployed):
     bed, topology = deployed
     plan = load_context(topology).plan
@@ -135,7 +156,7 @@ def test_a_killed_rank_brings_the_whole_instance_back_and_no_request_fails(deplo
     assert bench.returncode == 0, output
     records = bench_records(tmp_path)
     failed = [r for r in records if not r["ok"]]
-    assert records and not failed, failed[:3]
+    assert records and not failed, _failures(failed, Path(plan.router.log_path))
     # Only decode-0's two ranks were restarted, rank 0 on b as well as the killed rank 1 on c.
     assert {name: set(_ranks(bed.host(name))) for name in "ade"} == others
     rank0 = next(w for w in plan.workers if w.instance_name == "decode-0" and w.node_rank == 0)

@@ -9,9 +9,10 @@ import yaml
 
 from kit.deploy.changes import diff, only_instances
 from kit.deploy.state import build_record, load_starts, load_windows, save_starts, save_windows
-from kit.deploy.surge import EXPECTED_S, decide, stand_in, start_estimate
+from kit.deploy.surge import decide, stand_in, start_estimate
 from kit.hosts.inventory import deploy_hosts
 from kit.plan.resolve import resolve, resolve_surge
+from kit.topology.restarts import EXPECTED_S
 from tests.conftest import REPO
 
 PYTHON = "/venv/bin/python"

@@ -136,3 +136,27 @@ def test_a_completions_stream_whose_decode_dies_continues_from_its_ids():
             assert c.lb.metrics.migrations == {"died": 1}
 
     run(scenario())
+
+
+def test_a_continuation_whose_prefill_fails_goes_on_on_another_prefill():
+    """The stream's decode dies, then the first continuation's prefill answers 500: the
+    continuation is sent again (without that prefill), as a first send would be."""
+
+    async def scenario():
+        async with running_cluster(3, 2, args=RR) as c:
+            c.decode[0].die_after_tokens = 2
+            c.prefill[1].fail_status = 500
+            status, raw, _ = await c.post("/generate", _generate(5))
+            assert status == 200
+            events = sse_events(raw)
+            assert events[-1] == b"[DONE]" and not any("error" in e for e in events[:-1]), events
+            assert events[-2]["output_ids"] == [500, 501, 500, 501, 502]
+            assert [body["input_ids"] for _, body in c.prefill[1].requests] == [[*PROMPT, 500, 501]]
+            others = [
+                body["input_ids"] for p in (c.prefill[0], c.prefill[2]) for _, body in p.requests
+            ]
+            assert sorted(others) == [PROMPT, [*PROMPT, 500, 501]], others
+            _, metrics, _ = await c.get("/metrics")
+            assert b'pdkit_lb_migrations_total{reason="died"} 2.0' in metrics
+
+    run(scenario())

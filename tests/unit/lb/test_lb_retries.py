@@ -64,6 +64,29 @@ def test_a_decode_answering_5xx_is_retried_and_blamed():
     run(scenario())
 
 
+def test_a_decode_refusing_with_503_while_its_prefill_runs_is_blamed_and_left_out():
+    """A decode's 503 is its own refusal (SGLang: starting, shutting down, no KV to reclaim),
+    even while the prefill leg still runs (a prefill lost is a 500): the retry leaves that
+    decode out, and the failures count against it, not against the prefill, until it is
+    ejected (for a moment here: its /health still passes). Blamed on the prefill, the
+    retries went back to the refusing decode, which least_inflight favours (it holds
+    nothing): a request failed with decode-1 up."""
+
+    async def scenario():
+        async with running_cluster(1, 2, args=["--decode-policy", "least_inflight"]) as c:
+            c.prefill[0].latency = 0.2  # the prefill leg runs when the decode answers
+            c.decode[0].fail_status = 503
+            refusing = c.lb.pool.get(c.decode[0].url)
+            for _ in range(6):
+                status, body, headers = await c.post("/generate", {"text": "x"})
+                assert status == 200, body
+                assert headers["X-PDKit-Decode"] == c.decode[1].url
+            assert c.lb.pool.get(c.prefill[0].url).failures == 0
+            assert refusing.ejections.get("failures", 0) >= 1
+
+    run(scenario())
+
+
 def test_consecutive_failures_eject_a_worker_but_never_the_last_of_its_role():
     async def scenario():
         async with running_cluster(

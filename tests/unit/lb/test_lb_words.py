@@ -106,7 +106,10 @@ def test_other_tokenizers_get_no_word_cache(tmp_path):
     def whitespace(tok):
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
 
-    for change in (unknown_regex, prefix_space, normalizer, whitespace):
+    def dropout(tok):
+        tok.model.dropout = 0.1
+
+    for change in (unknown_regex, prefix_space, normalizer, whitespace, dropout):
         assert variant(change) is None, change.__name__
 
 

@@ -5,6 +5,7 @@ rank 0 first, and a stopped leader leaves no rank running."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -97,6 +98,28 @@ def test_a_killed_rank_restarts_every_rank_of_the_group():
         assert not alive(second[1])
 
     run_group(body)
+
+
+def test_the_log_names_a_follower_whose_rank_ended_just_after_rank_0(caplog):
+    """SGLang kills rank 0's process tree once a peer's link breaks, so rank 0's exit can reach
+    the leader before the follower's report of the rank that died: the log names both."""
+    caplog.set_level(logging.WARNING, logger="kit.ranks")
+
+    async def body(leader, follower, start_leader):
+        await start_leader()
+        await until(lambda: pid(leader) is not None and pid(follower) is not None)
+        rank_1 = pid(follower)
+        os.kill(pid(leader), signal.SIGKILL)
+        await asyncio.sleep(0.1)
+        os.kill(rank_1, signal.SIGKILL)
+        await until(lambda: leader.generation == 2)
+
+    run_group(body)
+    ends = [r.getMessage() for r in caplog.records if "generation 1 ends" in r.getMessage()]
+    assert ends == [
+        "generation 1 ends: node rank 1's process exited with -9; node rank 0's process exited "
+        "with -9; stopping every rank"
+    ], ends
 
 
 def test_a_stopped_leader_leaves_no_rank_running_and_the_follower_waits():
