@@ -3,6 +3,7 @@ printed without a traceback (`--debug` shows it)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -84,3 +85,9 @@ def main() -> None:
             raise
         err_console.print(str(exc), markup=False)
         sys.exit(1)
+    finally:
+        # The command is over, its output written and its exit status decided. Python's
+        # shutdown sets a signal with a Python handler back to its default, so a Ctrl-C from
+        # here on (a script stopping `pdkit bench` just as it ends) would only turn that status
+        # into death by SIGINT; an ignored signal stays ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, fields
 
 import pytest
@@ -176,3 +178,28 @@ def test_validate_upgrade_to_lists_what_changes(write_topology):
     assert "upgrade SGLang 0.5.22 -> 0.5.23" in result.stdout
     assert "--enable-tf32-matmul: default False -> None" in result.stdout
     assert "provisioning: sglang_kernel 0.4.9 -> 0.4.10." in result.stdout
+
+
+def test_a_ctrl_c_once_the_command_is_over_leaves_its_exit_status():
+    """A script that stops `pdkit bench` with SIGINT as it ends (its results written) found it
+    dead by SIGINT: Python's shutdown had set the handler back to the signal's default."""
+    script = (
+        "import os, signal, sys, time\n"
+        "import kit.cli.app\n"
+        "cli = sys.modules['kit.cli.app']  # kit.cli's `app` is the Typer app\n"
+        "cli.app = lambda: print('the command ran')\n"
+        "cli.main()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.2)\n"
+        "print('still exiting normally')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:2] == ["the command ran", "still exiting normally"]
