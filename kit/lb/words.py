@@ -136,7 +136,7 @@ class WordCache:
     def encode(self, text: str) -> list[int] | None:
         """The ids of plain `text` (see `plain`); None where its pre-tokens do not cover it
         (which these regexes never leave, but then the tokenizer decides)."""
-        words = self._find(text)
+        words = self.split(text)
         cached = self._words
         ids: list[int] = []
         covered = 0
