@@ -424,8 +424,8 @@ def _events(lines: list[bytes]) -> tuple[list[dict], bool]:
     return [json.loads(d) for d in data if d != b"[DONE]"], b"[DONE]" in data
 
 
-def _stream_with_its_decode_killed(real, body: dict) -> tuple[list[dict], int]:
-    """The router's stream of `body`, its decode SIGKILLed mid-way: (its events, the PID killed).
+def _stream_with_its_decode_killed(real, body: dict) -> list[dict]:
+    """The router's stream of `body` (its events), its decode SIGKILLed mid-way.
     At the first event the decode's server is SIGSTOPped; if the whole stream still arrives
     (the decode had sent every token: a loaded machine reads late), it is let go on and the
     stream tried again; else it is SIGKILLed (supervisord starts it again)."""
@@ -462,7 +462,7 @@ def _stream_with_its_decode_killed(real, body: dict) -> tuple[list[dict], int]:
                 got.append(line)
             events, done = _events(got)
             assert done, got[-3:]
-            return events, decode
+            return events
     raise AssertionError("the decode had sent every token before it was stopped, 3 times")
 
 
@@ -476,7 +476,7 @@ def test_a_stream_whose_decode_is_killed_continues_with_the_unbroken_tokens(real
     )
     assert status == 200, unbroken
     body = {"input_ids": ids, "sampling_params": MIGRATED, "stream": True}
-    events, _ = _stream_with_its_decode_killed(real, body)
+    events = _stream_with_its_decode_killed(real, body)
     last = events[-1]
     assert "error" not in last, last
     assert len(events) > 1
