@@ -76,7 +76,7 @@ def cached_by_source(url: str) -> dict[str, float]:
 
 def test_up_wires_the_pool_a_killed_master_fails_nothing_and_down_stops_it_last(tmp_path):
     name = f"pool-{uuid.uuid4().hex[:8]}"
-    topology, data = pool_topology(tmp_path, name)
+    topology, _ = pool_topology(tmp_path, name)
     plan = resolve(topology)
     assert plan.kv_pool is not None
     pool = plan.kv_pool
@@ -86,13 +86,26 @@ def test_up_wires_the_pool_a_killed_master_fails_nothing_and_down_stops_it_last(
         running = pids(topology, name)
         assert pool.name in running and len(running) == 5, running
 
-        # One shared prefix, prefills in turn: the first computes it, prefill-1 loads it from
-        # the pool, later requests find it in their own cache. Then the master dies under load:
-        # status names it down until supervisord has it back, then restarted and empty, and the
-        # prefills use it again.
+        # One shared prefix, prefills in turn: a first request computes it on one prefill and
+        # writes it to the pool (waited for, so that nothing depends on how fast that is), the
+        # load's first request on the other prefill loads it from the pool, later ones find it
+        # in their own cache. Then the master dies under load: status names it down until
+        # supervisord has it back, then restarted and empty, and the prefills use it again.
+        prompts = ["--output-len", "4", "--input-len", "600", "--prefix-groups", "1",
+                   "--prefix-share", "0.9"]  # fmt: skip
+        warm = pdkit("bench", str(topology), "--rate", "8", "--requests", "1", *prompts,
+                     "--no-predict", "--json", "--out", str(tmp_path / "warm"),
+                     timeout=120)  # fmt: skip
+        assert warm.returncode == 0, warm.stdout + warm.stderr
+        (first,) = [json.loads(line) for line in (tmp_path / "warm" / "requests.jsonl").open()]
+        deadline = time.monotonic() + 60
+        line, shown = status(topology)
+        while shown["objects"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            line, shown = status(topology)
+        assert shown["objects"] > 0, line
         load = start_bench(topology, tmp_path / "bench", "--rate", "8", "--requests", "64",
-                           "--output-len", "4", "--input-len", "600", "--prefix-groups", "1",
-                           "--prefix-share", "0.9")  # fmt: skip
+                           *prompts)  # fmt: skip
         deadline = time.monotonic() + 60  # the bench's start-up and first requests
         line, shown = status(topology)
         while shown["hits"] == 0 and time.monotonic() < deadline:
@@ -115,12 +128,14 @@ def test_up_wires_the_pool_a_killed_master_fails_nothing_and_down_stops_it_last(
         assert "): up, " in line and "restarted after its clients" in line, line
 
         records = [json.loads(line) for line in (tmp_path / "bench" / "requests.jsonl").open()]
-        prefill_1 = f"http://127.0.0.1:{data['prefill']['port'] + 1}"
+        other = next(r for r in records if r["prefill"] != first["prefill"])  # its first there
         pooled = [r for r in records if r["cached_storage"]]
-        assert pooled and all(r["prefill"] == prefill_1 for r in pooled), records
-        assert pooled[0]["index"] == 1 and pooled[0]["cached_device"] == 0, pooled[0]
+        assert pooled and all(r["prefill"] == other["prefill"] for r in pooled), records
+        assert pooled[0] == other and other["cached_device"] == 0, (other, pooled[0])
         assert all(r["cached_storage"] % PAGE == 0 for r in pooled)
-        assert cached_by_source(prefill_1)["storage"] == sum(r["cached_storage"] for r in pooled)
+        assert cached_by_source(other["prefill"])["storage"] == sum(
+            r["cached_storage"] for r in pooled
+        )
         assert any(r["cached_device"] for r in records)  # the rest: each prefill's own cache
 
         # The prefills write to the restarted pool (the load may have ended before it was back).
